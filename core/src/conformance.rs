@@ -1,0 +1,949 @@
+//! The conformance suite: the tests every [`Store`] must pass to be a miniflow store (DESIGN rules 2–9).
+//!
+//! A backend implements [`Harness`] (open an empty store, reopen it, inject a failure) and expands
+//! [`store_conformance_tests!`](crate::store_conformance_tests) once in its tests; every case becomes a
+//! `#[test]` of its own. Time is controlled by the tests: every `now` is a parameter.
+//!
+//! ```ignore
+//! struct MyHarness;
+//! impl miniflow_core::conformance::Harness for MyHarness { /* … */ }
+//!
+//! mod my_store {
+//!     miniflow_core::store_conformance_tests!(super::MyHarness);
+//! }
+//! ```
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::{
+    ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Engine, Error, Event,
+    EventRecord, Failure, RetryPolicy, Seq, Settled, Status, Store, Timestamp, Workflow,
+    WorkflowId,
+};
+
+/// How the suite drives one backend.
+pub trait Harness {
+    /// The store under test.
+    type Store: Store;
+
+    /// A new, empty store.
+    fn open(&mut self) -> Self::Store;
+
+    /// Closes `store` and opens the same data again, as after a restart (an in-memory store may return
+    /// it as it is).
+    fn reopen(&mut self, store: Self::Store) -> Self::Store;
+
+    /// Makes every later commit that carries a command of `kind` fail after the commit's event rows were
+    /// written (a disk error half-way through), so the suite can check that nothing of it remains.
+    fn fail_commits_with_command_kind(&mut self, store: &mut Self::Store, kind: &str);
+}
+
+/// The command ID vectors shared by every host, as shipped in this crate.
+pub const COMMAND_ID_VECTORS: &str = include_str!("../tests/vectors/command_ids.json");
+
+/// The parsed form of [`COMMAND_ID_VECTORS`].
+#[derive(Debug, Deserialize)]
+pub struct CommandIdVectors {
+    /// IDs derived from their parts.
+    pub valid: Vec<ValidCase>,
+    /// Workflow IDs that must be refused.
+    pub invalid_workflow_ids: Vec<InvalidWorkflowId>,
+    /// Command IDs that must not parse.
+    pub invalid_command_ids: Vec<InvalidCommandId>,
+    /// The order `pending` must return.
+    pub ordering: OrderingCase,
+}
+
+/// One derivable command ID.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct ValidCase {
+    pub workflow_id: String,
+    pub event_seq: u64,
+    pub index: u32,
+    pub command_id: String,
+}
+
+/// A workflow ID every host refuses.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct InvalidWorkflowId {
+    pub workflow_id: String,
+    pub why: String,
+}
+
+/// A command ID every host refuses.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct InvalidCommandId {
+    pub command_id: String,
+    pub why: String,
+}
+
+/// 12 commands at seq 1 and one at seq 2 of one workflow, and the order they must come out in.
+#[derive(Debug, Deserialize)]
+#[allow(missing_docs)]
+pub struct OrderingCase {
+    pub workflow_id: String,
+    pub expected_pending_order: Vec<String>,
+}
+
+/// [`COMMAND_ID_VECTORS`], parsed.
+///
+/// # Panics
+///
+/// If the shipped file is malformed (a build defect, not an input).
+pub fn command_id_vectors() -> CommandIdVectors {
+    serde_json::from_str(COMMAND_ID_VECTORS).expect("the shipped command ID vectors parse")
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Helpers
+
+const T0: Timestamp = Timestamp::from_millis(1_000_000);
+
+fn at(offset_ms: u64) -> Timestamp {
+    Timestamp::from_millis(T0.as_millis() + offset_ms)
+}
+
+fn wid(text: &str) -> WorkflowId {
+    WorkflowId::new(text).expect("valid workflow id in test")
+}
+
+fn cid(text: &str) -> CommandId {
+    text.parse().expect("valid command id in test")
+}
+
+fn commands(kinds: &[&str]) -> Decision {
+    kinds
+        .iter()
+        .map(|kind| Command::new(*kind, json!({ "kind": kind })))
+        .collect::<Vec<_>>()
+        .into()
+}
+
+/// Commits one event with commands of `kinds` on top of the workflow's current last seq.
+fn append<S: Store>(store: &mut S, workflow: &str, kinds: &[&str]) -> Seq {
+    let id = wid(workflow);
+    let last = store
+        .load(&id)
+        .expect("load")
+        .last()
+        .map_or(Seq::ZERO, |e| e.seq);
+    let commit = Commit::new(
+        id,
+        last,
+        Event::new("happened", json!({})),
+        commands(kinds),
+        T0,
+    )
+    .expect("valid commit");
+    store.append_with_commands(&commit).expect("commit");
+    commit.last_seq()
+}
+
+fn seqs(events: &[EventRecord]) -> Vec<u64> {
+    events.iter().map(|e| e.seq.get()).collect()
+}
+
+fn pending_ids<S: Store>(store: &S) -> Vec<String> {
+    store
+        .pending(usize::MAX)
+        .expect("pending")
+        .iter()
+        .map(|row| row.command_id.to_string())
+        .collect()
+}
+
+fn status<S: Store>(store: &S, id: &str) -> Status {
+    store
+        .command(&cid(id))
+        .expect("command")
+        .expect("row exists")
+        .status
+}
+
+fn claim<S: Store>(
+    store: &mut S,
+    worker: &str,
+    limit: usize,
+    ttl_ms: u64,
+    now: Timestamp,
+) -> Vec<crate::Delivery> {
+    let request = ClaimRequest::new(worker)
+        .limit(limit)
+        .lease_ttl(Duration::from_millis(ttl_ms));
+    store.claim(&request, now).expect("claim")
+}
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .initial_delay(Duration::from_millis(100))
+        .multiplier(2.0)
+        .max_delay(Duration::from_millis(350))
+        .max_attempts(4)
+        .jitter(0.25)
+}
+
+/// A workflow that counts its events and decides one command per event; `decide` panics if replay
+/// ever calls it.
+struct Counter;
+
+impl Workflow for Counter {
+    type State = u64;
+
+    fn evolve(&self, state: &mut u64, _event: &EventRecord) {
+        *state += 1;
+    }
+
+    fn decide(&self, state: &u64, _event: &EventRecord) -> Decision {
+        Decision::new().command(Command::new("count", json!({ "seen": state })))
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Events and the commit (rules 2–4)
+
+/// Seqs are 1, 2, 3… with no gaps, also for several events in one commit.
+pub fn seqs_are_gapless_from_one<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let w = wid("w");
+    assert!(store.load(&w).unwrap().is_empty());
+    append(&mut store, "w", &[]);
+    append(&mut store, "w", &["a"]);
+    let mut commit = Commit::new(
+        w.clone(),
+        Seq::new(2).unwrap(),
+        Event::new("x", json!(1)),
+        commands(&["b"]),
+        T0,
+    )
+    .unwrap();
+    commit
+        .push(Event::new("y", json!(2)), commands(&["c", "d"]))
+        .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    append(&mut store, "other", &[]);
+    let events = store.load(&w).unwrap();
+    assert_eq!(seqs(&events), [1, 2, 3, 4]);
+    assert_eq!(events[2].kind, "x");
+    assert_eq!(events[3].payload, json!(2));
+    assert_eq!(events[0].recorded_at, T0);
+    assert_eq!(pending_ids(&store), ["w:2:0", "w:3:0", "w:4:0", "w:4:1"]);
+    let store = h.reopen(store);
+    assert_eq!(seqs(&store.load(&w).unwrap()), [1, 2, 3, 4]);
+    assert_eq!(seqs(&store.load(&wid("other")).unwrap()), [1]);
+}
+
+/// A commit that fails half-way leaves nothing behind, also after a restart.
+pub fn failed_commit_writes_nothing<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["ok"]);
+    h.fail_commits_with_command_kind(&mut store, "explode");
+    let commit = Commit::new(
+        wid("w"),
+        Seq::new(1).unwrap(),
+        Event::new("second", json!({})),
+        commands(&["ok", "ok", "explode", "ok"]),
+        T0,
+    )
+    .unwrap();
+    let err = store.append_with_commands(&commit).unwrap_err();
+    assert!(
+        !matches!(err, Error::Conflict { .. }),
+        "the injected failure is not a conflict: {err}"
+    );
+    let check = |store: &H::Store| {
+        assert_eq!(
+            seqs(&store.load(&wid("w")).unwrap()),
+            [1],
+            "no event of the failed commit"
+        );
+        assert_eq!(
+            pending_ids(store),
+            ["w:1:0"],
+            "no command of the failed commit"
+        );
+        assert!(store.command(&cid("w:2:0")).unwrap().is_none());
+    };
+    check(&store);
+    let mut store = h.reopen(store);
+    check(&store);
+    // The workflow goes on at the same seq.
+    assert_eq!(append(&mut store, "w", &["ok"]), Seq::new(2).unwrap());
+}
+
+/// A commit on a stale `expected_seq` gets `Conflict { expected, actual }` and writes nothing.
+pub fn stale_expected_seq_conflicts<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["a"]);
+    append(&mut store, "w", &["b"]);
+    for expected in [0, 1, 3, 7] {
+        let commit = Commit::new(
+            wid("w"),
+            Seq::new(expected).unwrap(),
+            Event::new("late", json!({})),
+            commands(&["c"]),
+            T0,
+        )
+        .unwrap();
+        match store.append_with_commands(&commit) {
+            Err(Error::Conflict {
+                workflow_id,
+                expected: e,
+                actual,
+            }) => {
+                assert_eq!(workflow_id, wid("w"));
+                assert_eq!(e.get(), expected);
+                assert_eq!(actual.get(), 2);
+            }
+            other => panic!("expected a conflict for expected_seq {expected}, got {other:?}"),
+        }
+    }
+    assert_eq!(seqs(&store.load(&wid("w")).unwrap()), [1, 2]);
+    assert_eq!(pending_ids(&store), ["w:1:0", "w:2:0"]);
+}
+
+/// The engine replays, decides and commits, and on a conflict decides again at the next seq.
+pub fn engine_retries_a_conflict_at_the_next_seq<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let engine = Engine::new(Counter);
+    let w = wid("race");
+    // A rival commits between our replay and our commit: simulate by committing on the stale seq.
+    let stale = engine.replay(&store, &w).unwrap();
+    engine
+        .handle(&mut store, &w, Event::new("first", json!({})), T0)
+        .unwrap();
+    let commit = Commit::new(
+        w.clone(),
+        stale.last_seq,
+        Event::new("second", json!({})),
+        Decision::none(),
+        T0,
+    )
+    .unwrap();
+    assert!(matches!(
+        store.append_with_commands(&commit),
+        Err(Error::Conflict { .. })
+    ));
+    let handled = engine
+        .handle(&mut store, &w, Event::new("second", json!({})), T0)
+        .unwrap();
+    assert_eq!(handled.seq.get(), 2);
+    assert_eq!(handled.command_ids, [cid("race:2:0")]);
+    let row = store.command(&cid("race:2:0")).unwrap().unwrap();
+    assert_eq!(
+        row.payload,
+        json!({ "seen": 1 }),
+        "decided on the state after the rival's event"
+    );
+    assert_eq!(engine.replay(&store, &w).unwrap().state, 2);
+}
+
+/// Command IDs follow every case of the shared vectors: derived, stored, read back and parsed alike.
+pub fn command_ids_match_the_vectors<H: Harness>(h: &mut H) {
+    let vectors = command_id_vectors();
+    let mut store = h.open();
+    for case in &vectors.valid {
+        let workflow_id = wid(&case.workflow_id);
+        let seq = Seq::new(case.event_seq).unwrap();
+        let derived = CommandId::new(workflow_id.clone(), seq, case.index).unwrap();
+        assert_eq!(derived.to_string(), case.command_id);
+        assert_eq!(case.command_id.parse::<CommandId>().unwrap(), derived);
+        if case.event_seq > 3 {
+            continue; // too many events to commit here; derivation and parsing are checked above
+        }
+        // Commit filler events up to the case's seq, then a decision with the case's index.
+        while store.load(&workflow_id).unwrap().len() + 1 < case.event_seq as usize {
+            append(&mut store, &case.workflow_id, &[]);
+        }
+        let kinds = vec!["cmd"; case.index as usize + 1];
+        append(&mut store, &case.workflow_id, &kinds);
+        let row = store
+            .command(&derived)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} stored", case.command_id));
+        assert_eq!(row.command_id.to_string(), case.command_id);
+    }
+    for case in &vectors.invalid_workflow_ids {
+        match WorkflowId::new(case.workflow_id.clone()) {
+            Err(Error::InvalidInput { field, value, .. }) => {
+                assert_eq!(field, "workflow_id");
+                assert_eq!(value, case.workflow_id, "the error names the value");
+            }
+            other => panic!(
+                "workflow id {:?} ({}) was not refused: {other:?}",
+                case.workflow_id, case.why
+            ),
+        }
+    }
+    for case in &vectors.invalid_command_ids {
+        let err = case.command_id.parse::<CommandId>().unwrap_err();
+        assert!(
+            err.to_string().contains(&case.command_id),
+            "{} ({}): {err}",
+            case.command_id,
+            case.why
+        );
+    }
+}
+
+/// `pending` returns commands by `(workflow_id, event_seq, index)`, the index compared as a number.
+pub fn pending_order_matches_the_vectors<H: Harness>(h: &mut H) {
+    let vectors = command_id_vectors();
+    let mut store = h.open();
+    let w = &vectors.ordering.workflow_id;
+    append(&mut store, "v", &["first workflow by name"]);
+    append(&mut store, w, &["cmd"; 12]);
+    append(&mut store, w, &["cmd"]);
+    let order: Vec<String> = pending_ids(&store)
+        .into_iter()
+        .filter(|id| id.starts_with(&format!("{w}:")))
+        .collect();
+    assert_eq!(order, vectors.ordering.expected_pending_order);
+    assert_eq!(
+        pending_ids(&store)[0],
+        "v:1:0",
+        "workflows come out in ID order"
+    );
+    assert_eq!(store.pending(3).unwrap().len(), 3, "limit is kept");
+    let rows = store.commands(&wid(w)).unwrap();
+    let ids: Vec<String> = rows.iter().map(|r| r.command_id.to_string()).collect();
+    assert_eq!(ids, vectors.ordering.expected_pending_order);
+}
+
+/// A new outbox row holds every column of rule 5 with its initial value, and the payload round-trips.
+pub fn outbox_rows_start_pending_with_every_column<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let payload = json!({ "city": "成都", "n": 1.5, "list": [1, "x", null], "nested": { "b": true, "a": {} } });
+    let decision = Decision::new().command(Command::new("lock_budget", payload.clone()));
+    let commit = Commit::new(
+        wid("trip-001"),
+        Seq::ZERO,
+        Event::new("trip_requested", payload.clone()),
+        decision,
+        at(5),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let store = h.reopen(store);
+    let row = store.command(&cid("trip-001:1:0")).unwrap().unwrap();
+    assert_eq!(row.kind, "lock_budget");
+    assert_eq!(row.payload, payload);
+    assert_eq!(row.status, Status::Pending);
+    assert_eq!(row.attempts, 0);
+    assert_eq!(row.last_error, None);
+    assert_eq!(row.available_at, at(5));
+    assert_eq!(row.lease, None);
+    assert_eq!(row.created_at, at(5));
+    assert_eq!(row.processed_at, None);
+    assert_eq!(store.load(&wid("trip-001")).unwrap()[0].payload, payload);
+}
+
+/// `mark_done` twice is harmless; an unknown command is a clear error.
+pub fn mark_done_is_idempotent_and_unknown_ids_are_errors<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["a", "b"]);
+    store.mark_done(&cid("w:1:0"), at(1)).unwrap();
+    store.mark_done(&cid("w:1:0"), at(2)).unwrap();
+    let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+    assert_eq!(row.status, Status::Done);
+    assert_eq!(
+        row.processed_at,
+        Some(at(1)),
+        "the second mark changes nothing"
+    );
+    assert_eq!(pending_ids(&store), ["w:1:1"]);
+    for unknown in ["w:1:2", "w:9:0", "nobody:1:0"] {
+        match store.mark_done(&cid(unknown), at(3)) {
+            Err(Error::UnknownCommand { command_id }) => {
+                assert_eq!(command_id.to_string(), unknown)
+            }
+            other => panic!("mark_done({unknown}) gave {other:?}"),
+        }
+    }
+    assert!(matches!(
+        store.complete(&cid("w:7:0"), 1, at(3)),
+        Err(Error::UnknownCommand { .. })
+    ));
+    assert!(matches!(
+        store.retry(&cid("w:7:0"), at(3)),
+        Err(Error::UnknownCommand { .. })
+    ));
+}
+
+/// Replay of a workflow with no events gives `last_seq` 0; replay folds events and never decides, so it
+/// never produces or changes a command.
+pub fn replay_folds_and_never_dispatches<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let engine = Engine::new(Counter);
+    let empty = engine.replay(&store, &wid("new")).unwrap();
+    assert_eq!((empty.state, empty.last_seq), (0, Seq::ZERO));
+    let w = wid("w");
+    for _ in 0..3 {
+        engine
+            .handle(&mut store, &w, Event::new("tick", json!({})), T0)
+            .unwrap();
+    }
+    let before = store.pending(usize::MAX).unwrap();
+    let replayed = engine.replay(&store, &w).unwrap();
+    assert_eq!((replayed.state, replayed.last_seq.get()), (3, 3));
+    assert_eq!(
+        store.pending(usize::MAX).unwrap(),
+        before,
+        "replay changed the outbox"
+    );
+    assert_eq!(before.len(), 3);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Leases, acknowledgement, failure (rules 6–9)
+
+/// Two claimers never hold the same command; a claim takes due commands only, longest-due first.
+pub fn claims_are_exclusive_and_due_only<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    for w in ["a", "b", "c"] {
+        append(&mut store, w, &["x", "y"]);
+    }
+    let first = claim(&mut store, "w1", 4, 1_000, T0);
+    let second = claim(&mut store, "w2", 4, 1_000, T0);
+    assert_eq!(first.len(), 4);
+    assert_eq!(second.len(), 2);
+    let mut all: Vec<String> = first
+        .iter()
+        .chain(&second)
+        .map(|d| d.command_id.to_string())
+        .collect();
+    assert_eq!(all[..4], ["a:1:0", "a:1:1", "b:1:0", "b:1:1"]);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6, "no command is held twice");
+    assert!(claim(&mut store, "w3", 10, 1_000, T0).is_empty());
+    for d in &first {
+        assert_eq!(d.attempt, 1);
+        assert_eq!(d.lease_expires_at, at(1_000));
+        let row = store.command(&d.command_id).unwrap().unwrap();
+        assert_eq!(row.status, Status::Leased);
+        let lease = row.lease.unwrap();
+        assert_eq!((lease.owner.as_str(), lease.token), ("w1", d.token));
+    }
+    // Not yet due: a commit made later in time is not claimable before its time.
+    let mut store = h.open();
+    let commit = Commit::new(
+        wid("future"),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        commands(&["x"]),
+        at(500),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    assert!(claim(&mut store, "w1", 1, 1_000, at(499)).is_empty());
+    assert_eq!(claim(&mut store, "w1", 1, 1_000, at(500)).len(), 1);
+    assert!(
+        store.claim(&ClaimRequest::new("").limit(1), T0).is_err(),
+        "empty worker name refused"
+    );
+}
+
+/// An expired lease is taken over with a new token; the old holder's complete, extend and fail get
+/// `StaleLease` and change nothing; the new holder settles it.
+pub fn expired_leases_are_fenced<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["x"]);
+    let old = claim(&mut store, "slow", 1, 1_000, T0).remove(0);
+    assert!(
+        claim(&mut store, "fast", 1, 1_000, at(999)).is_empty(),
+        "the lease holds until it expires"
+    );
+    let new = claim(&mut store, "fast", 1, 1_000, at(1_000)).remove(0);
+    assert_eq!(new.command_id, old.command_id);
+    assert!(new.token > old.token, "a takeover gets a fresh token");
+    assert_eq!(new.attempt, 2);
+    let before = store.command(&old.command_id).unwrap();
+    let stale = |e: Result<(), Error>| {
+        assert!(
+            matches!(e, Err(Error::StaleLease { token, .. }) if token == old.token),
+            "{e:?}"
+        )
+    };
+    stale(store.complete(&old.command_id, old.token, at(1_001)));
+    stale(
+        store
+            .extend(
+                &old.command_id,
+                old.token,
+                Duration::from_secs(9),
+                at(1_001),
+            )
+            .map(|_| ()),
+    );
+    stale(
+        store
+            .fail(
+                &old.command_id,
+                old.token,
+                &Failure::retryable("late"),
+                &policy(),
+                at(1_001),
+            )
+            .map(|_| ()),
+    );
+    assert_eq!(
+        store.command(&old.command_id).unwrap(),
+        before,
+        "a stale holder changed the row"
+    );
+    store
+        .complete(&new.command_id, new.token, at(1_002))
+        .unwrap();
+    assert_eq!(status(&store, "w:1:0"), Status::Done);
+    stale(store.complete(&old.command_id, old.token, at(1_003)));
+}
+
+/// A late ack while nobody took over still completes; a holder can extend its lease.
+pub fn late_ack_without_takeover_completes_and_extend_works<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["x", "y"]);
+    let d = claim(&mut store, "w1", 2, 1_000, T0);
+    store
+        .complete(&d[0].command_id, d[0].token, at(5_000))
+        .unwrap();
+    assert_eq!(status(&store, "w:1:0"), Status::Done);
+    let until = store
+        .extend(
+            &d[1].command_id,
+            d[1].token,
+            Duration::from_millis(3_000),
+            at(900),
+        )
+        .unwrap();
+    assert_eq!(until, at(3_900));
+    assert!(
+        claim(&mut store, "w2", 1, 1_000, at(3_899)).is_empty(),
+        "the extended lease holds"
+    );
+    assert_eq!(claim(&mut store, "w2", 1, 1_000, at(3_900)).len(), 1);
+}
+
+/// A retryable failure waits the policy's backoff (never above the cap), then is claimable again; after
+/// the last attempt the command is dead with its last error kept.
+pub fn backoff_follows_the_policy_then_dead<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["flaky"]);
+    let policy = policy();
+    let id = cid("w:1:0");
+    let mut now = T0;
+    for attempt in 1..=4u32 {
+        let d = claim(&mut store, "w1", 1, 1_000, now)
+            .pop()
+            .unwrap_or_else(|| panic!("attempt {attempt} claimable at {now}"));
+        assert_eq!(d.attempt, attempt);
+        let settled = store
+            .fail(
+                &id,
+                d.token,
+                &Failure::retryable(format!("boom {attempt}")),
+                &policy,
+                now,
+            )
+            .unwrap();
+        if attempt == 4 {
+            assert_eq!(settled, Settled::Dead);
+            break;
+        }
+        let expected = policy.backoff(&id, attempt);
+        assert!(
+            expected <= Duration::from_millis(350),
+            "backoff above the cap"
+        );
+        assert_eq!(
+            settled,
+            Settled::RetryAt {
+                at: now + expected,
+                backoff: expected
+            }
+        );
+        let row = store.command(&id).unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.available_at),
+            (Status::Pending, now + expected)
+        );
+        if !expected.is_zero() {
+            let just_before = Timestamp::from_millis((now + expected).as_millis() - 1);
+            assert!(
+                claim(&mut store, "w1", 1, 1_000, just_before).is_empty(),
+                "claimed before its backoff"
+            );
+        }
+        now = now + expected;
+    }
+    let row = store.command(&id).unwrap().unwrap();
+    assert_eq!(row.status, Status::Dead);
+    assert_eq!(row.last_error.as_deref(), Some("boom 4"));
+    assert_eq!(row.attempts, 4);
+    assert!(row.processed_at.is_some());
+    assert!(
+        claim(&mut store, "w1", 1, 1_000, at(10_000_000)).is_empty(),
+        "a dead command is never claimed"
+    );
+    assert!(store.pending(10).unwrap().is_empty());
+    assert_eq!(store.dead_letters(10).unwrap().len(), 1);
+}
+
+/// A permanent failure is dead at once; a lease that expires on the last attempt is dead, not claimed.
+pub fn permanent_failures_and_exhausted_leases_are_dead<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["refused", "crashy"]);
+    let d = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
+    assert_eq!(
+        store
+            .fail(
+                &d.command_id,
+                d.token,
+                &Failure::permanent("422 unknown hotel"),
+                &policy(),
+                T0
+            )
+            .unwrap(),
+        Settled::Dead
+    );
+    let row = store.command(&d.command_id).unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (Status::Dead, 1));
+    assert_eq!(row.last_error.as_deref(), Some("422 unknown hotel"));
+    // The second command: every holder crashes. With max 2 attempts, the third claim buries it.
+    let request = ClaimRequest::new("w1")
+        .limit(5)
+        .lease_ttl(Duration::from_millis(100))
+        .retry_policy(&RetryPolicy::default().max_attempts(2));
+    assert_eq!(store.claim(&request, T0).unwrap().len(), 1);
+    assert_eq!(store.claim(&request, at(100)).unwrap().len(), 1);
+    assert!(store.claim(&request, at(200)).unwrap().is_empty());
+    let row = store.command(&cid("w:1:1")).unwrap().unwrap();
+    assert_eq!(row.status, Status::Dead);
+    assert!(row.last_error.unwrap().contains("lease expired"));
+    let dead: Vec<String> = store
+        .dead_letters(10)
+        .unwrap()
+        .iter()
+        .map(|r| r.command_id.to_string())
+        .collect();
+    assert_eq!(dead, ["w:1:0", "w:1:1"]);
+}
+
+/// `retry` and `resolve` of a dead command are recorded; a live command can be neither retried nor
+/// resolved; a dead command is never marked done as if it succeeded.
+pub fn retry_and_resolve_dead_commands<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["a", "b", "c"]);
+    let ds = claim(&mut store, "w1", 2, 1_000, T0);
+    for d in &ds {
+        store
+            .fail(
+                &d.command_id,
+                d.token,
+                &Failure::permanent("no"),
+                &policy(),
+                T0,
+            )
+            .unwrap();
+    }
+    let live = cid("w:1:2");
+    for result in [
+        store.resolve(&live, "oops", at(1)),
+        store.retry(&live, at(1)),
+    ] {
+        assert!(
+            matches!(
+                result,
+                Err(Error::InvalidState {
+                    status: Status::Pending,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+    }
+    assert!(matches!(
+        store.mark_done(&cid("w:1:0"), at(1)),
+        Err(Error::InvalidState {
+            status: Status::Dead,
+            ..
+        })
+    ));
+    store.retry(&cid("w:1:0"), at(10)).unwrap();
+    let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+    assert_eq!(
+        (
+            row.status,
+            row.attempts,
+            row.manual_retries,
+            row.available_at
+        ),
+        (Status::Pending, 0, 1, at(10))
+    );
+    assert_eq!(
+        row.last_error.as_deref(),
+        Some("no"),
+        "the last error stays for the record"
+    );
+    store
+        .resolve(&cid("w:1:1"), "refunded by phone", at(11))
+        .unwrap();
+    let row = store.command(&cid("w:1:1")).unwrap().unwrap();
+    assert_eq!(row.status, Status::Done);
+    assert_eq!(row.resolution.as_deref(), Some("refunded by phone"));
+    assert_eq!(row.processed_at, Some(at(11)));
+    assert!(matches!(
+        store.resolve(&cid("w:1:1"), "again", at(12)),
+        Err(Error::InvalidState { .. })
+    ));
+    assert!(store.dead_letters(10).unwrap().is_empty());
+    let store = h.reopen(store);
+    assert_eq!(
+        store
+            .command(&cid("w:1:1"))
+            .unwrap()
+            .unwrap()
+            .resolution
+            .as_deref(),
+        Some("refunded by phone")
+    );
+    assert_eq!(
+        store
+            .command(&cid("w:1:0"))
+            .unwrap()
+            .unwrap()
+            .manual_retries,
+        1
+    );
+}
+
+/// With strict order, a command is not handed out while an earlier one of its workflow is pending or
+/// leased; done and dead ones do not block.
+pub fn strict_order_holds_back_later_commands<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "a", &["1", "2"]);
+    append(&mut store, "a", &["3"]);
+    append(&mut store, "b", &["1"]);
+    let strict = |worker: &str| {
+        ClaimRequest::new(worker)
+            .limit(10)
+            .lease_ttl(Duration::from_millis(1_000))
+            .order(ClaimOrder::StrictPerWorkflow)
+    };
+    let ids = |ds: Vec<crate::Delivery>| {
+        ds.into_iter()
+            .map(|d| (d.command_id.to_string(), d.token))
+            .collect::<Vec<_>>()
+    };
+    let first = ids(store.claim(&strict("w1"), T0).unwrap());
+    assert_eq!(
+        first.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["a:1:0", "b:1:0"]
+    );
+    assert!(
+        store.claim(&strict("w2"), T0).unwrap().is_empty(),
+        "a:1:1 waits for a:1:0"
+    );
+    // a:1:0 fails and waits for a retry: it still blocks.
+    store
+        .fail(
+            &cid("a:1:0"),
+            first[0].1,
+            &Failure::retryable("later"),
+            &policy(),
+            T0,
+        )
+        .unwrap();
+    assert!(store.claim(&strict("w2"), T0).unwrap().is_empty());
+    let retry_at = store.command(&cid("a:1:0")).unwrap().unwrap().available_at;
+    let again = ids(store.claim(&strict("w2"), retry_at).unwrap());
+    assert_eq!(
+        again.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["a:1:0"]
+    );
+    store.complete(&cid("a:1:0"), again[0].1, retry_at).unwrap();
+    let next = ids(store.claim(&strict("w2"), retry_at).unwrap());
+    assert_eq!(
+        next.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["a:1:1"]
+    );
+    store
+        .fail(
+            &cid("a:1:1"),
+            next[0].1,
+            &Failure::permanent("gone"),
+            &policy(),
+            retry_at,
+        )
+        .unwrap();
+    let last = ids(store.claim(&strict("w2"), retry_at).unwrap());
+    assert_eq!(
+        last.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+        ["a:2:0"],
+        "a dead command does not block"
+    );
+    // Without strict order, later commands of a workflow go out beside earlier ones.
+    let mut store = h.open();
+    append(&mut store, "a", &["1", "2"]);
+    assert_eq!(claim(&mut store, "w1", 10, 1_000, T0).len(), 2);
+}
+
+/// A batch of acks completes the current leases and reports stale ones, one result per ack.
+pub fn complete_all_settles_each_ack<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["a", "b", "c"]);
+    let d = claim(&mut store, "w1", 3, 1_000, T0);
+    let acks = vec![
+        (d[0].command_id.clone(), d[0].token),
+        (d[1].command_id.clone(), d[1].token + 1),
+        (d[2].command_id.clone(), d[2].token),
+        (cid("w:1:9"), 1),
+    ];
+    let results = store.complete_all(&acks, at(1)).unwrap();
+    assert_eq!(results.len(), 4);
+    assert!(results[0].is_ok() && results[2].is_ok());
+    assert!(matches!(results[1], Err(Error::StaleLease { .. })));
+    assert!(matches!(results[3], Err(Error::UnknownCommand { .. })));
+    assert_eq!(pending_ids(&store), ["w:1:1"]);
+    assert_eq!(status(&store, "w:1:1"), Status::Leased);
+}
+
+/// Expands to one `#[test]` per conformance case for the [`Harness`] built by `$harness`.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($harness:expr) => {
+        $crate::store_conformance_tests!(@cases $harness;
+            seqs_are_gapless_from_one,
+            failed_commit_writes_nothing,
+            stale_expected_seq_conflicts,
+            engine_retries_a_conflict_at_the_next_seq,
+            command_ids_match_the_vectors,
+            pending_order_matches_the_vectors,
+            outbox_rows_start_pending_with_every_column,
+            mark_done_is_idempotent_and_unknown_ids_are_errors,
+            replay_folds_and_never_dispatches,
+            claims_are_exclusive_and_due_only,
+            expired_leases_are_fenced,
+            late_ack_without_takeover_completes_and_extend_works,
+            backoff_follows_the_policy_then_dead,
+            permanent_failures_and_exhausted_leases_are_dead,
+            retry_and_resolve_dead_commands,
+            strict_order_holds_back_later_commands,
+            complete_all_settles_each_ack,
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let mut harness = $harness;
+                $crate::conformance::$case(&mut harness);
+            }
+        )*
+    };
+}

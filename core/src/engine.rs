@@ -1,0 +1,218 @@
+//! Workflows and the engine that runs them: replay → decide → commit.
+
+use crate::error::Error;
+use crate::id::{CommandId, Seq, WorkflowId};
+use crate::model::{Decision, Event, EventRecord};
+use crate::store::{Commit, Store};
+use crate::time::Timestamp;
+
+/// A workflow: how its events fold into state, and what it decides when a new event arrives.
+///
+/// Both functions must be deterministic (no clock, no randomness, no I/O): replay runs `evolve` over the
+/// recorded events again and again and must reach the same state each time. Time is in the event
+/// record (`recorded_at`).
+///
+/// ```
+/// use miniflow_core::{Command, Decision, EventRecord, Workflow};
+/// use serde_json::json;
+///
+/// #[derive(Default)]
+/// struct Trip { requested: bool }
+///
+/// struct TripWorkflow;
+///
+/// impl Workflow for TripWorkflow {
+///     type State = Trip;
+///
+///     fn evolve(&self, state: &mut Trip, event: &EventRecord) {
+///         if event.kind == "trip_requested" {
+///             state.requested = true;
+///         }
+///     }
+///
+///     fn decide(&self, state: &Trip, event: &EventRecord) -> Decision {
+///         match event.kind.as_str() {
+///             "trip_requested" if !state.requested => Decision::new().command(Command::new(
+///                 "lock_budget",
+///                 json!({ "trip_id": event.workflow_id }),
+///             )),
+///             _ => Decision::none(),
+///         }
+///     }
+/// }
+/// ```
+pub trait Workflow {
+    /// What the workflow knows, folded from its events.
+    type State: Default;
+
+    /// Folds one recorded event into the state.
+    fn evolve(&self, state: &mut Self::State, event: &EventRecord);
+
+    /// Decides the commands for an incoming `event`, given the state before it. `event` carries the seq
+    /// it will be recorded at, so the decision knows the IDs its commands will get.
+    fn decide(&self, state: &Self::State, event: &EventRecord) -> Decision;
+}
+
+/// A workflow's state rebuilt from its events (DESIGN rule 2). It holds no commands: what is pending
+/// lives only in the outbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayResult<S> {
+    /// The folded state.
+    pub state: S,
+    /// The seq of the last event, 0 for a workflow with none. The next commit expects it.
+    pub last_seq: Seq,
+}
+
+/// Folds `events` (in seq order) into a state.
+///
+/// # Errors
+///
+/// [`Error::Corrupt`] when the seqs are not 1, 2, 3… as a store must return them.
+pub fn replay<W: Workflow + ?Sized>(
+    workflow: &W,
+    events: &[EventRecord],
+) -> Result<ReplayResult<W::State>, Error> {
+    let mut state = W::State::default();
+    let mut last_seq = Seq::ZERO;
+    for event in events {
+        if event.seq.get() != last_seq.get() + 1 {
+            return Err(Error::Corrupt(format!(
+                "workflow {} has event seq {} after {}",
+                event.workflow_id, event.seq, last_seq
+            )));
+        }
+        workflow.evolve(&mut state, event);
+        last_seq = event.seq;
+    }
+    Ok(ReplayResult { state, last_seq })
+}
+
+/// What [`Engine::handle`] committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    /// The seq the event was recorded at.
+    pub seq: Seq,
+    /// The IDs of the commands it decided, in decision order.
+    pub command_ids: Vec<CommandId>,
+    /// How many times the commit lost a race and was replayed and decided again.
+    pub conflicts: u32,
+}
+
+/// Runs a [`Workflow`] against a [`Store`]: replay → decide → commit, retrying on conflict.
+///
+/// ```
+/// # use miniflow_core::{Command, Decision, EventRecord, Workflow};
+/// # use serde_json::json;
+/// # #[derive(Default)] struct Trip;
+/// # struct TripWorkflow;
+/// # impl Workflow for TripWorkflow {
+/// #     type State = Trip;
+/// #     fn evolve(&self, _: &mut Trip, _: &EventRecord) {}
+/// #     fn decide(&self, _: &Trip, event: &EventRecord) -> Decision {
+/// #         Decision::new().command(Command::new("lock_budget", json!({ "trip_id": event.workflow_id })))
+/// #     }
+/// # }
+/// use miniflow_core::{Engine, Event, MemoryStore, Store, Timestamp, WorkflowId};
+///
+/// let engine = Engine::new(TripWorkflow);
+/// let mut store = MemoryStore::new();
+/// let trip = WorkflowId::new("trip-001")?;
+/// let handled = engine.handle(
+///     &mut store,
+///     &trip,
+///     Event::new("trip_requested", json!({ "city": "成都" })),
+///     Timestamp::from_millis(0),
+/// )?;
+/// assert_eq!(handled.command_ids[0].to_string(), "trip-001:1:0");
+/// assert_eq!(store.pending(10)?.len(), 1);
+/// # Ok::<(), miniflow_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Engine<W> {
+    workflow: W,
+    max_conflict_retries: u32,
+}
+
+impl<W: Workflow> Engine<W> {
+    /// An engine for `workflow` that retries a conflicting commit up to 8 times.
+    pub fn new(workflow: W) -> Self {
+        Self {
+            workflow,
+            max_conflict_retries: 8,
+        }
+    }
+
+    /// Sets how many times a commit that lost a race is replayed, decided and tried again.
+    #[must_use]
+    pub fn max_conflict_retries(mut self, retries: u32) -> Self {
+        self.max_conflict_retries = retries;
+        self
+    }
+
+    /// The workflow.
+    pub fn workflow(&self) -> &W {
+        &self.workflow
+    }
+
+    /// Rebuilds the state of `workflow_id` from its events. Decides nothing and dispatches nothing.
+    pub fn replay<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        workflow_id: &WorkflowId,
+    ) -> Result<ReplayResult<W::State>, Error> {
+        replay(&self.workflow, &store.load(workflow_id)?)
+    }
+
+    /// Records `event` in `workflow_id` with the commands the workflow decides for it, in one commit
+    /// (DESIGN rule 3). On [`Error::Conflict`] it replays and decides again, a bounded number of times.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed event or command; [`Error::Conflict`] when every retry
+    /// lost its race; the store's errors. In every case nothing of this event was written.
+    pub fn handle<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let mut conflicts = 0;
+        loop {
+            let replayed = self.replay(store, workflow_id)?;
+            let seq = replayed.last_seq.next()?;
+            let record = EventRecord {
+                workflow_id: workflow_id.clone(),
+                seq,
+                kind: event.kind.clone(),
+                payload: event.payload.clone(),
+                recorded_at: now,
+            };
+            let decision = self.workflow.decide(&replayed.state, &record);
+            let commit = Commit::new(
+                workflow_id.clone(),
+                replayed.last_seq,
+                event.clone(),
+                decision,
+                now,
+            )?;
+            match store.append_with_commands(&commit) {
+                Ok(()) => {
+                    return Ok(Handled {
+                        seq,
+                        command_ids: commit
+                            .commands()
+                            .iter()
+                            .map(|row| row.command_id.clone())
+                            .collect(),
+                        conflicts,
+                    })
+                }
+                Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
+                    conflicts += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The one error type of miniflow's stores and engine.
+
+use std::fmt::Display;
+
+use crate::id::{CommandId, Seq, WorkflowId};
+use crate::outbox::Status;
+
+/// A boxed error from a storage driver, kept as the source of [`Error::Storage`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, as a kind the caller can act on. Each variant says how to handle it.
+///
+/// Every store maps its driver's errors onto these kinds (a SQLite primary-key clash on
+/// `(workflow_id, seq)` becomes [`Error::Conflict`], `SQLITE_BUSY` becomes [`Error::Busy`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed a bad value. Fix the caller; retrying the same input fails the same way.
+    /// Nothing was written.
+    #[error("invalid {field} {value:?}: {reason}")]
+    InvalidInput {
+        /// Which input was wrong.
+        field: &'static str,
+        /// The offending value, as text.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Optimistic concurrency: the workflow moved on since it was replayed. Nothing was written.
+    /// Replay and decide again ([`crate::Engine::handle`] does this for you, a bounded number of times).
+    #[error("conflict on workflow {workflow_id:?}: expected last seq {expected}, found {actual}")]
+    Conflict {
+        /// The workflow whose commit lost the race.
+        workflow_id: WorkflowId,
+        /// The last seq the commit was based on.
+        expected: Seq,
+        /// The workflow's actual last seq.
+        actual: Seq,
+    },
+
+    /// No outbox row has this command ID. Usually a caller bug (a typo, or another store).
+    #[error("unknown command {command_id}")]
+    UnknownCommand {
+        /// The ID that was looked up.
+        command_id: CommandId,
+    },
+
+    /// The caller's lease is no longer the current one: it expired and another worker took the command
+    /// over, or the command was settled. Nothing was changed; drop the result (the receiver folds the
+    /// new holder's delivery into the same effect).
+    #[error("stale lease on {command_id}: token {token} is not the current lease ({current})")]
+    StaleLease {
+        /// The command the caller thought it held.
+        command_id: CommandId,
+        /// The token the caller presented.
+        token: u64,
+        /// What holds the command now, in words.
+        current: String,
+    },
+
+    /// The operation does not apply to a command in this state (e.g. resolving a command that is not
+    /// dead). Nothing was changed.
+    #[error("cannot {operation} command {command_id}: it is {status}")]
+    InvalidState {
+        /// The command.
+        command_id: CommandId,
+        /// Its current status.
+        status: Status,
+        /// What was attempted.
+        operation: &'static str,
+    },
+
+    /// The store is temporarily locked by another writer. Nothing was written; retry later.
+    #[error("store busy: {0}")]
+    Busy(#[source] BoxError),
+
+    /// The store was written by a newer version of miniflow. Nothing was changed; upgrade miniflow.
+    #[error("the store has schema version {found}, this miniflow supports up to {supported}: upgrade miniflow to open it")]
+    UnsupportedSchema {
+        /// The version found in the store.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+
+    /// The store holds data miniflow cannot read back (edited by hand, or damaged).
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+
+    /// The storage driver failed (disk full, I/O error, …). The operation's writes were rolled back.
+    #[error("storage error: {0}")]
+    Storage(#[source] BoxError),
+}
+
+impl Error {
+    /// An [`Error::InvalidInput`] naming `field`, its `value` and the `reason`.
+    pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            field,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A stable, machine-readable name of the kind (`"CONFLICT"`, `"STALE_LEASE"`, …), the same on every
+    /// host (the JS binding throws errors with this `code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::InvalidInput { .. } => "INVALID_INPUT",
+            Error::Conflict { .. } => "CONFLICT",
+            Error::UnknownCommand { .. } => "NOT_FOUND",
+            Error::StaleLease { .. } => "STALE_LEASE",
+            Error::InvalidState { .. } => "INVALID_STATE",
+            Error::Busy(_) => "BUSY",
+            Error::UnsupportedSchema { .. } => "UNSUPPORTED_SCHEMA",
+            Error::Corrupt(_) => "CORRUPT",
+            Error::Storage(_) => "STORAGE",
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The sans-IO core of miniflow: durable workflows that never lose a command and never repeat an effect.
+//!
+//! A workflow records what happened as events and decides commands for the outside world. The core
+//! plans every write — the event at the next seq, one outbox row per command with a deterministic ID
+//! (`workflow:event_seq:index`), the next retry time of a failed delivery — and a [`Store`] writes each
+//! plan atomically. The core has no I/O, no clock and no threads; time is an input, so it runs the same
+//! on a server, in tests with a manual clock, and in the browser (`wasm32-unknown-unknown`).
+//!
+//! | piece | what it is |
+//! |---|---|
+//! | [`Workflow`], [`Engine`] | `evolve` folds events into state, `decide` turns an event into commands; the engine does replay → decide → commit |
+//! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
+//! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
+//! | [`MemoryStore`] | an in-memory store |
+//! | `conformance` (feature) | the tests every store must pass |
+//!
+//! # Example
+//!
+//! The trip workflow of the design article: a requested trip locks a budget. A worker claims the
+//! command, delivers it with its ID as the idempotency key, and completes it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use miniflow_core::{
+//!     ClaimRequest, Command, Decision, Engine, Event, EventRecord, MemoryStore, Store, Timestamp,
+//!     Workflow, WorkflowId,
+//! };
+//! use serde_json::json;
+//!
+//! struct Trip;
+//!
+//! impl Workflow for Trip {
+//!     type State = u32; // events seen
+//!
+//!     fn evolve(&self, seen: &mut u32, _event: &EventRecord) {
+//!         *seen += 1;
+//!     }
+//!
+//!     fn decide(&self, _seen: &u32, event: &EventRecord) -> Decision {
+//!         match event.kind.as_str() {
+//!             "trip_requested" => Decision::new().command(Command::new(
+//!                 "lock_budget",
+//!                 json!({ "trip_id": event.workflow_id }),
+//!             )),
+//!             _ => Decision::none(),
+//!         }
+//!     }
+//! }
+//!
+//! let engine = Engine::new(Trip);
+//! let mut store = MemoryStore::new();
+//! let trip = WorkflowId::new("trip-001")?;
+//! let now = Timestamp::from_millis(1_700_000_000_000);
+//!
+//! engine.handle(&mut store, &trip, Event::new("trip_requested", json!({ "city": "成都" })), now)?;
+//!
+//! let request = ClaimRequest::new("worker-1").limit(10).lease_ttl(Duration::from_secs(30));
+//! let claimed = store.claim(&request, now)?;
+//! assert_eq!(claimed[0].command_id.to_string(), "trip-001:1:0");
+//! // … deliver `claimed[0]` with its command ID as the idempotency key, then:
+//! store.complete(&claimed[0].command_id, claimed[0].token, now)?;
+//! assert!(store.pending(10)?.is_empty());
+//! assert_eq!(engine.replay(&store, &trip)?.last_seq.get(), 1);
+//! # Ok::<(), miniflow_core::Error>(())
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod engine;
+mod error;
+mod id;
+mod memory;
+mod model;
+mod outbox;
+mod retry;
+mod store;
+mod time;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
+pub use error::{BoxError, Error};
+pub use id::{CommandId, Seq, WorkflowId};
+pub use memory::MemoryStore;
+pub use model::{canonical_json, Command, Decision, Event, EventRecord, MAX_KIND_LEN};
+pub use outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status};
+pub use retry::RetryPolicy;
+pub use store::{Ack, Commit, Store};
+pub use time::{Clock, ManualClock, Timestamp};
+
+/// Re-exported so users name JSON payloads without adding `serde_json` themselves.
+pub use serde_json::{json, Value};

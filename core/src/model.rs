@@ -1,0 +1,190 @@
+//! The values a workflow reads and writes: events, commands, and the rows a commit writes.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::id::{Seq, WorkflowId};
+use crate::time::Timestamp;
+
+/// The longest event or command kind, in bytes.
+pub const MAX_KIND_LEN: usize = 128;
+
+/// Checks an event or command kind: 1 to [`MAX_KIND_LEN`] bytes, no control characters.
+pub(crate) fn check_kind(field: &'static str, kind: &str) -> Result<(), Error> {
+    if kind.is_empty() {
+        return Err(Error::invalid(field, kind, "must not be empty"));
+    }
+    if kind.len() > MAX_KIND_LEN {
+        return Err(Error::invalid(
+            field,
+            kind,
+            format!("is {} bytes, the limit is {MAX_KIND_LEN}", kind.len()),
+        ));
+    }
+    if kind.chars().any(char::is_control) {
+        return Err(Error::invalid(field, kind, "has a control character"));
+    }
+    Ok(())
+}
+
+/// Something that happened to a workflow, before it is recorded: a kind and a JSON payload.
+///
+/// ```
+/// use miniflow_core::Event;
+/// use serde_json::json;
+///
+/// let event = Event::new("trip_requested", json!({ "city": "成都" }));
+/// assert_eq!(event.kind, "trip_requested");
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// What happened, e.g. `trip_requested`.
+    pub kind: String,
+    /// The facts of it.
+    pub payload: Value,
+}
+
+impl Event {
+    /// An event of `kind` with `payload`.
+    pub fn new(kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// An event as recorded: its workflow, its seq and when it was committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// The workflow it belongs to.
+    pub workflow_id: WorkflowId,
+    /// Its position, from 1 with no gaps.
+    pub seq: Seq,
+    /// What happened.
+    pub kind: String,
+    /// The facts of it.
+    pub payload: Value,
+    /// The `now` of the commit that recorded it.
+    pub recorded_at: Timestamp,
+}
+
+impl EventRecord {
+    /// The event without its record metadata.
+    pub fn event(&self) -> Event {
+        Event::new(self.kind.clone(), self.payload.clone())
+    }
+}
+
+/// A request to the outside world, decided by a workflow: a kind and a JSON payload.
+///
+/// Its ID is not chosen here: a commit derives it from the deciding event (DESIGN rule 4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// What to do, e.g. `lock_budget`.
+    pub kind: String,
+    /// With which parameters.
+    pub payload: Value,
+}
+
+impl Command {
+    /// A command of `kind` with `payload`.
+    pub fn new(kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            kind: kind.into(),
+            payload,
+        }
+    }
+}
+
+/// What a workflow decided in answer to one event.
+///
+/// ```
+/// use miniflow_core::{Command, Decision};
+/// use serde_json::json;
+///
+/// let decision = Decision::new()
+///     .command(Command::new("lock_budget", json!({ "trip_id": "trip-001" })))
+///     .command(Command::new("book_flight", json!({ "to": "成都" })));
+/// assert_eq!(decision.commands.len(), 2);
+/// assert!(Decision::none().commands.is_empty());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Decision {
+    /// The commands, in order: the first gets index 0 in its command ID.
+    pub commands: Vec<Command>,
+}
+
+impl Decision {
+    /// A decision with no commands yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record the event and do nothing else.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Adds a command after the ones already decided.
+    #[must_use]
+    pub fn command(mut self, command: Command) -> Self {
+        self.commands.push(command);
+        self
+    }
+}
+
+impl From<Vec<Command>> for Decision {
+    fn from(commands: Vec<Command>) -> Self {
+        Self { commands }
+    }
+}
+
+/// Canonical JSON text: object keys sorted by their UTF-8 bytes, no insignificant whitespace.
+///
+/// The same value always gives the same text, whatever map type `serde_json` was built with, so stored
+/// payloads compare and hash byte for byte.
+///
+/// ```
+/// use miniflow_core::canonical_json;
+/// use serde_json::json;
+///
+/// assert_eq!(canonical_json(&json!({ "b": 1, "a": [true, null] })), r#"{"a":[true,null],"b":1}"#);
+/// ```
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push('{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(key.clone()).to_string());
+                out.push(':');
+                write_canonical(item, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}

@@ -1,0 +1,459 @@
+//! Outbox rows and the rules that move them: claim, extend, complete, fail, retry, resolve
+//! (DESIGN rules 5–9).
+//!
+//! These functions are the single statement of the lease rules. [`crate::MemoryStore`] applies them to
+//! its rows directly; SQL stores express the same conditions in their statements and call
+//! [`OutboxRow::fail`] for the retry arithmetic, and the conformance suite proves they agree.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Error;
+use crate::id::CommandId;
+use crate::retry::RetryPolicy;
+use crate::time::Timestamp;
+
+/// Where a command is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting for delivery (from `available_at`).
+    Pending,
+    /// Held by a worker under a lease until `available_at`.
+    Leased,
+    /// Delivered with a verified result, or resolved by hand.
+    Done,
+    /// Gave up: out of attempts or failed for good. Waits for a person to `retry` or `resolve` it.
+    Dead,
+}
+
+impl Status {
+    /// The lowercase name used in storage and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Leased => "leased",
+            Status::Done => "done",
+            Status::Dead => "dead",
+        }
+    }
+
+    /// Pending or leased: the command still has to be delivered.
+    pub fn is_unfinished(self) -> bool {
+        matches!(self, Status::Pending | Status::Leased)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Status {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        match s {
+            "pending" => Ok(Status::Pending),
+            "leased" => Ok(Status::Leased),
+            "done" => Ok(Status::Done),
+            "dead" => Ok(Status::Dead),
+            other => Err(Error::invalid(
+                "status",
+                other,
+                "expected pending, leased, done or dead",
+            )),
+        }
+    }
+}
+
+/// Who holds a command, until when, with which fencing token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The worker that claimed it.
+    pub owner: String,
+    /// When the lease runs out and another worker may take the command over.
+    pub expires_at: Timestamp,
+    /// The fencing token: only the holder of the current token may settle the command.
+    pub token: u64,
+}
+
+/// One command in the outbox, with every column of DESIGN rule 5.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxRow {
+    /// `"{workflow_id}:{event_seq}:{index}"`.
+    pub command_id: CommandId,
+    /// What to do.
+    pub kind: String,
+    /// With which parameters.
+    pub payload: Value,
+    /// Where it is in its life.
+    pub status: Status,
+    /// Deliveries so far (claims), since creation or the last retry by hand.
+    pub attempts: u32,
+    /// The error of the last failed attempt.
+    pub last_error: Option<String>,
+    /// The earliest time the command may be claimed: when it is due, or for a leased command when its
+    /// lease expires.
+    pub available_at: Timestamp,
+    /// The current or last lease; `token` keeps counting up across leases.
+    pub lease: Option<Lease>,
+    /// When the command was committed.
+    pub created_at: Timestamp,
+    /// When it became done or dead.
+    pub processed_at: Option<Timestamp>,
+    /// How often a person put it back with `retry`.
+    pub manual_retries: u32,
+    /// The note of a person who closed it with `resolve`.
+    pub resolution: Option<String>,
+}
+
+/// A command handed to a worker by a claim: what to deliver and the token to settle it with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// The command's ID: send it to the receiver as the idempotency key.
+    pub command_id: CommandId,
+    /// What to do.
+    pub kind: String,
+    /// With which parameters.
+    pub payload: Value,
+    /// Which delivery this is, from 1.
+    pub attempt: u32,
+    /// The fencing token to pass to `complete`, `fail` and `extend`.
+    pub token: u64,
+    /// When the lease runs out.
+    pub lease_expires_at: Timestamp,
+}
+
+/// Which commands a claim hands out first (DESIGN rule 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ClaimOrder {
+    /// Any due command, the longest-due first, then by command ID.
+    #[default]
+    DueFirst,
+    /// As `DueFirst`, but a command is not handed out while an earlier command of its workflow is
+    /// pending or leased (done and dead ones do not block).
+    StrictPerWorkflow,
+}
+
+/// What a worker asks for when it claims.
+///
+/// ```
+/// use std::time::Duration;
+/// use miniflow_core::{ClaimOrder, ClaimRequest};
+///
+/// let request = ClaimRequest::new("worker-1")
+///     .limit(32)
+///     .lease_ttl(Duration::from_secs(30))
+///     .order(ClaimOrder::StrictPerWorkflow);
+/// assert_eq!(request.limit, 32);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClaimRequest {
+    /// The claiming worker's name, recorded as the lease owner.
+    pub worker: String,
+    /// The most commands to take.
+    pub limit: usize,
+    /// How long the lease lasts before another worker may take the command over.
+    pub lease_ttl: Duration,
+    /// Which commands come first.
+    pub order: ClaimOrder,
+    /// A command whose lease expired after this many attempts becomes dead instead of being claimed again
+    /// (a worker that keeps crashing on it must not loop forever).
+    pub max_attempts: u32,
+}
+
+impl ClaimRequest {
+    /// Up to 1 command for `worker`, leased for 30 s, `DueFirst`, at most 10 attempts.
+    pub fn new(worker: impl Into<String>) -> Self {
+        Self {
+            worker: worker.into(),
+            limit: 1,
+            lease_ttl: Duration::from_secs(30),
+            order: ClaimOrder::DueFirst,
+            max_attempts: RetryPolicy::default().attempts_allowed(),
+        }
+    }
+
+    /// Takes up to `limit` commands.
+    #[must_use]
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Leases them for `ttl`.
+    #[must_use]
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// Hands them out in `order`.
+    #[must_use]
+    pub fn order(mut self, order: ClaimOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// Takes the attempt limit from `policy`.
+    #[must_use]
+    pub fn retry_policy(mut self, policy: &RetryPolicy) -> Self {
+        self.max_attempts = policy.attempts_allowed();
+        self
+    }
+
+    /// Checks the request.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an empty or over-long worker name or a zero lease TTL.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.worker.is_empty() || self.worker.len() > 128 {
+            return Err(Error::invalid(
+                "worker",
+                &self.worker,
+                "must be 1 to 128 bytes",
+            ));
+        }
+        if self.lease_ttl.is_zero() {
+            return Err(Error::invalid(
+                "lease_ttl",
+                format!("{:?}", self.lease_ttl),
+                "must be longer than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a delivery failed, as the worker reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// What went wrong, kept as the row's `last_error`.
+    pub error: String,
+    /// Whether trying again may help (a timeout, a 503) or not (a 422, a refused booking).
+    pub retryable: bool,
+}
+
+impl Failure {
+    /// A failure that may pass if tried again later.
+    pub fn retryable(error: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            retryable: true,
+        }
+    }
+
+    /// A failure that will not pass however often it is tried: the command becomes dead at once.
+    pub fn permanent(error: impl Into<String>) -> Self {
+        Self {
+            error: error.into(),
+            retryable: false,
+        }
+    }
+}
+
+/// Where a failed command went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Settled {
+    /// Back to pending, due again at `at` (after `backoff`).
+    RetryAt {
+        /// When it is due again.
+        at: Timestamp,
+        /// The backoff that was applied.
+        #[serde(with = "duration_millis")]
+        backoff: Duration,
+    },
+    /// Dead: out of attempts, or the failure was permanent.
+    Dead,
+}
+
+mod duration_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(crate::time::millis(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+/// The reason recorded when a lease ran out on the last allowed attempt.
+pub(crate) fn lease_expired_error(attempts: u32) -> String {
+    format!("lease expired on attempt {attempts} with no result")
+}
+
+impl OutboxRow {
+    /// Whether a claim at `now` may take this row: pending and due, or leased with an expired lease.
+    pub fn is_claimable(&self, now: Timestamp) -> bool {
+        self.status.is_unfinished() && self.available_at <= now
+    }
+
+    /// The current fencing token (0 before the first claim).
+    pub fn token(&self) -> u64 {
+        self.lease.as_ref().map_or(0, |lease| lease.token)
+    }
+
+    /// Claims the row for `request.worker` at `now`: a new lease with the next token, one more attempt.
+    /// Returns `None`, and makes the row dead instead, when its lease expired on the last allowed attempt.
+    /// The caller has checked [`Self::is_claimable`].
+    pub fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Option<Delivery> {
+        if self.status == Status::Leased && self.attempts >= request.max_attempts {
+            self.status = Status::Dead;
+            self.last_error = Some(lease_expired_error(self.attempts));
+            self.processed_at = Some(now);
+            return None;
+        }
+        let expires_at = now + request.lease_ttl;
+        let token = self.token() + 1;
+        self.status = Status::Leased;
+        self.attempts += 1;
+        self.available_at = expires_at;
+        self.lease = Some(Lease {
+            owner: request.worker.clone(),
+            expires_at,
+            token,
+        });
+        Some(Delivery {
+            command_id: self.command_id.clone(),
+            kind: self.kind.clone(),
+            payload: self.payload.clone(),
+            attempt: self.attempts,
+            token,
+            lease_expires_at: expires_at,
+        })
+    }
+
+    /// Checks that `token` is the current lease (expired or not: a late ack while nobody took over is
+    /// still the holder's).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleLease`] naming what holds the command now.
+    pub fn check_lease(&self, token: u64) -> Result<(), Error> {
+        if self.status == Status::Leased && self.token() == token {
+            return Ok(());
+        }
+        let current = match (&self.status, &self.lease) {
+            (Status::Leased, Some(lease)) => {
+                format!("leased by {} with token {}", lease.owner, lease.token)
+            }
+            (status, _) => format!("{status}, not leased"),
+        };
+        Err(Error::StaleLease {
+            command_id: self.command_id.clone(),
+            token,
+            current,
+        })
+    }
+
+    /// Extends the holder's lease to `now + ttl`.
+    pub fn extend(
+        &mut self,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
+        self.check_lease(token)?;
+        let expires_at = now + ttl;
+        self.available_at = expires_at;
+        if let Some(lease) = &mut self.lease {
+            lease.expires_at = expires_at;
+        }
+        Ok(expires_at)
+    }
+
+    /// Marks the holder's delivery done.
+    pub fn complete(&mut self, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.check_lease(token)?;
+        self.finish(Status::Done, now);
+        Ok(())
+    }
+
+    /// Settles the holder's failed delivery: back to pending after a backoff, or dead.
+    pub fn fail(
+        &mut self,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        self.check_lease(token)?;
+        self.last_error = Some(failure.error.clone());
+        if !failure.retryable || self.attempts >= policy.attempts_allowed() {
+            self.finish(Status::Dead, now);
+            return Ok(Settled::Dead);
+        }
+        let backoff = policy.backoff(&self.command_id, self.attempts);
+        let at = now + backoff;
+        self.status = Status::Pending;
+        self.available_at = at;
+        Ok(Settled::RetryAt { at, backoff })
+    }
+
+    /// Marks the command done without a lease (the lease-free API of simple workers).
+    /// Harmless on a done command.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidState`] on a dead command: a dead command is never reported as success.
+    pub fn mark_done(&mut self, now: Timestamp) -> Result<(), Error> {
+        match self.status {
+            Status::Done => Ok(()),
+            Status::Dead => Err(self.invalid_state("mark done")),
+            Status::Pending | Status::Leased => {
+                self.finish(Status::Done, now);
+                Ok(())
+            }
+        }
+    }
+
+    /// Puts a dead command back to pending, due at `now`, with a fresh set of attempts.
+    pub fn retry(&mut self, now: Timestamp) -> Result<(), Error> {
+        if self.status != Status::Dead {
+            return Err(self.invalid_state("retry"));
+        }
+        self.status = Status::Pending;
+        self.attempts = 0;
+        self.available_at = now;
+        self.processed_at = None;
+        self.manual_retries += 1;
+        Ok(())
+    }
+
+    /// Closes a dead command by hand with a `note`; it becomes done and keeps its last error.
+    pub fn resolve(&mut self, note: &str, now: Timestamp) -> Result<(), Error> {
+        if self.status != Status::Dead {
+            return Err(self.invalid_state("resolve"));
+        }
+        self.resolution = Some(note.to_owned());
+        self.finish(Status::Done, now);
+        Ok(())
+    }
+
+    fn finish(&mut self, status: Status, now: Timestamp) {
+        self.status = status;
+        self.processed_at = Some(now);
+    }
+
+    fn invalid_state(&self, operation: &'static str) -> Error {
+        Error::InvalidState {
+            command_id: self.command_id.clone(),
+            status: self.status,
+            operation,
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! When a failed command is tried again: exponential backoff with a cap and deterministic jitter.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::id::CommandId;
+use crate::time::millis;
+
+/// How failed deliveries are retried (DESIGN rule 9).
+///
+/// The delay before attempt `n + 1` is `initial_delay × multiplier^(n − 1)`, capped at `max_delay`, then
+/// shortened by up to `jitter` (a fraction from 0 to 1) by an amount derived from the command ID and
+/// the attempt, so every host computes the same delay and the delay never exceeds the cap.
+///
+/// ```
+/// use std::time::Duration;
+/// use miniflow_core::{CommandId, RetryPolicy};
+///
+/// let policy = RetryPolicy::default()
+///     .initial_delay(Duration::from_secs(1))
+///     .multiplier(2.0)
+///     .max_delay(Duration::from_secs(60))
+///     .max_attempts(5)
+///     .jitter(0.0);
+/// let id: CommandId = "trip-001:1:0".parse()?;
+/// assert_eq!(policy.backoff(&id, 1), Duration::from_secs(1));
+/// assert_eq!(policy.backoff(&id, 3), Duration::from_secs(4));
+/// assert_eq!(policy.backoff(&id, 30), Duration::from_secs(60));
+/// # Ok::<(), miniflow_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    initial_delay: Duration,
+    multiplier: f64,
+    max_delay: Duration,
+    max_attempts: u32,
+    jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    /// 1 s, doubling, capped at 5 min, 10 attempts, up to 20 % jitter.
+    fn default() -> Self {
+        Self {
+            initial_delay: Duration::from_secs(1),
+            multiplier: 2.0,
+            max_delay: Duration::from_secs(300),
+            max_attempts: 10,
+            jitter: 0.2,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after the first failed attempt.
+    #[must_use]
+    pub fn initial_delay(mut self, delay: Duration) -> Self {
+        self.initial_delay = delay;
+        self
+    }
+
+    /// The growth of the delay per attempt (values below 1 are treated as 1).
+    #[must_use]
+    pub fn multiplier(mut self, multiplier: f64) -> Self {
+        self.multiplier = if multiplier.is_finite() && multiplier >= 1.0 {
+            multiplier
+        } else {
+            1.0
+        };
+        self
+    }
+
+    /// The longest delay.
+    #[must_use]
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// How many deliveries a command gets before it is dead (at least 1).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The largest fraction (0 to 1) by which a delay is shortened at random; 0 turns jitter off.
+    #[must_use]
+    pub fn jitter(mut self, fraction: f64) -> Self {
+        self.jitter = if fraction.is_finite() {
+            fraction.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        self
+    }
+
+    /// How many deliveries a command gets before it is dead.
+    pub fn attempts_allowed(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Checks the policy for values no caller means.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `max_delay` is shorter than `initial_delay`.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.max_delay < self.initial_delay {
+            return Err(Error::invalid(
+                "retry_policy.max_delay",
+                format!("{:?}", self.max_delay),
+                format!("is shorter than initial_delay {:?}", self.initial_delay),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The delay before the next attempt after attempt number `attempt` (from 1) failed, without jitter.
+    fn base_backoff(&self, attempt: u32) -> Duration {
+        let cap = millis(self.max_delay) as f64;
+        let mut delay = millis(self.initial_delay) as f64;
+        for _ in 1..attempt {
+            if delay >= cap {
+                break;
+            }
+            delay *= self.multiplier;
+        }
+        Duration::from_millis(delay.min(cap) as u64)
+    }
+
+    /// The delay before the next attempt after attempt number `attempt` (from 1) of `command_id` failed.
+    /// Deterministic: the same command and attempt give the same delay on every host.
+    pub fn backoff(&self, command_id: &CommandId, attempt: u32) -> Duration {
+        let base = millis(self.base_backoff(attempt));
+        let unit = jitter_unit(command_id, attempt);
+        let cut = (base as f64 * self.jitter * unit) as u64;
+        Duration::from_millis(base - cut.min(base))
+    }
+
+    /// The longest time from a command's first claim to its becoming dead, when every attempt holds its
+    /// lease for the full `lease_ttl` and waits the longest backoff. A receiver must keep its idempotency
+    /// records at least this long (plus a margin for retries by hand).
+    pub fn horizon(&self, lease_ttl: Duration) -> Duration {
+        let leases = lease_ttl.saturating_mul(self.max_attempts);
+        (1..self.max_attempts)
+            .map(|attempt| self.base_backoff(attempt))
+            .fold(leases, Duration::saturating_add)
+    }
+}
+
+/// A number in `[0, 1)` derived from `(command_id, attempt)` by FNV-1a, the same on every host.
+fn jitter_unit(command_id: &CommandId, attempt: u32) -> f64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let id = command_id.to_string();
+    for byte in id.bytes().chain(attempt.to_le_bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (hash >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(text: &str) -> CommandId {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn jitter_only_shortens_and_is_deterministic() {
+        let policy = RetryPolicy::default()
+            .initial_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_secs(10))
+            .jitter(0.5);
+        for attempt in 1..20 {
+            let d = policy.backoff(&id("w:1:0"), attempt);
+            assert_eq!(d, policy.backoff(&id("w:1:0"), attempt));
+            assert!(d <= policy.base_backoff(attempt));
+            assert!(d >= policy.base_backoff(attempt) / 2);
+            assert!(d <= Duration::from_secs(10));
+        }
+        let spread: std::collections::BTreeSet<_> = (0..50)
+            .map(|i| policy.backoff(&id(&format!("w:1:{i}")), 3))
+            .collect();
+        assert!(
+            spread.len() > 10,
+            "jitter should vary by command: {spread:?}"
+        );
+    }
+
+    #[test]
+    fn horizon_adds_every_lease_and_backoff() {
+        let policy = RetryPolicy::default()
+            .initial_delay(Duration::from_secs(1))
+            .multiplier(2.0)
+            .max_delay(Duration::from_secs(5))
+            .max_attempts(4)
+            .jitter(0.3);
+        // leases 4 × 10 s, backoffs after attempts 1..3: 1 + 2 + 4 s.
+        assert_eq!(
+            policy.horizon(Duration::from_secs(10)),
+            Duration::from_secs(47)
+        );
+    }
+
+    #[test]
+    fn silly_values_are_tamed() {
+        let p = RetryPolicy::default()
+            .multiplier(f64::NAN)
+            .jitter(7.0)
+            .max_attempts(0);
+        assert_eq!(p.attempts_allowed(), 1);
+        assert_eq!(p.backoff(&id("w:1:0"), 1) <= p.base_backoff(1), true);
+        let bad = RetryPolicy::default()
+            .initial_delay(Duration::from_secs(10))
+            .max_delay(Duration::from_secs(1));
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("initial_delay"));
+    }
+}

@@ -1,0 +1,243 @@
+//! The storage contract: what every backend must do, and the commit it writes atomically.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::id::{CommandId, Seq, WorkflowId};
+use crate::model::{check_kind, Decision, Event, EventRecord};
+use crate::outbox::{ClaimRequest, Delivery, Failure, OutboxRow, Settled, Status};
+use crate::retry::RetryPolicy;
+use crate::time::Timestamp;
+
+/// Everything one commit writes: the event(s) at `expected_seq + 1…` and one outbox row per decided
+/// command, with its deterministic ID (DESIGN rules 2–4).
+///
+/// Only the core builds a `Commit`, so a store cannot be handed an event without its commands or a
+/// command whose ID does not match its event. A store writes all of it in one transaction, or nothing.
+///
+/// ```
+/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+/// use serde_json::json;
+///
+/// let trip = WorkflowId::new("trip-001")?;
+/// let decision = Decision::new().command(Command::new("lock_budget", json!({ "trip_id": "trip-001" })));
+/// let commit = Commit::new(
+///     trip,
+///     Seq::ZERO,
+///     Event::new("trip_requested", json!({ "city": "成都" })),
+///     decision,
+///     Timestamp::from_millis(1_000),
+/// )?;
+/// assert_eq!(commit.events()[0].seq, Seq::new(1)?);
+/// assert_eq!(commit.commands()[0].command_id.to_string(), "trip-001:1:0");
+/// # Ok::<(), miniflow_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    workflow_id: WorkflowId,
+    expected_seq: Seq,
+    now: Timestamp,
+    events: Vec<EventRecord>,
+    commands: Vec<OutboxRow>,
+}
+
+impl Commit {
+    /// A commit of `event` and the commands of its `decision`, on top of `expected_seq`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for an empty or malformed event or command kind, more than `u32::MAX`
+    /// commands, or a seq past [`Seq::MAX`].
+    pub fn new(
+        workflow_id: WorkflowId,
+        expected_seq: Seq,
+        event: Event,
+        decision: Decision,
+        now: Timestamp,
+    ) -> Result<Self, Error> {
+        let mut commit = Self {
+            workflow_id,
+            expected_seq,
+            now,
+            events: Vec::new(),
+            commands: Vec::new(),
+        };
+        commit.push(event, decision)?;
+        Ok(commit)
+    }
+
+    /// Adds one more event, at the next seq, with the commands of its decision.
+    ///
+    /// # Errors
+    ///
+    /// As [`Commit::new`].
+    pub fn push(&mut self, event: Event, decision: Decision) -> Result<Seq, Error> {
+        check_kind("event.kind", &event.kind)?;
+        for command in &decision.commands {
+            check_kind("command.kind", &command.kind)?;
+        }
+        let seq = self.last_seq().next()?;
+        let mut commands = Vec::with_capacity(decision.commands.len());
+        for (index, command) in decision.commands.into_iter().enumerate() {
+            let index = u32::try_from(index).map_err(|_| {
+                Error::invalid("decision.commands", index, "more than u32::MAX commands")
+            })?;
+            commands.push(OutboxRow {
+                command_id: CommandId::new(self.workflow_id.clone(), seq, index)?,
+                kind: command.kind,
+                payload: command.payload,
+                status: Status::Pending,
+                attempts: 0,
+                last_error: None,
+                available_at: self.now,
+                lease: None,
+                created_at: self.now,
+                processed_at: None,
+                manual_retries: 0,
+                resolution: None,
+            });
+        }
+        self.events.push(EventRecord {
+            workflow_id: self.workflow_id.clone(),
+            seq,
+            kind: event.kind,
+            payload: event.payload,
+            recorded_at: self.now,
+        });
+        self.commands.extend(commands);
+        Ok(seq)
+    }
+
+    /// The workflow written to.
+    pub fn workflow_id(&self) -> &WorkflowId {
+        &self.workflow_id
+    }
+
+    /// The last seq the commit is based on: it applies only if the workflow is still there.
+    pub fn expected_seq(&self) -> Seq {
+        self.expected_seq
+    }
+
+    /// The workflow's last seq once the commit is applied.
+    pub fn last_seq(&self) -> Seq {
+        self.events.last().map_or(self.expected_seq, |e| e.seq)
+    }
+
+    /// When the commit was made.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// The events to write, in seq order (never empty).
+    pub fn events(&self) -> &[EventRecord] {
+        &self.events
+    }
+
+    /// The outbox rows to write, all pending and due at [`Commit::now`].
+    pub fn commands(&self) -> &[OutboxRow] {
+        &self.commands
+    }
+
+    /// The [`Error::Conflict`] for a workflow whose last seq is `actual`.
+    pub fn conflict(&self, actual: Seq) -> Error {
+        Error::Conflict {
+            workflow_id: self.workflow_id.clone(),
+            expected: self.expected_seq,
+            actual,
+        }
+    }
+}
+
+/// One acknowledgement in a batch: the command and the token of its lease.
+pub type Ack = (CommandId, u64);
+
+/// A miniflow store: the events of every workflow and the outbox of every command.
+///
+/// A store is synchronous and row-shaped: it stores JSON payloads and knows nothing of workflow types.
+/// The lease rules it must keep are stated once, in [`OutboxRow`]'s methods. A backend that passes the
+/// conformance suite (`miniflow_core::conformance`, feature `conformance`) is a miniflow store.
+pub trait Store {
+    /// The events of `workflow_id` in seq order (empty for a new workflow).
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error>;
+
+    /// Writes `commit` atomically: its events and one outbox row per command, in one transaction, if and
+    /// only if the workflow's last seq is still `commit.expected_seq()` (DESIGN rule 3).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Conflict`] when the workflow moved on; any error means nothing of the commit was written.
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error>;
+
+    /// Up to `limit` unfinished (pending or leased) commands, ordered by `(workflow_id, event_seq, index)`.
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;
+
+    /// One outbox row, whatever its status.
+    fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error>;
+
+    /// Every outbox row of `workflow_id`, in command ID order.
+    fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error>;
+
+    /// Marks a command done without a lease (see [`OutboxRow::mark_done`]). Harmless when repeated.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownCommand`], or [`Error::InvalidState`] for a dead command.
+    fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error>;
+
+    /// Atomically leases up to `request.limit` claimable commands (see [`OutboxRow::claim`]) in
+    /// `request.order` (DESIGN rules 6–7).
+    fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error>;
+
+    /// Extends the lease of `token` on `command_id` to `now + ttl`; returns the new expiry.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleLease`] when `token` is not the current lease.
+    fn extend(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error>;
+
+    /// Marks the delivery under `token` done (DESIGN rule 8).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleLease`] when another worker took the command over; nothing changes.
+    fn complete(&mut self, command_id: &CommandId, token: u64, now: Timestamp)
+        -> Result<(), Error>;
+
+    /// Completes many deliveries in one durable write; one result per ack, in order. A store should
+    /// override this with a single transaction; the default completes them one by one.
+    fn complete_all(
+        &mut self,
+        acks: &[Ack],
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        Ok(acks
+            .iter()
+            .map(|(id, token)| self.complete(id, *token, now))
+            .collect())
+    }
+
+    /// Settles a failed delivery under `token` (see [`OutboxRow::fail`], DESIGN rule 9).
+    fn fail(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error>;
+
+    /// Up to `limit` dead commands, in command ID order.
+    fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;
+
+    /// Puts a dead command back to pending (see [`OutboxRow::retry`]).
+    fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error>;
+
+    /// Closes a dead command by hand with a note (see [`OutboxRow::resolve`]).
+    fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error>;
+}

@@ -1,0 +1,40 @@
+//! The native miniflow host: [`SqliteStore`], the embedded default store on one SQLite file, and
+//! [`SystemClock`].
+//!
+//! # Example
+//!
+//! ```
+//! use miniflow_core::{Clock, Command, Decision, Engine, Event, EventRecord, Store, Workflow, WorkflowId};
+//! use miniflow_native::{SqliteStore, SystemClock};
+//! use serde_json::json;
+//!
+//! struct Trip;
+//!
+//! impl Workflow for Trip {
+//!     type State = ();
+//!     fn evolve(&self, _: &mut (), _: &EventRecord) {}
+//!     fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+//!         Decision::new().command(Command::new("lock_budget", json!({ "trip_id": event.workflow_id })))
+//!     }
+//! }
+//!
+//! let dir = tempfile::tempdir()?;
+//! let mut store = SqliteStore::open(dir.path().join("flow.db"))?;
+//! let trip = WorkflowId::new("trip-001")?;
+//! Engine::new(Trip).handle(&mut store, &trip, Event::new("trip_requested", json!({})), SystemClock.now())?;
+//!
+//! for row in store.pending(100)? {
+//!     // deliver row.command_id, row.kind, row.payload …
+//!     store.mark_done(&row.command_id, SystemClock.now())?;
+//! }
+//! assert!(store.pending(100)?.is_empty());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod clock;
+mod sqlite;
+
+pub use clock::SystemClock;
+pub use sqlite::{SqliteOptions, SqliteStore, Synchronous, SCHEMA_VERSION};

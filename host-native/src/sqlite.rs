@@ -1,0 +1,581 @@
+//! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use miniflow_core::{
+    canonical_json, Ack, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery, Error, EventRecord,
+    Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Store, Timestamp, WorkflowId,
+};
+use rusqlite::{params, Connection, ErrorCode, Row, Transaction, TransactionBehavior};
+use rusqlite_migration::{Migrations, M};
+
+/// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// The newest schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How a commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: faster, and still safe against a process crash, but a power loss can undo
+    /// the last commits — possibly a commit whose command a worker already delivered. Opt in only when
+    /// that is acceptable.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`]; the defaults are the durable ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// How commits reach the disk (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+    /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
+    /// (default 10 s: far longer than any miniflow transaction holds it).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The miniflow [`Store`] on a SQLite file (WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` writes).
+///
+/// One `SqliteStore` is one connection. Open one per thread or process; they coordinate through the
+/// file, and every write is one short `BEGIN IMMEDIATE` transaction.
+///
+/// ```
+/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Store, Timestamp, WorkflowId};
+/// use miniflow_native::SqliteStore;
+/// use serde_json::json;
+///
+/// let dir = tempfile::tempdir()?;
+/// let mut store = SqliteStore::open(dir.path().join("flow.db"))?;
+/// let trip = WorkflowId::new("trip-001")?;
+/// let decision = Decision::new().command(Command::new("lock_budget", json!({ "trip_id": "trip-001" })));
+/// let event = Event::new("trip_requested", json!({ "city": "成都" }));
+/// store.append_with_commands(&Commit::new(trip, Seq::ZERO, event, decision, Timestamp::from_millis(0))?)?;
+/// assert_eq!(store.pending(10)?[0].command_id.to_string(), "trip-001:1:0");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
+pub(crate) fn storage(e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy(Box::new(e)),
+        _ => Error::Storage(Box::new(e)),
+    }
+}
+
+fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
+    i64::try_from(t.as_millis())
+        .map_err(|_| Error::invalid(field, t, "is past the year 292 million"))
+}
+
+fn to_sql_u64(field: &'static str, n: u64) -> Result<i64, Error> {
+    i64::try_from(n).map_err(|_| Error::invalid(field, n, "is too large to store"))
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path` with the durable defaults.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnsupportedSchema`] when the file was written by a newer miniflow (it is left as it is);
+    /// [`Error::Storage`] when the file cannot be opened or a pragma does not take effect.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::open_with(path, &SqliteOptions::default())
+    }
+
+    /// Opens (or creates) the store at `path` with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteStore::open`].
+    pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = Connection::open(&path).map_err(storage)?;
+        conn.busy_timeout(options.busy_timeout).map_err(storage)?;
+        let synchronous = match options.synchronous {
+            Synchronous::Full => ("FULL", 2),
+            Synchronous::Normal => ("NORMAL", 1),
+        };
+        expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
+        expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
+        expect_pragma(&conn, "foreign_keys", "ON", 1)?;
+        migrate(&mut conn)?;
+        Ok(Self { conn, path })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The underlying connection, for diagnostics and tests. Writing through it bypasses every rule
+    /// miniflow keeps.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn write(&mut self) -> Result<Transaction<'_>, Error> {
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)
+    }
+
+    /// Applies `change` to one row inside one `BEGIN IMMEDIATE` transaction; an error rolls it back.
+    /// The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
+    fn update<T>(
+        &mut self,
+        command_id: &CommandId,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let tx = self.write()?;
+        let mut row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
+            command_id: command_id.clone(),
+        })?;
+        let out = change(&mut row)?;
+        write_row(&tx, &row)?;
+        tx.commit().map_err(storage)?;
+        Ok(out)
+    }
+}
+
+/// Sets a pragma and checks the value that comes back: a misspelt or refused pragma is silently
+/// ignored by SQLite, so the value is read back instead of trusted.
+fn expect_pragma<V>(conn: &Connection, name: &str, set: &str, expected: V) -> Result<(), Error>
+where
+    V: rusqlite::types::FromSql + PartialEq + std::fmt::Debug,
+{
+    conn.execute_batch(&format!("PRAGMA {name} = {set}"))
+        .map_err(storage)?;
+    let actual: V = conn
+        .query_row(&format!("PRAGMA {name}"), [], |row| row.get(0))
+        .map_err(storage)?;
+    if actual != expected {
+        return Err(Error::Storage(
+            format!("PRAGMA {name} is {actual:?} after setting it to {set}").into(),
+        ));
+    }
+    Ok(())
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), Error> {
+    let version = |conn: &Connection| -> Result<i64, Error> {
+        conn.query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(storage)
+    };
+    let found = version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let migrations = Migrations::new(MIGRATIONS.iter().map(|sql| M::up(sql)).collect());
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    let applied = migrations.to_latest(conn);
+    conn.set_transaction_behavior(TransactionBehavior::Deferred);
+    match applied {
+        Ok(()) => Ok(()),
+        // Another connection migrated the file between our check and our transaction.
+        Err(_) if version(conn)? == SCHEMA_VERSION => Ok(()),
+        Err(e) => Err(Error::Storage(Box::new(e))),
+    }
+}
+
+const ROW_COLUMNS: &str =
+    "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, \
+     available_at, lease_owner, lease_expires_at, lease_token, created_at, processed_at, \
+     manual_retries, resolution";
+
+fn corrupt(what: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(what.to_string().into())
+}
+
+fn read_time(row: &Row<'_>, column: &str) -> rusqlite::Result<Timestamp> {
+    let millis: i64 = row.get(column)?;
+    u64::try_from(millis)
+        .map(Timestamp::from_millis)
+        .map_err(|_| corrupt(format!("negative time {millis} in {column}")))
+}
+
+fn read_json(row: &Row<'_>, column: &str) -> rusqlite::Result<serde_json::Value> {
+    let text: String = row.get(column)?;
+    serde_json::from_str(&text).map_err(|e| corrupt(format!("{column} is not JSON: {e}")))
+}
+
+fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
+    let workflow_id: String = row.get("workflow_id")?;
+    let seq: i64 = row.get("event_seq")?;
+    let index: i64 = row.get("idx")?;
+    let command_id = format!("{workflow_id}:{seq}:{index}")
+        .parse::<CommandId>()
+        .map_err(corrupt)?;
+    let token: i64 = row.get("lease_token")?;
+    let lease = match row.get::<_, Option<String>>("lease_owner")? {
+        Some(owner) => Some(Lease {
+            owner,
+            expires_at: read_time(row, "lease_expires_at")?,
+            token: token as u64,
+        }),
+        None => None,
+    };
+    let status: String = row.get("status")?;
+    Ok(OutboxRow {
+        command_id,
+        kind: row.get("kind")?,
+        payload: read_json(row, "payload")?,
+        status: status.parse().map_err(corrupt)?,
+        attempts: row.get("attempts")?,
+        last_error: row.get("last_error")?,
+        available_at: read_time(row, "available_at")?,
+        lease,
+        created_at: read_time(row, "created_at")?,
+        processed_at: match row.get::<_, Option<i64>>("processed_at")? {
+            Some(_) => Some(read_time(row, "processed_at")?),
+            None => None,
+        },
+        manual_retries: row.get("manual_retries")?,
+        resolution: row.get("resolution")?,
+    })
+}
+
+/// Turns a driver error of a read into a miniflow error: unreadable data is [`Error::Corrupt`].
+fn read_error(e: rusqlite::Error) -> Error {
+    match e {
+        rusqlite::Error::ToSqlConversionFailure(what) => Error::Corrupt(what.to_string()),
+        rusqlite::Error::FromSqlConversionFailure(_, _, what) => Error::Corrupt(what.to_string()),
+        other => storage(other),
+    }
+}
+
+fn query_rows(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<OutboxRow>, Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
+    let rows = stmt
+        .query_map(params, read_outbox_row)
+        .map_err(storage)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(read_error)?;
+    Ok(rows)
+}
+
+fn id_params(id: &CommandId) -> (&str, i64, i64) {
+    (
+        id.workflow_id().as_str(),
+        id.event_seq().get() as i64,
+        i64::from(id.index()),
+    )
+}
+
+fn select_row(conn: &Connection, id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+    let (w, s, i) = id_params(id);
+    let sql = format!(
+        "SELECT {ROW_COLUMNS} FROM outbox WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3"
+    );
+    Ok(query_rows(conn, &sql, params![w, s, i])?.pop())
+}
+
+/// Writes back every column an [`OutboxRow`] method may change.
+fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
+    let (w, s, i) = id_params(&row.command_id);
+    let lease = row.lease.as_ref();
+    let lease_expires_at = lease
+        .map(|l| to_sql_time("lease_expires_at", l.expires_at))
+        .transpose()?;
+    let processed_at = row
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    let available_at = to_sql_time("available_at", row.available_at)?;
+    let token = to_sql_u64("lease_token", row.token())?;
+    let mut stmt = conn
+        .prepare_cached(
+            "UPDATE outbox SET status = ?4, attempts = ?5, last_error = ?6, available_at = ?7, \
+             lease_owner = ?8, lease_expires_at = ?9, lease_token = ?10, processed_at = ?11, \
+             manual_retries = ?12, resolution = ?13 \
+             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+        )
+        .map_err(storage)?;
+    stmt.execute(params![
+        w,
+        s,
+        i,
+        row.status.as_str(),
+        row.attempts,
+        row.last_error,
+        available_at,
+        lease.map(|l| l.owner.as_str()),
+        lease_expires_at,
+        token,
+        processed_at,
+        row.manual_retries,
+        row.resolution,
+    ])
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// A token as an SQL parameter; a token too large to store matches no lease.
+fn token_param(token: u64) -> i64 {
+    i64::try_from(token).unwrap_or(-1)
+}
+
+/// The fast path of an acknowledgement: one `UPDATE` guarded by the lease; on a miss, the shared rule
+/// ([`OutboxRow::check_lease`]) says why.
+fn complete_in(conn: &Connection, id: &CommandId, token: u64, now: i64) -> Result<(), Error> {
+    let (w, s, i) = id_params(id);
+    let changed = conn
+        .prepare_cached(
+            "UPDATE outbox SET status = 'done', processed_at = ?5 \
+             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+             AND status = 'leased' AND lease_token = ?4",
+        )
+        .and_then(|mut stmt| stmt.execute(params![w, s, i, token_param(token), now]))
+        .map_err(storage)?;
+    if changed == 1 {
+        return Ok(());
+    }
+    match select_row(conn, id)? {
+        None => Err(Error::UnknownCommand {
+            command_id: id.clone(),
+        }),
+        Some(row) => row.check_lease(token).and(Err(Error::Corrupt(format!(
+            "command {id} holds lease {token} but did not complete"
+        )))),
+    }
+}
+
+const CLAIM_DUE_FIRST: &str = "SELECT {cols} FROM outbox o \
+     WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+
+const CLAIM_STRICT: &str = "SELECT {cols} FROM outbox o \
+     WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
+         AND e.status IN ('pending', 'leased') AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+
+impl Store for SqliteStore {
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, kind, payload, recorded_at FROM events \
+                 WHERE workflow_id = ?1 ORDER BY seq",
+            )
+            .map_err(storage)?;
+        let rows = stmt
+            .query_map([workflow_id.as_str()], |row| {
+                let seq: i64 = row.get("seq")?;
+                Ok(EventRecord {
+                    workflow_id: workflow_id.clone(),
+                    seq: u64::try_from(seq)
+                        .ok()
+                        .and_then(|s| Seq::new(s).ok())
+                        .ok_or_else(|| corrupt(format!("event seq {seq} out of range")))?,
+                    kind: row.get("kind")?,
+                    payload: read_json(row, "payload")?,
+                    recorded_at: read_time(row, "recorded_at")?,
+                })
+            })
+            .map_err(storage)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(read_error)?;
+        Ok(rows)
+    }
+
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let workflow_id = commit.workflow_id().as_str();
+        let tx = self.write()?;
+        let actual: i64 = tx
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
+            .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
+            .map_err(storage)?;
+        let actual = Seq::new(actual as u64)?;
+        if actual != commit.expected_seq() {
+            return Err(commit.conflict(actual));
+        }
+        {
+            let mut insert_event = tx
+                .prepare_cached(
+                    "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                )
+                .map_err(storage)?;
+            for event in commit.events() {
+                insert_event
+                    .execute(params![
+                        workflow_id,
+                        event.seq.get() as i64,
+                        event.kind,
+                        canonical_json(&event.payload),
+                        to_sql_time("now", event.recorded_at)?,
+                    ])
+                    .map_err(|e| match e.sqlite_error_code() {
+                        Some(ErrorCode::ConstraintViolation) => commit.conflict(actual),
+                        _ => storage(e),
+                    })?;
+            }
+            let mut insert_command = tx
+                .prepare_cached(
+                    "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
+                     available_at, created_at) VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6)",
+                )
+                .map_err(storage)?;
+            for row in commit.commands() {
+                insert_command
+                    .execute(params![
+                        workflow_id,
+                        row.command_id.event_seq().get() as i64,
+                        i64::from(row.command_id.index()),
+                        row.kind,
+                        canonical_json(&row.payload),
+                        to_sql_time("now", row.created_at)?,
+                    ])
+                    .map_err(storage)?;
+            }
+        }
+        tx.commit().map_err(storage)
+    }
+
+    fn pending(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM outbox WHERE status IN ('pending', 'leased') \
+             ORDER BY workflow_id, event_seq, idx LIMIT ?1"
+        );
+        query_rows(&self.conn, &sql, [limit(limit_rows)])
+    }
+
+    fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+        select_row(&self.conn, command_id)
+    }
+
+    fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM outbox WHERE workflow_id = ?1 ORDER BY event_seq, idx"
+        );
+        query_rows(&self.conn, &sql, [workflow_id.as_str()])
+    }
+
+    fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, |row| row.mark_done(now))
+    }
+
+    fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
+        request.validate()?;
+        let sql = match request.order {
+            ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
+            ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
+        }
+        .replace("{cols}", ROW_COLUMNS);
+        let tx = self.write()?;
+        let rows = query_rows(
+            &tx,
+            &sql,
+            params![to_sql_time("now", now)?, limit(request.limit)],
+        )?;
+        let mut deliveries = Vec::with_capacity(rows.len());
+        for mut row in rows {
+            let delivery = row.claim(request, now);
+            write_row(&tx, &row)?;
+            deliveries.extend(delivery);
+        }
+        tx.commit().map_err(storage)?;
+        Ok(deliveries)
+    }
+
+    fn extend(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
+        self.update(command_id, |row| row.extend(token, ttl, now))
+    }
+
+    fn complete(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let now = to_sql_time("now", now)?;
+        let tx = self.write()?;
+        complete_in(&tx, command_id, token, now)?;
+        tx.commit().map_err(storage)
+    }
+
+    /// All acks in one `BEGIN IMMEDIATE` transaction: one fsync for the batch. The results are returned
+    /// only after the commit, so a reported completion is durable.
+    fn complete_all(
+        &mut self,
+        acks: &[Ack],
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let now = to_sql_time("now", now)?;
+        let tx = self.write()?;
+        let mut results = Vec::with_capacity(acks.len());
+        for (id, token) in acks {
+            results.push(match complete_in(&tx, id, *token, now) {
+                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+                other => other,
+            });
+        }
+        tx.commit().map_err(storage)?;
+        Ok(results)
+    }
+
+    fn fail(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        self.update(command_id, |row| row.fail(token, failure, policy, now))
+    }
+
+    fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        let sql = format!(
+            "SELECT {ROW_COLUMNS} FROM outbox WHERE status = 'dead' \
+             ORDER BY workflow_id, event_seq, idx LIMIT ?1"
+        );
+        query_rows(&self.conn, &sql, [limit(limit_rows)])
+    }
+
+    fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, |row| row.retry(now))
+    }
+
+    fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, |row| row.resolve(note, now))
+    }
+}

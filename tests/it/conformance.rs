@@ -1,0 +1,75 @@
+//! The store conformance suite, run against every store miniflow ships.
+
+use miniflow::conformance::Harness;
+use miniflow::{MemoryStore, SqliteStore};
+use tempfile::TempDir;
+
+/// [`MemoryStore`]: reopening keeps the same store, as a process that never stopped.
+pub struct MemoryHarness;
+
+impl Harness for MemoryHarness {
+    type Store = MemoryStore;
+
+    fn open(&mut self) -> MemoryStore {
+        MemoryStore::new()
+    }
+
+    fn reopen(&mut self, store: MemoryStore) -> MemoryStore {
+        store
+    }
+
+    fn fail_commits_with_command_kind(&mut self, store: &mut MemoryStore, kind: &str) {
+        store.fail_commits_with_command_kind(kind);
+    }
+}
+
+/// [`SqliteStore`] on real files in a temporary directory; reopening closes the connection and opens the
+/// file again.
+pub struct SqliteHarness {
+    dir: TempDir,
+    files: usize,
+}
+
+impl SqliteHarness {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temporary directory"),
+            files: 0,
+        }
+    }
+}
+
+impl Harness for SqliteHarness {
+    type Store = SqliteStore;
+
+    fn open(&mut self) -> SqliteStore {
+        self.files += 1;
+        SqliteStore::open(self.dir.path().join(format!("store-{}.db", self.files))).expect("open")
+    }
+
+    fn reopen(&mut self, store: SqliteStore) -> SqliteStore {
+        let path = store.path().to_path_buf();
+        drop(store);
+        SqliteStore::open(path).expect("reopen")
+    }
+
+    /// A temporary trigger aborts the insert of such a command: the event row and the commands before
+    /// it are already written in the transaction, which must then roll back as a whole.
+    fn fail_commits_with_command_kind(&mut self, store: &mut SqliteStore, kind: &str) {
+        store
+            .connection()
+            .execute_batch(&format!(
+                "CREATE TEMP TRIGGER fail_{kind} BEFORE INSERT ON main.outbox \
+                 WHEN NEW.kind = '{kind}' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+            ))
+            .expect("install the failing trigger");
+    }
+}
+
+mod memory {
+    miniflow::store_conformance_tests!(super::MemoryHarness);
+}
+
+mod sqlite {
+    miniflow::store_conformance_tests!(super::SqliteHarness::new());
+}

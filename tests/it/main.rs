@@ -1,0 +1,6 @@
+//! miniflow's integration tests, in one binary: the conformance suite on every store, the SQLite
+//! host's own guarantees, and the examples.
+
+mod conformance;
+mod examples;
+mod sqlite;
