@@ -211,7 +211,7 @@ mod tests {
             .jitter(7.0)
             .max_attempts(0);
         assert_eq!(p.attempts_allowed(), 1);
-        assert_eq!(p.backoff(&id("w:1:0"), 1) <= p.base_backoff(1), true);
+        assert!(p.backoff(&id("w:1:0"), 1) <= p.base_backoff(1));
         let bad = RetryPolicy::default()
             .initial_delay(Duration::from_secs(10))
             .max_delay(Duration::from_secs(1));

@@ -120,6 +120,8 @@ impl SqliteStore {
         expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
         expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
         expect_pragma(&conn, "foreign_keys", "ON", 1)?;
+        conn.execute_batch("PRAGMA cache_size = -16384")
+            .map_err(storage)?;
         migrate(&mut conn)?;
         Ok(Self { conn, path })
     }
@@ -205,10 +207,39 @@ fn migrate(conn: &mut Connection) -> Result<(), Error> {
     }
 }
 
-const ROW_COLUMNS: &str =
-    "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, \
-     available_at, lease_owner, lease_expires_at, lease_token, created_at, processed_at, \
-     manual_retries, resolution";
+/// The columns of an [`OutboxRow`], in the order [`read_outbox_row`] reads them by name.
+macro_rules! row_columns {
+    () => {
+        "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
+         lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
+         resolution"
+    };
+}
+
+/// A `SELECT` of whole outbox rows followed by `$rest`.
+macro_rules! select_rows {
+    ($rest:literal) => {
+        concat!("SELECT ", row_columns!(), " FROM outbox o ", $rest)
+    };
+}
+
+const SELECT_ONE: &str = select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
+const SELECT_PENDING: &str = select_rows!(
+    "WHERE status IN ('pending', 'leased') ORDER BY workflow_id, event_seq, idx LIMIT ?1"
+);
+const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
+const SELECT_DEAD: &str =
+    select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+const CLAIM_DUE_FIRST: &str = select_rows!(
+    "WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
+);
+const CLAIM_STRICT: &str = select_rows!(
+    "WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
+         AND e.status IN ('pending', 'leased') AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
+);
 
 fn corrupt(what: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(what.to_string().into())
@@ -295,10 +326,7 @@ fn id_params(id: &CommandId) -> (&str, i64, i64) {
 
 fn select_row(conn: &Connection, id: &CommandId) -> Result<Option<OutboxRow>, Error> {
     let (w, s, i) = id_params(id);
-    let sql = format!(
-        "SELECT {ROW_COLUMNS} FROM outbox WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3"
-    );
-    Ok(query_rows(conn, &sql, params![w, s, i])?.pop())
+    Ok(query_rows(conn, SELECT_ONE, params![w, s, i])?.pop())
 }
 
 /// Writes back every column an [`OutboxRow`] method may change.
@@ -370,16 +398,6 @@ fn complete_in(conn: &Connection, id: &CommandId, token: u64, now: i64) -> Resul
         )))),
     }
 }
-
-const CLAIM_DUE_FIRST: &str = "SELECT {cols} FROM outbox o \
-     WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
-
-const CLAIM_STRICT: &str = "SELECT {cols} FROM outbox o \
-     WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
-     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
-         AND e.status IN ('pending', 'leased') AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
 
 impl Store for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
@@ -465,11 +483,7 @@ impl Store for SqliteStore {
     }
 
     fn pending(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM outbox WHERE status IN ('pending', 'leased') \
-             ORDER BY workflow_id, event_seq, idx LIMIT ?1"
-        );
-        query_rows(&self.conn, &sql, [limit(limit_rows)])
+        query_rows(&self.conn, SELECT_PENDING, [limit(limit_rows)])
     }
 
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
@@ -477,10 +491,7 @@ impl Store for SqliteStore {
     }
 
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM outbox WHERE workflow_id = ?1 ORDER BY event_seq, idx"
-        );
-        query_rows(&self.conn, &sql, [workflow_id.as_str()])
+        query_rows(&self.conn, SELECT_WORKFLOW, [workflow_id.as_str()])
     }
 
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
@@ -492,12 +503,11 @@ impl Store for SqliteStore {
         let sql = match request.order {
             ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
             ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-        }
-        .replace("{cols}", ROW_COLUMNS);
+        };
         let tx = self.write()?;
         let rows = query_rows(
             &tx,
-            &sql,
+            sql,
             params![to_sql_time("now", now)?, limit(request.limit)],
         )?;
         let mut deliveries = Vec::with_capacity(rows.len());
@@ -564,11 +574,7 @@ impl Store for SqliteStore {
     }
 
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM outbox WHERE status = 'dead' \
-             ORDER BY workflow_id, event_seq, idx LIMIT ?1"
-        );
-        query_rows(&self.conn, &sql, [limit(limit_rows)])
+        query_rows(&self.conn, SELECT_DEAD, [limit(limit_rows)])
     }
 
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
@@ -577,5 +583,44 @@ impl Store for SqliteStore {
 
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, |row| row.resolve(note, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every query a worker or `pending` runs is answered from an index: none walks the done rows,
+    /// and none sorts in a temporary b-tree.
+    #[test]
+    fn hot_queries_use_their_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        for (name, sql, index) in [
+            ("pending", SELECT_PENDING, "outbox_unfinished"),
+            ("claim", CLAIM_DUE_FIRST, "outbox_due"),
+            ("strict claim", CLAIM_STRICT, "outbox_due"),
+            ("dead letters", SELECT_DEAD, "outbox_dead"),
+            ("one row", SELECT_ONE, "PRIMARY KEY"),
+            ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
+        ] {
+            let mut stmt = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
+            let plan: Vec<String> = stmt
+                .query_map(args, |row| row.get::<_, String>("detail"))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let plan = plan.join(" | ");
+            assert!(plan.contains(index), "{name} does not use {index}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{name} sorts: {plan}");
+            assert!(
+                !plan.contains("SCAN o ") || plan.contains("USING INDEX"),
+                "{name} scans the table: {plan}"
+            );
+        }
     }
 }

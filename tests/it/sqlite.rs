@@ -1,1 +1,301 @@
+//! The SQLite host's own guarantees: durable pragmas, schema versions, and commits racing from several
+//! connections and processes on one file.
 
+use std::path::{Path, PathBuf};
+use std::process::Command as Process;
+use std::sync::{Arc, Barrier};
+
+use miniflow::{
+    json, Command, Commit, Decision, Engine, Error, Event, EventRecord, Seq, SqliteOptions,
+    SqliteStore, Store, Synchronous, Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
+};
+
+fn pragma(store: &SqliteStore, name: &str) -> String {
+    store
+        .connection()
+        .query_row(&format!("PRAGMA {name}"), [], |row| {
+            row.get::<_, rusqlite::types::Value>(0)
+        })
+        .map(|v| match v {
+            rusqlite::types::Value::Integer(i) => i.to_string(),
+            rusqlite::types::Value::Text(t) => t,
+            other => format!("{other:?}"),
+        })
+        .unwrap()
+}
+
+#[test]
+fn durable_pragmas_are_on_by_default_and_normal_is_an_opt_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("a.db")).unwrap();
+    assert_eq!(pragma(&store, "journal_mode"), "wal");
+    assert_eq!(pragma(&store, "synchronous"), "2", "FULL");
+    assert_eq!(pragma(&store, "foreign_keys"), "1");
+    assert_eq!(pragma(&store, "busy_timeout"), "10000");
+    assert_eq!(pragma(&store, "user_version"), SCHEMA_VERSION.to_string());
+    let options = SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..SqliteOptions::default()
+    };
+    let relaxed = SqliteStore::open_with(dir.path().join("b.db"), &options).unwrap();
+    assert_eq!(pragma(&relaxed, "synchronous"), "1", "NORMAL");
+}
+
+#[test]
+fn a_store_from_a_newer_version_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("future.db");
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE from_the_future (x); PRAGMA user_version = 99;")
+            .unwrap();
+    }
+    match SqliteStore::open(&path) {
+        Err(Error::UnsupportedSchema { found, supported }) => {
+            assert_eq!((found, supported), (99, SCHEMA_VERSION));
+        }
+        other => panic!("expected UnsupportedSchema, got {other:?}"),
+    }
+    let err = SqliteStore::open(&path).unwrap_err().to_string();
+    assert!(err.contains("99") && err.contains("upgrade"), "{err}");
+    let conn = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(version, 99);
+    assert_eq!(tables, ["from_the_future"], "the newer file was altered");
+}
+
+#[test]
+fn reopening_keeps_the_schema_and_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let commit = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("e", json!({"b": 1, "a": 2})),
+        Decision::none(),
+        Timestamp::from_millis(7),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    drop(store);
+    let store = SqliteStore::open(&path).unwrap();
+    let stored: String = store
+        .connection()
+        .query_row("SELECT payload FROM events", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        stored, r#"{"a":2,"b":1}"#,
+        "payloads are stored as canonical JSON"
+    );
+    assert_eq!(store.load(&wid("w")).unwrap().len(), 1);
+}
+
+#[test]
+fn unreadable_rows_are_reported_as_corrupt_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+    let commit = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        Decision::new().command(Command::new("c", json!({}))),
+        Timestamp::from_millis(7),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    store
+        .connection()
+        .execute_batch("UPDATE outbox SET payload = 'not json'; UPDATE events SET payload = '{'")
+        .unwrap();
+    assert!(matches!(store.pending(10), Err(Error::Corrupt(_))));
+    assert!(matches!(store.load(&wid("w")), Err(Error::Corrupt(_))));
+}
+
+fn wid(text: &str) -> WorkflowId {
+    WorkflowId::new(text).unwrap()
+}
+
+/// Counts its events; decides one `count` command per event.
+struct Counter;
+
+impl Workflow for Counter {
+    type State = u64;
+
+    fn evolve(&self, seen: &mut u64, _: &EventRecord) {
+        *seen += 1;
+    }
+
+    fn decide(&self, seen: &u64, _: &EventRecord) -> Decision {
+        Decision::new().command(Command::new("count", json!({ "seen": seen })))
+    }
+}
+
+/// Commits on `expected_seq` 0 from `contenders` connections at once; returns how many won.
+fn race_first_commit(path: &Path, contenders: usize) -> (usize, usize) {
+    let barrier = Arc::new(Barrier::new(contenders));
+    let handles: Vec<_> = (0..contenders)
+        .map(|n| {
+            let (path, barrier) = (path.to_path_buf(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut store = SqliteStore::open(&path).unwrap();
+                let commit = Commit::new(
+                    wid("race"),
+                    Seq::ZERO,
+                    Event::new("first", json!({ "by": n })),
+                    Decision::none(),
+                    Timestamp::from_millis(1),
+                )
+                .unwrap();
+                barrier.wait();
+                store.append_with_commands(&commit)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let wins = results.iter().filter(|r| r.is_ok()).count();
+    let conflicts = results
+        .iter()
+        .filter(|r| matches!(r, Err(Error::Conflict { expected, actual, .. }) if expected.get() == 0 && actual.get() == 1))
+        .count();
+    (wins, conflicts)
+}
+
+#[test]
+fn racing_connections_on_one_file_one_wins_the_others_conflict() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("race.db");
+    SqliteStore::open(&path).unwrap();
+    for round in 0..5 {
+        let path = path.with_extension(format!("{round}.db"));
+        SqliteStore::open(&path).unwrap();
+        assert_eq!(race_first_commit(&path, 4), (1, 3), "round {round}");
+    }
+}
+
+/// Environment variables that turn a run of this test binary into a child process of a test.
+const CHILD_ROLE: &str = "MINIFLOW_TEST_CHILD";
+const CHILD_DB: &str = "MINIFLOW_TEST_DB";
+
+/// Starts this test binary again as a child running only `test_name`, with `role` and `db` set.
+pub fn spawn_child(
+    test_name: &str,
+    role: &str,
+    db: &Path,
+    extra: &[(&str, String)],
+) -> std::process::Child {
+    Process::new(std::env::current_exe().unwrap())
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ROLE, role)
+        .env(CHILD_DB, db)
+        .envs(extra.iter().map(|(k, v)| (*k, v.clone())))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn child process")
+}
+
+/// The role and database of this process when it is a child, `None` in a normal test run.
+pub fn child_role() -> Option<(String, PathBuf)> {
+    let role = std::env::var(CHILD_ROLE).ok()?;
+    let db = std::env::var(CHILD_DB).ok()?;
+    Some((role, PathBuf::from(db)))
+}
+
+/// Child process: waits for the start file, then handles `MINIFLOW_TEST_EVENTS` events on one workflow
+/// through the engine, retrying conflicts; prints how many conflicts it met.
+#[test]
+fn child_appender() {
+    let Some((role, db)) = child_role() else {
+        return;
+    };
+    assert_eq!(role, "appender");
+    let events: u64 = std::env::var("MINIFLOW_TEST_EVENTS")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut store = SqliteStore::open(&db).unwrap();
+    let engine = Engine::new(Counter).max_conflict_retries(1_000);
+    let go = db.with_extension("go");
+    while !go.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut conflicts = 0;
+    for _ in 0..events {
+        let handled = engine
+            .handle(
+                &mut store,
+                &wid("shared"),
+                Event::new("tick", json!({ "pid": std::process::id() })),
+                Timestamp::from_millis(1),
+            )
+            .unwrap_or_else(|e| panic!("handle failed in child: {e} ({})", e.code()));
+        conflicts += handled.conflicts;
+    }
+    println!("conflicts={conflicts}");
+}
+
+#[test]
+fn processes_appending_to_one_workflow_commit_gapless_without_busy_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    SqliteStore::open(&db).unwrap();
+    let (processes, events) = (3, 60);
+    let children: Vec<_> = (0..processes)
+        .map(|_| {
+            spawn_child(
+                "sqlite::child_appender",
+                "appender",
+                &db,
+                &[("MINIFLOW_TEST_EVENTS", events.to_string())],
+            )
+        })
+        .collect();
+    std::fs::write(db.with_extension("go"), b"").unwrap();
+    let mut conflicts = 0u64;
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line = stdout
+            .lines()
+            .find_map(|l| l.split("conflicts=").nth(1))
+            .unwrap_or_else(|| panic!("child did not report: {stdout}"));
+        conflicts += line.trim().parse::<u64>().unwrap();
+    }
+    let store = SqliteStore::open(&db).unwrap();
+    let events_seen = store.load(&wid("shared")).unwrap();
+    let seqs: Vec<u64> = events_seen.iter().map(|e| e.seq.get()).collect();
+    assert_eq!(
+        seqs,
+        (1..=processes * events).collect::<Vec<_>>(),
+        "gapless from 1"
+    );
+    let commands = store.commands(&wid("shared")).unwrap();
+    assert_eq!(
+        commands.len() as u64,
+        processes * events,
+        "one command per event, none lost or doubled"
+    );
+    for (n, row) in commands.iter().enumerate() {
+        assert_eq!(
+            row.payload,
+            json!({ "seen": n }),
+            "each decision saw every earlier event"
+        );
+    }
+    eprintln!("{conflicts} conflicts were retried by the engine");
+}
