@@ -2,6 +2,7 @@
 //! same writes with the same pragmas.
 //!
 //! Run with `cargo bench --bench append` (add `-- --quick` for a short run). Prints a table.
+//! `cargo test` runs it once with tiny sizes, as a smoke test.
 
 use std::time::{Duration, Instant};
 

@@ -4,10 +4,29 @@
 //! [`store_conformance_tests!`](crate::store_conformance_tests) once in its tests; every case becomes a
 //! `#[test]` of its own. Time is controlled by the tests: every `now` is a parameter.
 //!
-//! ```ignore
-//! struct MyHarness;
-//! impl miniflow_core::conformance::Harness for MyHarness { /* … */ }
+//! ```
+//! use miniflow_core::conformance::Harness;
+//! use miniflow_core::MemoryStore;
 //!
+//! struct MyHarness;
+//!
+//! impl Harness for MyHarness {
+//!     type Store = MemoryStore;
+//!
+//!     fn open(&mut self) -> MemoryStore {
+//!         MemoryStore::new()
+//!     }
+//!
+//!     fn reopen(&mut self, store: MemoryStore) -> MemoryStore {
+//!         store
+//!     }
+//!
+//!     fn fail_commits_with_command_kind(&mut self, store: &mut MemoryStore, kind: &str) {
+//!         store.fail_commits_with_command_kind(kind);
+//!     }
+//! }
+//!
+//! // In a test file: one `#[test]` per case.
 //! mod my_store {
 //!     miniflow_core::store_conformance_tests!(super::MyHarness);
 //! }
