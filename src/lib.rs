@@ -5,4 +5,7 @@
 pub use miniflow_core::*;
 
 #[cfg(feature = "sqlite")]
-pub use miniflow_native::{SqliteOptions, SqliteStore, Synchronous, SystemClock, SCHEMA_VERSION};
+pub use miniflow_native::{
+    Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown, SqliteOptions,
+    SqliteStore, Stats, Synchronous, SystemClock, SCHEMA_VERSION,
+};

@@ -912,6 +912,28 @@ pub fn strict_order_holds_back_later_commands<H: Harness>(h: &mut H) {
     assert_eq!(claim(&mut store, "w1", 10, 1_000, T0).len(), 2);
 }
 
+/// A released command is claimable again at once, its unstarted attempt not counted; a stale holder
+/// cannot release.
+pub fn release_gives_a_command_back_unattempted<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["x"]);
+    let d = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
+    store.release(&d.command_id, d.token, at(10)).unwrap();
+    let row = store.command(&d.command_id).unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.attempts, row.available_at),
+        (Status::Pending, 0, at(10))
+    );
+    let again = claim(&mut store, "w2", 1, 1_000, at(10)).remove(0);
+    assert_eq!(again.attempt, 1);
+    assert!(again.token > d.token);
+    assert!(matches!(
+        store.release(&d.command_id, d.token, at(11)),
+        Err(Error::StaleLease { .. })
+    ));
+    assert_eq!(status(&store, "w:1:0"), Status::Leased);
+}
+
 /// A batch of acks completes the current leases and reports stale ones, one result per ack.
 pub fn complete_all_settles_each_ack<H: Harness>(h: &mut H) {
     let mut store = h.open();
@@ -954,6 +976,7 @@ macro_rules! store_conformance_tests {
             retry_and_resolve_dead_commands,
             strict_order_holds_back_later_commands,
             complete_all_settles_each_ack,
+            release_gives_a_command_back_unattempted,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

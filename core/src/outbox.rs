@@ -376,6 +376,16 @@ impl OutboxRow {
         Ok(expires_at)
     }
 
+    /// Gives the command back without an attempt (a worker shutting down before it started the
+    /// delivery): pending again, due at `now`, the attempt not counted.
+    pub fn release(&mut self, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.check_lease(token)?;
+        self.status = Status::Pending;
+        self.attempts = self.attempts.saturating_sub(1);
+        self.available_at = now;
+        Ok(())
+    }
+
     /// Marks the holder's delivery done.
     pub fn complete(&mut self, token: u64, now: Timestamp) -> Result<(), Error> {
         self.check_lease(token)?;

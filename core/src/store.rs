@@ -201,6 +201,13 @@ pub trait Store {
         now: Timestamp,
     ) -> Result<Timestamp, Error>;
 
+    /// Gives back a claimed command whose delivery was not started (see [`OutboxRow::release`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleLease`] when `token` is not the current lease.
+    fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error>;
+
     /// Marks the delivery under `token` done (DESIGN rule 8).
     ///
     /// # Errors

@@ -1,5 +1,5 @@
-//! The native miniflow host: [`SqliteStore`], the embedded default store on one SQLite file, and
-//! [`SystemClock`].
+//! The native miniflow host: [`SqliteStore`], the embedded default store on one SQLite file; the
+//! [`Dispatcher`], a pool of worker threads delivering commands at least once; and [`SystemClock`].
 //!
 //! # Example
 //!
@@ -34,7 +34,11 @@
 #![warn(missing_docs)]
 
 mod clock;
+mod dispatcher;
 mod sqlite;
 
 pub use clock::SystemClock;
+pub use dispatcher::{
+    Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown, Stats,
+};
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous, SCHEMA_VERSION};

@@ -530,6 +530,10 @@ impl Store for SqliteStore {
         self.update(command_id, |row| row.extend(token, ttl, now))
     }
 
+    fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, |row| row.release(token, now))
+    }
+
     fn complete(
         &mut self,
         command_id: &CommandId,

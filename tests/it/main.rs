@@ -2,5 +2,6 @@
 //! host's own guarantees, and the examples.
 
 mod conformance;
+mod dispatcher;
 mod examples;
 mod sqlite;
