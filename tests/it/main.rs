@@ -1,7 +1,10 @@
 //! miniflow's integration tests, in one binary: the conformance suite on every store, the SQLite
 //! host's own guarantees, and the examples.
 
+mod child;
 mod conformance;
+mod crash;
+mod delivery;
 mod dispatcher;
 mod examples;
 mod sqlite;

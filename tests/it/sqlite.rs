@@ -2,9 +2,9 @@
 //! connections and processes on one file.
 
 use std::path::{Path, PathBuf};
-use std::process::Command as Process;
 use std::sync::{Arc, Barrier};
 
+use crate::child;
 use miniflow::{
     json, Command, Commit, Decision, Engine, Error, Event, EventRecord, Seq, SqliteOptions,
     SqliteStore, Store, Synchronous, Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
@@ -182,47 +182,15 @@ fn racing_connections_on_one_file_one_wins_the_others_conflict() {
     }
 }
 
-/// Environment variables that turn a run of this test binary into a child process of a test.
-const CHILD_ROLE: &str = "MINIFLOW_TEST_CHILD";
-const CHILD_DB: &str = "MINIFLOW_TEST_DB";
-
-/// Starts this test binary again as a child running only `test_name`, with `role` and `db` set.
-pub fn spawn_child(
-    test_name: &str,
-    role: &str,
-    db: &Path,
-    extra: &[(&str, String)],
-) -> std::process::Child {
-    Process::new(std::env::current_exe().unwrap())
-        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ROLE, role)
-        .env(CHILD_DB, db)
-        .envs(extra.iter().map(|(k, v)| (*k, v.clone())))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn child process")
-}
-
-/// The role and database of this process when it is a child, `None` in a normal test run.
-pub fn child_role() -> Option<(String, PathBuf)> {
-    let role = std::env::var(CHILD_ROLE).ok()?;
-    let db = std::env::var(CHILD_DB).ok()?;
-    Some((role, PathBuf::from(db)))
-}
-
 /// Child process: waits for the start file, then handles `MINIFLOW_TEST_EVENTS` events on one workflow
 /// through the engine, retrying conflicts; prints how many conflicts it met.
 #[test]
 fn child_appender() {
-    let Some((role, db)) = child_role() else {
+    if child::role().as_deref() != Some("appender") {
         return;
-    };
-    assert_eq!(role, "appender");
-    let events: u64 = std::env::var("MINIFLOW_TEST_EVENTS")
-        .unwrap()
-        .parse()
-        .unwrap();
+    }
+    let db = PathBuf::from(child::setting("MINIFLOW_TEST_DB"));
+    let events: u64 = child::setting("MINIFLOW_TEST_EVENTS").parse().unwrap();
     let mut store = SqliteStore::open(&db).unwrap();
     let engine = Engine::new(Counter).max_conflict_retries(1_000);
     let go = db.with_extension("go");
@@ -231,13 +199,9 @@ fn child_appender() {
     }
     let mut conflicts = 0;
     for _ in 0..events {
+        let event = Event::new("tick", json!({ "pid": std::process::id() }));
         let handled = engine
-            .handle(
-                &mut store,
-                &wid("shared"),
-                Event::new("tick", json!({ "pid": std::process::id() })),
-                Timestamp::from_millis(1),
-            )
+            .handle(&mut store, &wid("shared"), event, Timestamp::from_millis(1))
             .unwrap_or_else(|e| panic!("handle failed in child: {e} ({})", e.code()));
         conflicts += handled.conflicts;
     }
@@ -250,31 +214,20 @@ fn processes_appending_to_one_workflow_commit_gapless_without_busy_errors() {
     let db = dir.path().join("shared.db");
     SqliteStore::open(&db).unwrap();
     let (processes, events) = (3, 60);
+    let settings = [
+        ("MINIFLOW_TEST_DB", db.display().to_string()),
+        ("MINIFLOW_TEST_EVENTS", events.to_string()),
+    ];
     let children: Vec<_> = (0..processes)
-        .map(|_| {
-            spawn_child(
-                "sqlite::child_appender",
-                "appender",
-                &db,
-                &[("MINIFLOW_TEST_EVENTS", events.to_string())],
-            )
-        })
+        .map(|_| child::spawn("sqlite::child_appender", "appender", &settings))
         .collect();
     std::fs::write(db.with_extension("go"), b"").unwrap();
     let mut conflicts = 0u64;
-    for child in children {
-        let out = child.wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "child failed: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let line = stdout
-            .lines()
-            .find_map(|l| l.split("conflicts=").nth(1))
+    for appender in children {
+        let stdout = child::wait_ok(appender, "appender");
+        let reported = child::reported(&stdout, "conflicts")
             .unwrap_or_else(|| panic!("child did not report: {stdout}"));
-        conflicts += line.trim().parse::<u64>().unwrap();
+        conflicts += reported.parse::<u64>().unwrap();
     }
     let store = SqliteStore::open(&db).unwrap();
     let events_seen = store.load(&wid("shared")).unwrap();

@@ -1,0 +1,384 @@
+//! Delivery across processes: several OS processes, each with a pool of workers, deliver one outbox to
+//! an idempotent receiver. The pieces here (producer, receiver, worker process, invariant check) are
+//! shared with the crash tests.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use miniflow::{
+    json, Clock, Command, Decision, Delivery, Dispatcher, Engine, Event, EventRecord, Outcome,
+    SqliteStore, Stats, Store, SystemClock, Workflow, WorkflowId,
+};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use crate::child;
+
+/// Every order decides this many commands.
+pub const COMMANDS_PER_ORDER: usize = 5;
+
+/// An order workflow: `order_placed` decides [`COMMANDS_PER_ORDER`] commands.
+pub struct Orders;
+
+impl Workflow for Orders {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+
+    fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+        (0..COMMANDS_PER_ORDER)
+            .map(|n| Command::new("ship", json!({ "order": event.workflow_id, "parcel": n })))
+            .collect::<Vec<_>>()
+            .into()
+    }
+}
+
+pub fn order_id(n: usize) -> WorkflowId {
+    WorkflowId::new(format!("order-{n:05}")).unwrap()
+}
+
+/// Places orders `0..orders` that are not placed yet, through the engine.
+pub fn produce(store: &mut SqliteStore, orders: usize) {
+    let engine = Engine::new(Orders);
+    for n in 0..orders {
+        let id = order_id(n);
+        if store.load(&id).unwrap().is_empty() {
+            let event = Event::new("order_placed", json!({ "n": n }));
+            engine.handle(store, &id, event, SystemClock.now()).unwrap();
+        }
+    }
+}
+
+/// Arms a SIGKILL of this process inside the `nth` commit made on `store`'s connection, counting
+/// commits across every connection that shares `commits`.
+pub fn kill_inside_commit(store: &SqliteStore, nth: u64, commits: Arc<AtomicU64>) {
+    store
+        .connection()
+        .commit_hook(Some(move || {
+            if commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+                child::kill_self();
+            }
+            false // go on with the commit
+        }))
+        .unwrap();
+}
+
+/// A receiver that honours idempotency keys, on its own SQLite file: every delivery is logged, the
+/// effect happens once per command ID, in the same transaction as the record that folds duplicates.
+pub struct Receiver {
+    conn: Connection,
+}
+
+impl Receiver {
+    pub fn open(path: &Path) -> Self {
+        let conn = Connection::open(path).unwrap();
+        conn.busy_timeout(Duration::from_secs(30)).unwrap();
+        // NORMAL is safe against a process crash in WAL mode, which is what these tests inflict.
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
+             CREATE TABLE IF NOT EXISTS deliveries (command_id TEXT NOT NULL, pid INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS idempotency (command_id TEXT PRIMARY KEY, reference TEXT NOT NULL);
+             CREATE TABLE IF NOT EXISTS side_effects (command_id TEXT NOT NULL);",
+        )
+        .unwrap();
+        Self { conn }
+    }
+
+    /// Takes one delivery; returns the reference of its (single) effect.
+    pub fn deliver(&mut self, command_id: &str) -> String {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .unwrap();
+        tx.execute(
+            "INSERT INTO deliveries VALUES (?1, ?2)",
+            (command_id, std::process::id()),
+        )
+        .unwrap();
+        let known: Option<String> = tx
+            .query_row(
+                "SELECT reference FROM idempotency WHERE command_id = ?1",
+                [command_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .unwrap();
+        let reference = match known {
+            Some(reference) => reference,
+            None => {
+                let reference = format!("REF-{command_id}");
+                tx.execute(
+                    "INSERT INTO idempotency VALUES (?1, ?2)",
+                    (command_id, &reference),
+                )
+                .unwrap();
+                tx.execute("INSERT INTO side_effects VALUES (?1)", [command_id])
+                    .unwrap();
+                reference
+            }
+        };
+        tx.commit().unwrap();
+        reference
+    }
+}
+
+fn strings(conn: &Connection, sql: &str) -> Vec<String> {
+    conn.prepare(sql)
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+fn count(conn: &Connection, sql: &str) -> i64 {
+    conn.query_row(sql, [], |r| r.get(0)).unwrap()
+}
+
+/// Checks every delivery invariant after a run: orders `0..orders` placed, each event with exactly its
+/// commands and no command without its event, every command done, delivered at least once, and exactly
+/// one effect per command at the receiver.
+pub fn check_invariants(db: &Path, receiver: &Path, orders: usize, context: &str) {
+    let store = Connection::open(db).unwrap();
+    let events = count(&store, "SELECT COUNT(*) FROM events");
+    assert_eq!(
+        events, orders as i64,
+        "{context}: every order placed exactly once"
+    );
+    let wrong = strings(
+        &store,
+        "SELECT e.workflow_id || ':' || e.seq FROM events e LEFT JOIN outbox o \
+         ON o.workflow_id = e.workflow_id AND o.event_seq = e.seq \
+         GROUP BY e.workflow_id, e.seq HAVING COUNT(o.idx) != 5",
+    );
+    assert!(
+        wrong.is_empty(),
+        "{context}: events without all their commands: {wrong:?}"
+    );
+    let orphans = strings(
+        &store,
+        "SELECT o.command_id FROM outbox o LEFT JOIN events e \
+         ON e.workflow_id = o.workflow_id AND e.seq = o.event_seq WHERE e.seq IS NULL",
+    );
+    assert!(
+        orphans.is_empty(),
+        "{context}: commands without their event: {orphans:?}"
+    );
+    let commands: BTreeSet<String> = strings(&store, "SELECT command_id FROM outbox")
+        .into_iter()
+        .collect();
+    assert_eq!(
+        commands.len(),
+        orders * COMMANDS_PER_ORDER,
+        "{context}: no command lost"
+    );
+    let unfinished = strings(
+        &store,
+        "SELECT command_id || ' ' || status FROM outbox WHERE status != 'done'",
+    );
+    assert!(
+        unfinished.is_empty(),
+        "{context}: commands not done: {unfinished:?}"
+    );
+
+    let receiver = Connection::open(receiver).unwrap();
+    let delivered: BTreeSet<String> =
+        strings(&receiver, "SELECT DISTINCT command_id FROM deliveries")
+            .into_iter()
+            .collect();
+    assert_eq!(
+        delivered, commands,
+        "{context}: every command delivered at least once, nothing else"
+    );
+    let twice = strings(
+        &receiver,
+        "SELECT command_id FROM side_effects GROUP BY command_id HAVING COUNT(*) > 1",
+    );
+    assert!(twice.is_empty(), "{context}: effects repeated: {twice:?}");
+    assert_eq!(
+        count(&receiver, "SELECT COUNT(*) FROM side_effects"),
+        commands.len() as i64,
+        "{context}: one effect per command"
+    );
+}
+
+thread_local! {
+    static RECEIVER: RefCell<Option<Receiver>> = const { RefCell::new(None) };
+}
+
+/// Where a worker process kills itself.
+#[derive(Debug, Clone, Copy)]
+pub enum CrashPoint {
+    /// Inside the nth commit of any of its connections (claims, acks, lease extensions).
+    InsideCommit(u64),
+    /// At the start of the nth delivery: leases held, no effect yet.
+    HoldingLeases(u64),
+    /// After the nth delivery's effect committed at the receiver, before `complete`.
+    AfterEffect(u64),
+}
+
+impl CrashPoint {
+    pub fn to_setting(self) -> String {
+        match self {
+            CrashPoint::InsideCommit(n) => format!("inside_commit:{n}"),
+            CrashPoint::HoldingLeases(n) => format!("holding_leases:{n}"),
+            CrashPoint::AfterEffect(n) => format!("after_effect:{n}"),
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        let (point, n) = text.split_once(':').unwrap();
+        let n = n.parse().unwrap();
+        match point {
+            "inside_commit" => CrashPoint::InsideCommit(n),
+            "holding_leases" => CrashPoint::HoldingLeases(n),
+            "after_effect" => CrashPoint::AfterEffect(n),
+            other => panic!("unknown crash point {other}"),
+        }
+    }
+}
+
+/// Runs a dispatcher on `db` delivering to `receiver` until nothing is unfinished (waiting for the leases
+/// of crashed processes to expire), or until idle when `until_empty` is false.
+pub fn run_workers(
+    db: &Path,
+    receiver: &Path,
+    workers: usize,
+    crash: Option<CrashPoint>,
+    until_empty: bool,
+) -> Stats {
+    let deliveries = Arc::new(AtomicU64::new(0));
+    let commits = Arc::new(AtomicU64::new(0));
+    let receiver = receiver.to_path_buf();
+    let handler = {
+        let deliveries = deliveries.clone();
+        move |d: &Delivery| {
+            let n = deliveries.fetch_add(1, Ordering::SeqCst) + 1;
+            if matches!(crash, Some(CrashPoint::HoldingLeases(at)) if at == n) {
+                child::kill_self();
+            }
+            RECEIVER.with(|slot| {
+                let mut slot = slot.borrow_mut();
+                slot.get_or_insert_with(|| Receiver::open(&receiver))
+                    .deliver(&d.command_id.to_string())
+            });
+            if matches!(crash, Some(CrashPoint::AfterEffect(at)) if at == n) {
+                child::kill_self();
+            }
+            Outcome::Done
+        }
+    };
+    let db_path: PathBuf = db.to_path_buf();
+    let open = move || {
+        let store = SqliteStore::open(&db_path)?;
+        if let Some(CrashPoint::InsideCommit(nth)) = crash {
+            kill_inside_commit(&store, nth, commits.clone());
+        }
+        Ok(store)
+    };
+    let lease = Duration::from_millis(300);
+    let dispatcher = Dispatcher::new(open, handler)
+        .workers(workers)
+        .batch_size(32)
+        .lease_ttl(lease)
+        .poll_interval(Duration::from_millis(20));
+    let store = SqliteStore::open(db).unwrap();
+    let mut stats = Stats::default();
+    loop {
+        stats += dispatcher.run_until_idle().unwrap();
+        if !until_empty || store.pending(1).unwrap().is_empty() {
+            return stats;
+        }
+        std::thread::sleep(lease / 3); // leases of a crashed process run out
+    }
+}
+
+/// Child process: a worker process. Settings: `MINIFLOW_DB`, `MINIFLOW_RECEIVER`, `MINIFLOW_WORKERS`,
+/// optional `MINIFLOW_CRASH` (a [`CrashPoint`]). Prints its stats.
+#[test]
+fn child_worker_process() {
+    if child::role().as_deref() != Some("worker") {
+        return;
+    }
+    let db = PathBuf::from(child::setting("MINIFLOW_DB"));
+    let receiver = PathBuf::from(child::setting("MINIFLOW_RECEIVER"));
+    let workers = child::setting("MINIFLOW_WORKERS").parse().unwrap();
+    let crash = child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c));
+    let stats = run_workers(&db, &receiver, workers, crash, true);
+    println!(
+        "claimed={} completed={} store_errors={} lost_leases={}",
+        stats.claimed, stats.completed, stats.store_errors, stats.lost_leases
+    );
+}
+
+/// Child process: a producer placing orders. Settings: `MINIFLOW_DB`, `MINIFLOW_ORDERS`, optional
+/// `MINIFLOW_CRASH` = `inside_commit:N`.
+#[test]
+fn child_producer_process() {
+    if child::role().as_deref() != Some("producer") {
+        return;
+    }
+    let mut store = SqliteStore::open(child::setting("MINIFLOW_DB")).unwrap();
+    if let Some(CrashPoint::InsideCommit(nth)) =
+        child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c))
+    {
+        kill_inside_commit(&store, nth, Arc::new(AtomicU64::new(0)));
+    }
+    produce(
+        &mut store,
+        child::setting("MINIFLOW_ORDERS").parse().unwrap(),
+    );
+}
+
+pub fn worker_settings(
+    db: &Path,
+    receiver: &Path,
+    workers: usize,
+    crash: Option<CrashPoint>,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("MINIFLOW_DB", db.display().to_string()),
+        ("MINIFLOW_RECEIVER", receiver.display().to_string()),
+        ("MINIFLOW_WORKERS", workers.to_string()),
+        (
+            "MINIFLOW_CRASH",
+            crash.map(CrashPoint::to_setting).unwrap_or_default(),
+        ),
+    ]
+}
+
+#[test]
+fn several_processes_deliver_5000_commands_with_one_effect_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, receiver) = (dir.path().join("outbox.db"), dir.path().join("receiver.db"));
+    let orders = 1_000; // × 5 commands
+    produce(&mut SqliteStore::open(&db).unwrap(), orders);
+    drop(Receiver::open(&receiver));
+    let processes: Vec<_> = (0..3)
+        .map(|_| {
+            child::spawn(
+                "delivery::child_worker_process",
+                "worker",
+                &worker_settings(&db, &receiver, 3, None),
+            )
+        })
+        .collect();
+    let mut completed = 0;
+    for process in processes {
+        let stdout = child::wait_ok(process, "worker process");
+        assert_eq!(
+            child::reported(&stdout, "store_errors").as_deref(),
+            Some("0"),
+            "a store error reached a worker: {stdout}"
+        );
+        completed += child::reported(&stdout, "completed")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    assert_eq!(completed, 5_000);
+    check_invariants(&db, &receiver, orders, "3 processes × 3 workers");
+}
