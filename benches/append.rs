@@ -69,7 +69,8 @@ fn raw_appends(dir: &std::path::Path, round: usize, commits: usize) -> Duration 
     let mut conn = Connection::open(&path).unwrap();
     conn.busy_timeout(Duration::from_secs(10)).unwrap();
     conn.execute_batch(
-        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; \
+         PRAGMA cache_size = -16384;",
     )
     .unwrap();
     let payload = serde_json::to_string(&json!({ "city": "成都", "travellers": 2 })).unwrap();

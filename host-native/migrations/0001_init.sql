@@ -30,17 +30,21 @@ CREATE TABLE outbox (
     processed_at     INTEGER,
     manual_retries   INTEGER NOT NULL DEFAULT 0,
     resolution       TEXT,
+    -- Unfinished (pending or leased) rows are exactly those not yet processed. The partial indexes
+    -- below test `processed_at IS NULL`, a column a claim does not touch, so claiming a row does not
+    -- rewrite their entries.
+    CHECK ((status IN ('pending', 'leased')) = (processed_at IS NULL)),
     PRIMARY KEY (workflow_id, event_seq, idx),
     FOREIGN KEY (workflow_id, event_seq) REFERENCES events (workflow_id, seq)
 ) WITHOUT ROWID;
 
 -- `pending` and strict per-workflow order read only unfinished rows, however many done rows are kept.
 CREATE INDEX outbox_unfinished ON outbox (workflow_id, event_seq, idx)
-    WHERE status IN ('pending', 'leased');
+    WHERE processed_at IS NULL;
 
 -- A claim takes the longest-due claimable rows.
 CREATE INDEX outbox_due ON outbox (available_at, workflow_id, event_seq, idx)
-    WHERE status IN ('pending', 'leased');
+    WHERE processed_at IS NULL;
 
 -- Dead letters wait for a person.
 CREATE INDEX outbox_dead ON outbox (workflow_id, event_seq, idx)

@@ -224,20 +224,19 @@ macro_rules! select_rows {
 }
 
 const SELECT_ONE: &str = select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
-const SELECT_PENDING: &str = select_rows!(
-    "WHERE status IN ('pending', 'leased') ORDER BY workflow_id, event_seq, idx LIMIT ?1"
-);
+const SELECT_PENDING: &str =
+    select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1");
 const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
 const CLAIM_DUE_FIRST: &str = select_rows!(
-    "WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+    "WHERE processed_at IS NULL AND available_at <= ?1 \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
 const CLAIM_STRICT: &str = select_rows!(
-    "WHERE status IN ('pending', 'leased') AND available_at <= ?1 \
+    "WHERE processed_at IS NULL AND available_at <= ?1 \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
-         AND e.status IN ('pending', 'leased') AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
+         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
 
@@ -245,51 +244,78 @@ fn corrupt(what: impl std::fmt::Display) -> rusqlite::Error {
     rusqlite::Error::ToSqlConversionFailure(what.to_string().into())
 }
 
-fn read_time(row: &Row<'_>, column: &str) -> rusqlite::Result<Timestamp> {
+/// Column positions of [`row_columns!`].
+mod col {
+    pub const WORKFLOW_ID: usize = 0;
+    pub const EVENT_SEQ: usize = 1;
+    pub const IDX: usize = 2;
+    pub const KIND: usize = 3;
+    pub const PAYLOAD: usize = 4;
+    pub const STATUS: usize = 5;
+    pub const ATTEMPTS: usize = 6;
+    pub const LAST_ERROR: usize = 7;
+    pub const AVAILABLE_AT: usize = 8;
+    pub const LEASE_OWNER: usize = 9;
+    pub const LEASE_EXPIRES_AT: usize = 10;
+    pub const LEASE_TOKEN: usize = 11;
+    pub const CREATED_AT: usize = 12;
+    pub const PROCESSED_AT: usize = 13;
+    pub const MANUAL_RETRIES: usize = 14;
+    pub const RESOLUTION: usize = 15;
+}
+
+fn read_time(row: &Row<'_>, column: usize) -> rusqlite::Result<Timestamp> {
     let millis: i64 = row.get(column)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)
-        .map_err(|_| corrupt(format!("negative time {millis} in {column}")))
+        .map_err(|_| corrupt(format!("negative time {millis} in column {column}")))
 }
 
-fn read_json(row: &Row<'_>, column: &str) -> rusqlite::Result<serde_json::Value> {
-    let text: String = row.get(column)?;
-    serde_json::from_str(&text).map_err(|e| corrupt(format!("{column} is not JSON: {e}")))
+fn read_optional_time(row: &Row<'_>, column: usize) -> rusqlite::Result<Option<Timestamp>> {
+    match row.get::<_, Option<i64>>(column)? {
+        Some(_) => read_time(row, column).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn read_json(row: &Row<'_>, column: usize) -> rusqlite::Result<serde_json::Value> {
+    let text = row.get_ref(column)?.as_str()?;
+    serde_json::from_str(text).map_err(|e| corrupt(format!("payload is not JSON: {e}")))
+}
+
+fn read_command_id(row: &Row<'_>) -> rusqlite::Result<CommandId> {
+    let workflow_id = WorkflowId::new(row.get::<_, String>(col::WORKFLOW_ID)?).map_err(corrupt)?;
+    let seq = u64::try_from(row.get::<_, i64>(col::EVENT_SEQ)?).unwrap_or(u64::MAX);
+    let index = u32::try_from(row.get::<_, i64>(col::IDX)?).unwrap_or(u32::MAX);
+    CommandId::new(workflow_id, Seq::new(seq).map_err(corrupt)?, index).map_err(corrupt)
 }
 
 fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
-    let workflow_id: String = row.get("workflow_id")?;
-    let seq: i64 = row.get("event_seq")?;
-    let index: i64 = row.get("idx")?;
-    let command_id = format!("{workflow_id}:{seq}:{index}")
-        .parse::<CommandId>()
-        .map_err(corrupt)?;
-    let token: i64 = row.get("lease_token")?;
-    let lease = match row.get::<_, Option<String>>("lease_owner")? {
+    let lease = match row.get::<_, Option<String>>(col::LEASE_OWNER)? {
         Some(owner) => Some(Lease {
             owner,
-            expires_at: read_time(row, "lease_expires_at")?,
-            token: token as u64,
+            expires_at: read_time(row, col::LEASE_EXPIRES_AT)?,
+            token: row.get::<_, i64>(col::LEASE_TOKEN)? as u64,
         }),
         None => None,
     };
-    let status: String = row.get("status")?;
     Ok(OutboxRow {
-        command_id,
-        kind: row.get("kind")?,
-        payload: read_json(row, "payload")?,
-        status: status.parse().map_err(corrupt)?,
-        attempts: row.get("attempts")?,
-        last_error: row.get("last_error")?,
-        available_at: read_time(row, "available_at")?,
+        command_id: read_command_id(row)?,
+        kind: row.get(col::KIND)?,
+        payload: read_json(row, col::PAYLOAD)?,
+        status: row
+            .get_ref(col::STATUS)?
+            .as_str()?
+            .parse()
+            .map_err(corrupt)?,
+        attempts: row.get(col::ATTEMPTS)?,
+        last_error: row.get(col::LAST_ERROR)?,
+        available_at: read_time(row, col::AVAILABLE_AT)?,
         lease,
-        created_at: read_time(row, "created_at")?,
-        processed_at: match row.get::<_, Option<i64>>("processed_at")? {
-            Some(_) => Some(read_time(row, "processed_at")?),
-            None => None,
-        },
-        manual_retries: row.get("manual_retries")?,
-        resolution: row.get("resolution")?,
+        created_at: read_time(row, col::CREATED_AT)?,
+        processed_at: read_optional_time(row, col::PROCESSED_AT)?,
+        manual_retries: row.get(col::MANUAL_RETRIES)?,
+        resolution: row.get(col::RESOLUTION)?,
     })
 }
 
@@ -369,6 +395,32 @@ fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
     Ok(())
 }
 
+/// Writes the columns a claim changes: the hot path of [`Store::claim`].
+fn write_lease(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
+    let (w, s, i) = id_params(&row.command_id);
+    let lease = row.lease.as_ref().ok_or_else(|| {
+        Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
+    })?;
+    let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
+    conn.prepare_cached(
+        "UPDATE outbox SET status = 'leased', attempts = ?4, available_at = ?5, lease_owner = ?6, \
+         lease_expires_at = ?5, lease_token = ?7 WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            w,
+            s,
+            i,
+            row.attempts,
+            expires_at,
+            lease.owner,
+            token_param(lease.token)
+        ])
+    })
+    .map_err(storage)?;
+    Ok(())
+}
+
 /// A token as an SQL parameter; a token too large to store matches no lease.
 fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
@@ -410,16 +462,16 @@ impl Store for SqliteStore {
             .map_err(storage)?;
         let rows = stmt
             .query_map([workflow_id.as_str()], |row| {
-                let seq: i64 = row.get("seq")?;
+                let seq: i64 = row.get(0)?;
                 Ok(EventRecord {
                     workflow_id: workflow_id.clone(),
                     seq: u64::try_from(seq)
                         .ok()
                         .and_then(|s| Seq::new(s).ok())
                         .ok_or_else(|| corrupt(format!("event seq {seq} out of range")))?,
-                    kind: row.get("kind")?,
-                    payload: read_json(row, "payload")?,
-                    recorded_at: read_time(row, "recorded_at")?,
+                    kind: row.get(1)?,
+                    payload: read_json(row, 2)?,
+                    recorded_at: read_time(row, 3)?,
                 })
             })
             .map_err(storage)?
@@ -512,9 +564,13 @@ impl Store for SqliteStore {
         )?;
         let mut deliveries = Vec::with_capacity(rows.len());
         for mut row in rows {
-            let delivery = row.claim(request, now);
-            write_row(&tx, &row)?;
-            deliveries.extend(delivery);
+            match row.claim(request, now) {
+                Some(delivery) => {
+                    write_lease(&tx, &row)?;
+                    deliveries.push(delivery);
+                }
+                None => write_row(&tx, &row)?,
+            }
         }
         tx.commit().map_err(storage)?;
         Ok(deliveries)
