@@ -38,9 +38,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Engine, Error, Event,
-    EventRecord, Failure, RetryPolicy, Seq, Settled, Status, Store, Timestamp, Workflow,
-    WorkflowId,
+    Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Digest, Engine, Error,
+    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RetryPolicy,
+    Seq, Settled, Status, Store, Timestamp, Workflow, WorkflowId,
 };
 
 /// How the suite drives one backend.
@@ -954,6 +954,64 @@ pub fn complete_all_settles_each_ack<H: Harness>(h: &mut H) {
     assert_eq!(status(&store, "w:1:1"), Status::Leased);
 }
 
+/// Retention removes done rows older than the period, in bounded batches, and never a pending, leased
+/// or dead one.
+pub fn purge_done_removes_only_old_done_rows<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(
+        &mut store,
+        "w",
+        &["done", "done", "done", "pending", "leased", "dead", "late"],
+    );
+    for n in 0..3 {
+        store.mark_done(&cid(&format!("w:1:{n}")), at(0)).unwrap();
+    }
+    store.mark_done(&cid("w:1:6"), at(500)).unwrap();
+    let leased = claim(&mut store, "w1", 3, 1_000_000, T0);
+    assert_eq!(leased.len(), 3, "w:1:3, w:1:4, w:1:5");
+    store.release(&cid("w:1:3"), leased[0].token, T0).unwrap();
+    store
+        .fail(
+            &cid("w:1:5"),
+            leased[2].token,
+            &Failure::permanent("no"),
+            &policy(),
+            T0,
+        )
+        .unwrap();
+    let keep = Duration::from_millis(1_000);
+    assert_eq!(
+        store.purge_done(keep, at(999), 10).unwrap(),
+        0,
+        "nothing is old enough yet"
+    );
+    assert_eq!(
+        store.purge_done(keep, at(1_000), 2).unwrap(),
+        2,
+        "a batch is bounded"
+    );
+    assert_eq!(store.purge_done(keep, at(1_000), 2).unwrap(), 1);
+    assert_eq!(store.purge_done(keep, at(1_000), 2).unwrap(), 0);
+    let left: Vec<String> = store
+        .commands(&wid("w"))
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r.command_id, r.status))
+        .collect();
+    assert_eq!(
+        left,
+        ["w:1:3 pending", "w:1:4 leased", "w:1:5 dead", "w:1:6 done"]
+    );
+    assert_eq!(store.purge_done(keep, at(1_500), 10).unwrap(), 1);
+    assert_eq!(
+        seqs(&store.load(&wid("w")).unwrap()),
+        [1],
+        "events are never purged"
+    );
+    let store = h.reopen(store);
+    assert_eq!(store.commands(&wid("w")).unwrap().len(), 3);
+}
+
 /// Expands to one `#[test]` per conformance case for the [`Harness`] built by `$harness`.
 #[macro_export]
 macro_rules! store_conformance_tests {
@@ -977,6 +1035,7 @@ macro_rules! store_conformance_tests {
             strict_order_holds_back_later_commands,
             complete_all_settles_each_ack,
             release_gives_a_command_back_unattempted,
+            purge_done_removes_only_old_done_rows,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
@@ -987,5 +1046,200 @@ macro_rules! store_conformance_tests {
                 $crate::conformance::$case(&mut harness);
             }
         )*
+    };
+}
+
+// ----------------------------------------------------------------------------------------------------
+// Receiver idempotency (rule 10)
+
+/// How the suite drives one idempotency store backend.
+pub trait IdempotencyHarness {
+    /// The store under test.
+    type Store: IdempotencyStore;
+
+    /// A new, empty store with `policy`.
+    fn open(&mut self, policy: IdempotencyPolicy) -> Self::Store;
+
+    /// Closes `store` and opens the same records again.
+    fn reopen(&mut self, store: Self::Store) -> Self::Store;
+}
+
+fn key(text: &str) -> IdempotencyKey {
+    IdempotencyKey::new(text).expect("valid key in test")
+}
+
+fn receiver_policy() -> IdempotencyPolicy {
+    IdempotencyPolicy {
+        retention: Duration::from_millis(10_000),
+        reservation_timeout: Duration::from_millis(1_000),
+    }
+}
+
+fn booking(traveller: &str) -> Digest {
+    let request = json!({ "flight": "CA1405", "traveller": traveller, "sent_at": 1, "trace": "x" });
+    Digest::of_intent(&request, &["flight", "traveller"])
+}
+
+/// Fresh once; the same key and digest then get the stored result, with no new reservation.
+pub fn first_begin_is_fresh_and_repeats_get_the_result<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("trip-001:1:0");
+    assert_eq!(
+        store.begin(&k, booking("Li Lei"), T0).unwrap(),
+        Begin::Fresh
+    );
+    assert!(matches!(
+        store.finish(&key("never-begun"), &json!(1), T0),
+        Err(Error::UnknownKey { .. })
+    ));
+    store
+        .finish(&k, &json!({ "reference": "BK-1", "seats": [1, 2] }), at(5))
+        .unwrap();
+    assert!(
+        matches!(
+            store.finish(&k, &json!({ "reference": "BK-2" }), at(6)),
+            Err(Error::InvalidInput { .. })
+        ),
+        "finished twice"
+    );
+    let mut store = h.reopen(store);
+    for later in [at(6), at(9_000)] {
+        assert_eq!(
+            store.begin(&k, booking("Li Lei"), later).unwrap(),
+            Begin::Completed {
+                result: json!({ "reference": "BK-1", "seats": [1, 2] })
+            }
+        );
+    }
+    // Another operation (another key) with the same parameters is another effect.
+    assert_eq!(
+        store
+            .begin(&key("trip-002:1:0"), booking("Li Lei"), at(7))
+            .unwrap(),
+        Begin::Fresh
+    );
+}
+
+/// The same key with another digest is a conflict naming both digests, before and after completion;
+/// the stored result is never handed out for it.
+pub fn a_changed_digest_is_a_conflict<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("trip-001:1:0");
+    store.begin(&k, booking("Li Lei"), T0).unwrap();
+    let conflict = Begin::Conflict {
+        key: k.clone(),
+        stored_digest: booking("Li Lei"),
+        new_digest: booking("Han Meimei"),
+    };
+    assert_eq!(
+        store.begin(&k, booking("Han Meimei"), at(1)).unwrap(),
+        conflict,
+        "while in progress"
+    );
+    store
+        .finish(&k, &json!({ "reference": "BK-1" }), at(2))
+        .unwrap();
+    assert_eq!(
+        store.begin(&k, booking("Han Meimei"), at(3)).unwrap(),
+        conflict,
+        "after completion"
+    );
+    let record = store.record(&k).unwrap().unwrap();
+    assert_eq!(
+        record.digest,
+        booking("Li Lei"),
+        "a conflict changes nothing"
+    );
+}
+
+/// A held key answers `InProgress` until its reservation times out; then another caller takes it over.
+/// `abandon` releases it at once.
+pub fn reservations_block_then_can_be_taken_over<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("k");
+    assert_eq!(store.begin(&k, booking("a"), T0).unwrap(), Begin::Fresh);
+    assert_eq!(
+        store.begin(&k, booking("a"), T0).unwrap(),
+        Begin::InProgress { since: T0 },
+        "a concurrent second caller waits"
+    );
+    assert_eq!(
+        store.begin(&k, booking("a"), at(999)).unwrap(),
+        Begin::InProgress { since: T0 }
+    );
+    assert_eq!(
+        store.begin(&k, booking("a"), at(1_000)).unwrap(),
+        Begin::Fresh,
+        "the stale reservation is taken over"
+    );
+    assert_eq!(
+        store.begin(&k, booking("a"), at(1_001)).unwrap(),
+        Begin::InProgress { since: at(1_000) }
+    );
+    store.abandon(&k).unwrap();
+    store.abandon(&k).unwrap();
+    assert_eq!(
+        store.begin(&k, booking("a"), at(1_002)).unwrap(),
+        Begin::Fresh,
+        "abandoned: free again"
+    );
+    store.finish(&k, &json!("ok"), at(1_003)).unwrap();
+    assert!(
+        matches!(store.abandon(&k), Err(Error::InvalidInput { .. })),
+        "a finished effect cannot be abandoned"
+    );
+}
+
+/// Records are kept for the retention period and not a moment less; `purge` forgets only older ones,
+/// in bounded batches.
+pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    for n in 0..5 {
+        let k = key(&format!("k{n}"));
+        store.begin(&k, booking("a"), T0).unwrap();
+        store.finish(&k, &json!(n), at(100)).unwrap();
+    }
+    store.begin(&key("fresh"), booking("a"), at(5_000)).unwrap();
+    store.finish(&key("fresh"), &json!("x"), at(5_000)).unwrap();
+    assert_eq!(
+        store.purge(at(10_099), 10).unwrap(),
+        0,
+        "kept for the whole retention"
+    );
+    assert_eq!(
+        store.begin(&key("k0"), booking("a"), at(10_099)).unwrap(),
+        Begin::Completed { result: json!(0) }
+    );
+    assert_eq!(store.purge(at(10_100), 2).unwrap(), 2, "bounded batch");
+    assert_eq!(store.purge(at(10_100), 2).unwrap(), 2);
+    assert_eq!(store.purge(at(10_100), 2).unwrap(), 1);
+    assert_eq!(store.purge(at(10_100), 2).unwrap(), 0);
+    let store_after = h.reopen(store);
+    assert!(store_after.record(&key("k3")).unwrap().is_none());
+    assert!(
+        store_after.record(&key("fresh")).unwrap().is_some(),
+        "a younger record stays"
+    );
+    let mut store = store_after;
+    // Once retention has passed, the key is forgotten even before a purge: a new effect would follow.
+    store.begin(&key("old"), booking("a"), T0).unwrap();
+    store.finish(&key("old"), &json!(1), T0).unwrap();
+    assert_eq!(
+        store.begin(&key("old"), booking("a"), at(10_000)).unwrap(),
+        Begin::Fresh
+    );
+}
+
+/// Expands to one `#[test]` per idempotency conformance case for the [`IdempotencyHarness`] built by
+/// `$harness`.
+#[macro_export]
+macro_rules! idempotency_conformance_tests {
+    ($harness:expr) => {
+        $crate::store_conformance_tests!(@cases $harness;
+            first_begin_is_fresh_and_repeats_get_the_result,
+            a_changed_digest_is_a_conflict,
+            reservations_block_then_can_be_taken_over,
+            records_expire_after_retention_and_not_before,
+        );
     };
 }

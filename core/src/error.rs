@@ -46,6 +46,23 @@ pub enum Error {
         command_id: CommandId,
     },
 
+    /// No idempotency record has this key (it was never reserved, or was purged).
+    #[error("unknown idempotency key {key:?}")]
+    UnknownKey {
+        /// The key that was looked up.
+        key: String,
+    },
+
+    /// A receiver would forget idempotency keys before the producer stops retrying, so a late retry
+    /// would repeat the effect. Fix the configuration: keep records longer, or retry for less long.
+    #[error("idempotency retention {retention:?} is shorter than the producer's retry horizon plus margin {required:?}: a late retry would repeat its effect")]
+    RetentionTooShort {
+        /// The receiver's retention.
+        retention: std::time::Duration,
+        /// The longest time the producer may retry, plus the margin for retries by hand.
+        required: std::time::Duration,
+    },
+
     /// The caller's lease is no longer the current one: it expired and another worker took the command
     /// over, or the command was settled. Nothing was changed; drop the result (the receiver folds the
     /// new holder's delivery into the same effect).
@@ -109,7 +126,8 @@ impl Error {
         match self {
             Error::InvalidInput { .. } => "INVALID_INPUT",
             Error::Conflict { .. } => "CONFLICT",
-            Error::UnknownCommand { .. } => "NOT_FOUND",
+            Error::UnknownCommand { .. } | Error::UnknownKey { .. } => "NOT_FOUND",
+            Error::RetentionTooShort { .. } => "RETENTION_TOO_SHORT",
             Error::StaleLease { .. } => "STALE_LEASE",
             Error::InvalidState { .. } => "INVALID_STATE",
             Error::Busy(_) => "BUSY",

@@ -12,6 +12,7 @@
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`MemoryStore`] | an in-memory store |
+//! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
 //!
 //! # Example
@@ -69,6 +70,7 @@
 mod engine;
 mod error;
 mod id;
+mod idempotency;
 mod memory;
 mod model;
 mod outbox;
@@ -82,6 +84,10 @@ pub mod conformance;
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
+pub use idempotency::{
+    check_retention, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
+    IdempotencyStore, MemoryIdempotencyStore, RecordState,
+};
 pub use memory::MemoryStore;
 pub use model::{canonical_json, Command, Decision, Event, EventRecord, MAX_KIND_LEN};
 pub use outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status};

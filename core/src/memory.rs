@@ -213,6 +213,25 @@ impl Store for MemoryStore {
         self.update(command_id, |row| row.fail(token, failure, policy, now))
     }
 
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        let purgeable: Vec<CommandId> = self
+            .outbox
+            .values()
+            .filter(|row| row.is_purgeable(older_than, now))
+            .take(batch)
+            .map(|row| row.command_id.clone())
+            .collect();
+        for id in &purgeable {
+            self.outbox.remove(id);
+        }
+        Ok(purgeable.len())
+    }
+
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .outbox

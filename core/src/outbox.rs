@@ -454,6 +454,12 @@ impl OutboxRow {
         Ok(())
     }
 
+    /// Whether an explicit retention run at `now` may delete this row: done, and processed at least
+    /// `older_than` ago. Pending, leased and dead rows are never purged (DESIGN rule 5).
+    pub fn is_purgeable(&self, older_than: Duration, now: Timestamp) -> bool {
+        self.status == Status::Done && self.processed_at.is_some_and(|at| at + older_than <= now)
+    }
+
     fn finish(&mut self, status: Status, now: Timestamp) {
         self.status = status;
         self.processed_at = Some(now);

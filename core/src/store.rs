@@ -239,6 +239,16 @@ pub trait Store {
         now: Timestamp,
     ) -> Result<Settled, Error>;
 
+    /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
+    /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
+    /// until it returns less than `batch`: each call is one short write.
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error>;
+
     /// Up to `limit` dead commands, in command ID order.
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;
 

@@ -35,10 +35,12 @@
 
 mod clock;
 mod dispatcher;
+mod idempotency;
 mod sqlite;
 
 pub use clock::SystemClock;
 pub use dispatcher::{
     Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown, Stats,
 };
+pub use idempotency::SqliteIdempotencyStore;
 pub use sqlite::{SqliteOptions, SqliteStore, Synchronous, SCHEMA_VERSION};

@@ -11,7 +11,10 @@ use rusqlite::{params, Connection, ErrorCode, Row, Transaction, TransactionBehav
 use rusqlite_migration::{Migrations, M};
 
 /// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_idempotency_and_retention.sql"),
+];
 
 /// The newest schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -80,7 +83,7 @@ pub(crate) fn storage(e: rusqlite::Error) -> Error {
     }
 }
 
-fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
+pub(crate) fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
     i64::try_from(t.as_millis())
         .map_err(|_| Error::invalid(field, t, "is past the year 292 million"))
 }
@@ -89,7 +92,7 @@ fn to_sql_u64(field: &'static str, n: u64) -> Result<i64, Error> {
     i64::try_from(n).map_err(|_| Error::invalid(field, n, "is too large to store"))
 }
 
-fn limit(n: usize) -> i64 {
+pub(crate) fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -111,18 +114,7 @@ impl SqliteStore {
     /// As [`SqliteStore::open`].
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
-        let mut conn = Connection::open(&path).map_err(storage)?;
-        conn.busy_timeout(options.busy_timeout).map_err(storage)?;
-        let synchronous = match options.synchronous {
-            Synchronous::Full => ("FULL", 2),
-            Synchronous::Normal => ("NORMAL", 1),
-        };
-        expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
-        expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
-        expect_pragma(&conn, "foreign_keys", "ON", 1)?;
-        conn.execute_batch("PRAGMA cache_size = -16384")
-            .map_err(storage)?;
-        migrate(&mut conn)?;
+        let conn = open_connection(&path, options)?;
         Ok(Self { conn, path })
     }
 
@@ -159,6 +151,24 @@ impl SqliteStore {
         tx.commit().map_err(storage)?;
         Ok(out)
     }
+}
+
+/// Opens a connection to the miniflow database at `path`: durable pragmas set and checked, schema
+/// migrated to [`SCHEMA_VERSION`] (a newer file is refused untouched).
+pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection, Error> {
+    let mut conn = Connection::open(path).map_err(storage)?;
+    conn.busy_timeout(options.busy_timeout).map_err(storage)?;
+    let synchronous = match options.synchronous {
+        Synchronous::Full => ("FULL", 2),
+        Synchronous::Normal => ("NORMAL", 1),
+    };
+    expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
+    expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
+    expect_pragma(&conn, "foreign_keys", "ON", 1)?;
+    conn.execute_batch("PRAGMA cache_size = -16384")
+        .map_err(storage)?;
+    migrate(&mut conn)?;
+    Ok(conn)
 }
 
 /// Sets a pragma and checks the value that comes back: a misspelt or refused pragma is silently
@@ -631,6 +641,27 @@ impl Store for SqliteStore {
         now: Timestamp,
     ) -> Result<Settled, Error> {
         self.update(command_id, |row| row.fail(token, failure, policy, now))
+    }
+
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        let cutoff = Timestamp::from_millis(
+            now.as_millis()
+                .saturating_sub(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)),
+        );
+        let cutoff = to_sql_time("now", cutoff)?;
+        self.conn
+            .prepare_cached(
+                "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
+                 (SELECT workflow_id, event_seq, idx FROM outbox \
+                  WHERE status = 'done' AND processed_at <= ?1 LIMIT ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+            .map_err(storage)
     }
 
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {

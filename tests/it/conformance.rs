@@ -1,7 +1,10 @@
 //! The store conformance suite, run against every store miniflow ships.
 
-use miniflow::conformance::Harness;
-use miniflow::{MemoryStore, SqliteStore};
+use miniflow::conformance::{Harness, IdempotencyHarness};
+use miniflow::{
+    IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore,
+    SqliteIdempotencyStore, SqliteStore,
+};
 use tempfile::TempDir;
 
 /// [`MemoryStore`]: reopening keeps the same store, as a process that never stopped.
@@ -64,6 +67,44 @@ impl Harness for SqliteHarness {
             ))
             .expect("install the failing trigger");
     }
+}
+
+pub struct MemoryIdempotencyHarness;
+
+impl IdempotencyHarness for MemoryIdempotencyHarness {
+    type Store = MemoryIdempotencyStore;
+
+    fn open(&mut self, policy: IdempotencyPolicy) -> MemoryIdempotencyStore {
+        MemoryIdempotencyStore::new(policy)
+    }
+
+    fn reopen(&mut self, store: MemoryIdempotencyStore) -> MemoryIdempotencyStore {
+        store
+    }
+}
+
+impl IdempotencyHarness for SqliteHarness {
+    type Store = SqliteIdempotencyStore;
+
+    fn open(&mut self, policy: IdempotencyPolicy) -> SqliteIdempotencyStore {
+        self.files += 1;
+        let path = self.dir.path().join(format!("receiver-{}.db", self.files));
+        SqliteIdempotencyStore::open(path, policy).expect("open")
+    }
+
+    fn reopen(&mut self, store: SqliteIdempotencyStore) -> SqliteIdempotencyStore {
+        let (path, policy) = (store.path().to_path_buf(), *store.policy());
+        drop(store);
+        SqliteIdempotencyStore::open(path, policy).expect("reopen")
+    }
+}
+
+mod memory_idempotency {
+    miniflow::idempotency_conformance_tests!(super::MemoryIdempotencyHarness);
+}
+
+mod sqlite_idempotency {
+    miniflow::idempotency_conformance_tests!(super::SqliteHarness::new());
 }
 
 mod memory {

@@ -7,4 +7,5 @@ mod crash;
 mod delivery;
 mod dispatcher;
 mod examples;
+mod receiver;
 mod sqlite;

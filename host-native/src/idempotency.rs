@@ -1,0 +1,223 @@
+//! [`SqliteIdempotencyStore`]: a receiver's idempotency records in a SQLite file.
+
+use std::path::{Path, PathBuf};
+
+use miniflow_core::{
+    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
+    IdempotencyStore, RecordState, Timestamp,
+};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+
+use crate::sqlite::{limit, open_connection, storage, to_sql_time};
+use crate::SqliteOptions;
+
+/// The receiver's [`IdempotencyStore`] on a SQLite file: the same file as a [`crate::SqliteStore`] or
+/// another one. Every `begin` is one `BEGIN IMMEDIATE` transaction, so of two processes beginning the
+/// same key at once one gets [`Begin::Fresh`] and the other [`Begin::InProgress`].
+///
+/// ```
+/// use miniflow_core::{json, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Timestamp};
+/// use miniflow_native::SqliteIdempotencyStore;
+///
+/// let dir = tempfile::tempdir()?;
+/// let mut keys = SqliteIdempotencyStore::open(dir.path().join("supplier.db"), IdempotencyPolicy::default())?;
+/// let key = IdempotencyKey::new("trip-001:1:0")?;
+/// let request = json!({ "trip_id": "trip-001", "amount": 1200, "sent_at": "09:00" });
+/// let digest = Digest::of_intent(&request, &["trip_id", "amount"]);
+/// let now = Timestamp::from_millis(0);
+///
+/// assert_eq!(keys.begin(&key, digest, now)?, Begin::Fresh);
+/// keys.finish(&key, &json!({ "reference": "REF-1" }), now)?; // after the effect
+/// assert_eq!(keys.begin(&key, digest, now)?, Begin::Completed { result: json!({ "reference": "REF-1" }) });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteIdempotencyStore {
+    conn: Connection,
+    policy: IdempotencyPolicy,
+    path: PathBuf,
+}
+
+impl SqliteIdempotencyStore {
+    /// Opens (or creates) the records at `path` with the durable defaults.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::SqliteStore::open`].
+    pub fn open(path: impl AsRef<Path>, policy: IdempotencyPolicy) -> Result<Self, Error> {
+        Self::open_with(path, policy, &SqliteOptions::default())
+    }
+
+    /// Opens (or creates) the records at `path` with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::SqliteStore::open`].
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        policy: IdempotencyPolicy,
+        options: &SqliteOptions,
+    ) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        let conn = open_connection(&path, options)?;
+        Ok(Self { conn, policy, path })
+    }
+
+    /// The file the records live in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn select(conn: &Connection, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
+    let row = conn
+        .prepare_cached(
+            "SELECT digest, reserved_at, result, completed_at FROM idempotency WHERE key = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row([key.as_str()], |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, i64>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                    row.get::<_, Option<i64>>(3)?,
+                ))
+            })
+            .optional()
+        })
+        .map_err(storage)?;
+    let Some((digest, reserved_at, result, completed_at)) = row else {
+        return Ok(None);
+    };
+    let time = |millis: i64| {
+        u64::try_from(millis)
+            .map(Timestamp::from_millis)
+            .map_err(|_| Error::Corrupt(format!("negative time {millis} for key {key}")))
+    };
+    let state = match (result, completed_at) {
+        (Some(result), Some(completed_at)) => RecordState::Completed {
+            result: serde_json::from_str(&result)
+                .map_err(|e| Error::Corrupt(format!("result of key {key} is not JSON: {e}")))?,
+            completed_at: time(completed_at)?,
+        },
+        _ => RecordState::Reserved,
+    };
+    Ok(Some(IdempotencyRecord {
+        key: key.clone(),
+        digest: digest
+            .parse()
+            .map_err(|e| Error::Corrupt(format!("digest of key {key}: {e}")))?,
+        reserved_at: time(reserved_at)?,
+        state,
+    }))
+}
+
+fn write(conn: &Connection, record: &IdempotencyRecord) -> Result<(), Error> {
+    let (result, completed_at) = match &record.state {
+        RecordState::Completed {
+            result,
+            completed_at,
+        } => (
+            Some(canonical_json(result)),
+            Some(to_sql_time("completed_at", *completed_at)?),
+        ),
+        RecordState::Reserved => (None, None),
+    };
+    let reserved_at = to_sql_time("now", record.reserved_at)?;
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO idempotency \
+         (key, digest, reserved_at, result, completed_at, settled_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?5, ?3))",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            record.key.as_str(),
+            record.digest.to_string(),
+            reserved_at,
+            result,
+            completed_at
+        ])
+    })
+    .map_err(storage)?;
+    Ok(())
+}
+
+impl IdempotencyStore for SqliteIdempotencyStore {
+    fn policy(&self) -> &IdempotencyPolicy {
+        &self.policy
+    }
+
+    fn begin(
+        &mut self,
+        key: &IdempotencyKey,
+        digest: Digest,
+        now: Timestamp,
+    ) -> Result<Begin, Error> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)?;
+        let existing = select(&tx, key)?;
+        let (answer, record) =
+            IdempotencyRecord::begin(existing.as_ref(), key, digest, &self.policy, now);
+        if let Some(record) = record {
+            write(&tx, &record)?;
+        }
+        tx.commit().map_err(storage)?;
+        Ok(answer)
+    }
+
+    fn finish(
+        &mut self,
+        key: &IdempotencyKey,
+        result: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)?;
+        let mut record = select(&tx, key)?.ok_or_else(|| Error::UnknownKey {
+            key: key.to_string(),
+        })?;
+        record.finish(result.clone(), now)?;
+        write(&tx, &record)?;
+        tx.commit().map_err(storage)
+    }
+
+    fn abandon(&mut self, key: &IdempotencyKey) -> Result<(), Error> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)?;
+        if let Some(record) = select(&tx, key)? {
+            record.check_abandon()?;
+            tx.execute("DELETE FROM idempotency WHERE key = ?1", [key.as_str()])
+                .map_err(storage)?;
+        }
+        tx.commit().map_err(storage)
+    }
+
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
+        select(&self.conn, key)
+    }
+
+    fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
+        let retention = u64::try_from(self.policy.retention.as_millis()).unwrap_or(u64::MAX);
+        let cutoff = to_sql_time(
+            "now",
+            Timestamp::from_millis(now.as_millis().saturating_sub(retention)),
+        )?;
+        // A record expires when settled_at + retention <= now; before the epoch nothing has.
+        if now.as_millis() < retention {
+            return Ok(0);
+        }
+        self.conn
+            .prepare_cached(
+                "DELETE FROM idempotency WHERE key IN \
+                 (SELECT key FROM idempotency WHERE settled_at <= ?1 LIMIT ?2)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+            .map_err(storage)
+    }
+}
