@@ -63,3 +63,155 @@ fn worker_example_retries_with_backoff_folds_the_timeout_and_buries_the_refusal(
         );
     }
 }
+
+#[test]
+fn http_supplier_example_books_once_per_command_despite_a_dropped_answer() {
+    let out = run_example("http_supplier", &[]);
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+            .to_owned()
+    };
+    line("trip-002:1:0 attempt 1: timeout -> retry with the same key");
+    let replay = line("trip-002:1:0 attempt 2: 201 (replayed)");
+    assert!(replay.ends_with("-> done"), "{replay}");
+    assert_eq!(
+        line("answers dropped after commit:"),
+        "answers dropped after commit: trip-002:1:0"
+    );
+    assert_eq!(
+        line("bookings at the supplier:"),
+        "bookings at the supplier: 3"
+    );
+    // Exactly one reference per command, and three different ones.
+    let mut references: Vec<String> = out
+        .lines()
+        .filter(|l| l.contains("-> done"))
+        .map(|l| {
+            l.split("\"reference\":\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(references.len(), 3, "{out}");
+    references.sort();
+    references.dedup();
+    assert_eq!(
+        references.len(),
+        3,
+        "two commands got the same booking: {out}"
+    );
+    for trip in ["trip-001", "trip-002", "trip-003"] {
+        line(&format!("{trip}:1:0 done"));
+    }
+    assert_eq!(line("pending:"), "pending: 0");
+}
+
+/// The supplier of the HTTP example, running alone on 127.0.0.1 until the test ends.
+struct Supplier {
+    process: std::process::Child,
+    url: String,
+}
+
+impl Supplier {
+    fn start() -> Self {
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let mut process = Command::new(env!("CARGO"))
+            .args([
+                "run",
+                "--quiet",
+                "--example",
+                "http_supplier",
+                "--manifest-path",
+            ])
+            .arg(&manifest)
+            .args(["--", "serve"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the supplier");
+        let mut first = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(process.stdout.take().unwrap()),
+            &mut first,
+        )
+        .unwrap();
+        let url = first
+            .trim()
+            .strip_prefix("supplier listening on ")
+            .expect("the supplier's address")
+            .to_owned();
+        Self { process, url }
+    }
+
+    fn book(
+        &self,
+        key: Option<&str>,
+        body: serde_json::Value,
+        work_ms: u64,
+    ) -> (u16, bool, serde_json::Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut request = agent
+            .post(format!("{}/bookings", self.url))
+            .header("X-Simulate-Work-Ms", work_ms.to_string());
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let mut response = request.send_json(&body).expect("an answer");
+        let replayed = response.headers().contains_key("Idempotent-Replayed");
+        (
+            response.status().as_u16(),
+            replayed,
+            response.body_mut().read_json().unwrap(),
+        )
+    }
+}
+
+impl Drop for Supplier {
+    fn drop(&mut self) {
+        drop(self.process.stdin.take()); // closing stdin stops the supplier
+        let _ = self.process.wait();
+    }
+}
+
+#[test]
+fn http_supplier_answers_201_replay_409_and_422_by_idempotency_key() {
+    let supplier = Supplier::start();
+    let request = |traveller: &str, sent_at: u64| serde_json::json!({ "trip_id": "t-1", "traveller": traveller, "flight": "CA1405", "sent_at": sent_at });
+
+    let (status, replayed, first) = supplier.book(Some("t-1:1:0"), request("Li Lei", 1), 0);
+    assert_eq!((status, replayed), (201, false));
+    let (status, replayed, again) = supplier.book(Some("t-1:1:0"), request("Li Lei", 2), 0);
+    assert_eq!(
+        (status, replayed),
+        (201, true),
+        "a replay with another sent_at is the same booking"
+    );
+    assert_eq!(again, first);
+
+    let (status, _, body) = supplier.book(Some("t-1:1:0"), request("Han Meimei", 3), 0);
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("other parameters"));
+
+    let (status, _, _) = supplier.book(None, request("Li Lei", 4), 0);
+    assert_eq!(status, 400);
+
+    // A slow first call holds its key: a concurrent call with the same key gets 409.
+    std::thread::scope(|scope| {
+        let slow = scope.spawn(|| supplier.book(Some("t-2:1:0"), request("Li Lei", 5), 600));
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (status, _, body) = supplier.book(Some("t-2:1:0"), request("Li Lei", 6), 0);
+        assert_eq!(status, 409, "{body}");
+        assert_eq!(slow.join().unwrap().0, 201);
+    });
+    let (status, replayed, _) = supplier.book(Some("t-2:1:0"), request("Li Lei", 7), 0);
+    assert_eq!((status, replayed), (201, true));
+}
