@@ -195,17 +195,28 @@ impl Supplier {
     }
 }
 
-/// Starts the supplier on an ephemeral port of 127.0.0.1; returns its base URL.
+/// A supplier serving on 127.0.0.1.
+struct Running {
+    url: String,
+    supplier: Arc<Supplier>,
+    server: Arc<tiny_http::Server>,
+}
+
+/// Starts the supplier on an ephemeral port of 127.0.0.1.
 fn start_supplier(
     path: &Path,
     drop_first_answer_for: Option<String>,
-) -> Result<(String, Arc<Supplier>, Arc<tiny_http::Server>), Box<dyn std::error::Error>> {
+) -> Result<Running, Box<dyn std::error::Error>> {
     let supplier = Arc::new(Supplier::open(path, drop_first_answer_for)?);
     let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").map_err(|e| e.to_string())?);
     let url = format!("http://{}", server.server_addr());
     let (serving, listener) = (supplier.clone(), server.clone());
     std::thread::spawn(move || serving.serve(listener));
-    Ok((url, supplier, server))
+    Ok(Running {
+        url,
+        supplier,
+        server,
+    })
 }
 
 /// Delivers one command over HTTP: 2xx completes it; 409, 5xx and timeouts retry with the same key;
@@ -257,8 +268,11 @@ impl Workflow for Trips {
 }
 
 fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let (url, supplier, server) =
-        start_supplier(&dir.join("supplier.db"), Some("trip-002".into()))?;
+    let Running {
+        url,
+        supplier,
+        server,
+    } = start_supplier(&dir.join("supplier.db"), Some("trip-002".into()))?;
     println!("supplier listening on {url}");
 
     let outbox = dir.join("flow.db");
@@ -349,10 +363,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::args().nth(1).as_deref() == Some("serve") {
         // Serve until standard input closes (the caller's signal to stop).
         let path: PathBuf = dir.path().join("supplier.db");
-        let (url, _supplier, server) = start_supplier(&path, None)?;
-        println!("supplier listening on {url}");
+        let running = start_supplier(&path, None)?;
+        println!("supplier listening on {}", running.url);
         for _ in std::io::stdin().lock().lines() {}
-        server.unblock();
+        running.server.unblock();
         return Ok(());
     }
     demo(dir.path())
