@@ -5,6 +5,7 @@ use crate::id::{CommandId, Seq, WorkflowId};
 use crate::model::{Decision, Event, EventRecord};
 use crate::store::{Commit, Store};
 use crate::time::Timestamp;
+use crate::timer::{TimerId, TimerRow};
 
 /// A workflow: how its events fold into state, and what it decides when a new event arrives.
 ///
@@ -94,6 +95,8 @@ pub struct Handled {
     pub seq: Seq,
     /// The IDs of the commands it decided, in decision order.
     pub command_ids: Vec<CommandId>,
+    /// The IDs of the timers it scheduled, in decision order.
+    pub timer_ids: Vec<TimerId>,
     /// How many times the commit lost a race and was replayed and decided again.
     pub conflicts: u32,
 }
@@ -177,6 +180,39 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
+        self.commit_event(store, workflow_id, event, now, None)
+    }
+
+    /// Fires a due `timer` (from [`Store::claim_timers`]): commits its event into its workflow through
+    /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
+    /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn fire<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> Result<Option<Handled>, Error> {
+        let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
+        let workflow_id = timer.timer_id.workflow_id();
+        match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id)) {
+            Ok(handled) => Ok(Some(handled)),
+            Err(Error::TimerNotScheduled { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn commit_event<S: Store + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+        fires: Option<&TimerId>,
+    ) -> Result<Handled, Error> {
         let mut conflicts = 0;
         loop {
             let replayed = self.replay(store, workflow_id)?;
@@ -189,13 +225,16 @@ impl<W: Workflow> Engine<W> {
                 recorded_at: now,
             };
             let decision = self.workflow.decide(&replayed.state, &record);
-            let commit = Commit::new(
+            let mut commit = Commit::new(
                 workflow_id.clone(),
                 replayed.last_seq,
                 event.clone(),
                 decision,
                 now,
             )?;
+            if let Some(timer_id) = fires {
+                commit = commit.firing(timer_id.clone())?;
+            }
             match store.append_with_commands(&commit) {
                 Ok(()) => {
                     return Ok(Handled {
@@ -205,6 +244,7 @@ impl<W: Workflow> Engine<W> {
                             .iter()
                             .map(|row| row.command_id.clone())
                             .collect(),
+                        timer_ids: commit.timers().iter().map(|t| t.timer_id.clone()).collect(),
                         conflicts,
                     })
                 }

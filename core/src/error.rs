@@ -76,6 +76,16 @@ pub enum Error {
         current: String,
     },
 
+    /// The commit was to fire a timer that already fired, was cancelled, or does not exist: another
+    /// firer won, or a decision cancelled it. Nothing was written; drop this firing.
+    #[error("timer {timer_id} is {status}, not scheduled: it fires once")]
+    TimerNotScheduled {
+        /// The timer.
+        timer_id: String,
+        /// `fired`, `cancelled` or `unknown`.
+        status: &'static str,
+    },
+
     /// The operation does not apply to a command in this state (e.g. resolving a command that is not
     /// dead). Nothing was changed.
     #[error("cannot {operation} command {command_id}: it is {status}")]
@@ -130,6 +140,7 @@ impl Error {
             Error::RetentionTooShort { .. } => "RETENTION_TOO_SHORT",
             Error::StaleLease { .. } => "STALE_LEASE",
             Error::InvalidState { .. } => "INVALID_STATE",
+            Error::TimerNotScheduled { .. } => "TIMER_NOT_SCHEDULED",
             Error::Busy(_) => "BUSY",
             Error::UnsupportedSchema { .. } => "UNSUPPORTED_SCHEMA",
             Error::Corrupt(_) => "CORRUPT",

@@ -77,6 +77,7 @@ mod outbox;
 mod retry;
 mod store;
 mod time;
+mod timer;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -94,6 +95,10 @@ pub use outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, 
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};
 pub use time::{Clock, ManualClock, Timestamp};
+pub use timer::{
+    feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus, COMMAND_FAILED,
+    COMMAND_RESOLVED, TIMER_FIRED,
+};
 
 /// Re-exported so users name JSON payloads without adding `serde_json` themselves.
 pub use serde_json::{json, Value};

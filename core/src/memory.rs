@@ -10,6 +10,7 @@ use crate::outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, OutboxRow, Sett
 use crate::retry::RetryPolicy;
 use crate::store::{Commit, Store};
 use crate::time::Timestamp;
+use crate::timer::{feedback, TimerId, TimerRow};
 
 /// A [`Store`] in memory. Every operation applies completely or not at all, like a transaction.
 ///
@@ -32,6 +33,7 @@ pub struct MemoryStore {
     outbox: BTreeMap<CommandId, OutboxRow>,
     /// The unfinished (pending or leased) rows: the in-memory twin of a partial index.
     unfinished: BTreeSet<CommandId>,
+    timers: BTreeMap<TimerId, TimerRow>,
     poisoned_kinds: Vec<String>,
 }
 
@@ -62,24 +64,64 @@ impl MemoryStore {
             })
     }
 
-    /// Applies `change` to one row and keeps the unfinished index true. A failed change leaves the row
-    /// as it was.
+    /// Applies `change` at `now` to one row, keeps the unfinished index true and schedules the
+    /// row's failure feedback. A failed change leaves the row as it was.
     fn update<T>(
         &mut self,
         command_id: &CommandId,
+        now: Timestamp,
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let row = self.row_mut(command_id)?;
         let mut next = row.clone();
         let out = change(&mut next)?;
         let unfinished = next.status.is_unfinished();
+        let feedback = feedback(row, &next, now);
         *row = next;
+        if let Some(timer) = feedback {
+            self.timers.insert(timer.timer_id.clone(), timer);
+        }
         if unfinished {
             self.unfinished.insert(command_id.clone());
         } else {
             self.unfinished.remove(command_id);
         }
         Ok(out)
+    }
+
+    /// The timer rows `commit` changes or adds: the one it fires, the ones it cancels, the new ones.
+    fn stage_timers(&self, commit: &Commit) -> Result<Vec<TimerRow>, Error> {
+        let mut staged = Vec::new();
+        if let Some(id) = commit.fires() {
+            let mut timer =
+                self.timers
+                    .get(id)
+                    .cloned()
+                    .ok_or_else(|| Error::TimerNotScheduled {
+                        timer_id: id.to_string(),
+                        status: "unknown",
+                    })?;
+            timer.fire(commit.now())?;
+            staged.push(timer);
+        }
+        for timer in self.timers.values() {
+            let cancels = timer.timer_id.workflow_id() == commit.workflow_id()
+                && commit.cancel_timers().contains(&timer.name);
+            let mut timer = timer.clone();
+            if cancels && timer.cancel(commit.now()) {
+                staged.push(timer);
+            }
+        }
+        for timer in commit.timers() {
+            if self.timers.contains_key(&timer.timer_id) {
+                return Err(Error::Corrupt(format!(
+                    "timer {} exists without its event",
+                    timer.timer_id
+                )));
+            }
+            staged.push(timer.clone());
+        }
+        Ok(staged)
     }
 
     /// The claimable rows for `request` at `now`, in claim order.
@@ -130,11 +172,15 @@ impl Store for MemoryStore {
             }
             staged_rows.push(row.clone());
         }
+        let staged_timers = self.stage_timers(commit)?;
         self.events
             .insert(commit.workflow_id().clone(), staged_events);
         for row in staged_rows {
             self.unfinished.insert(row.command_id.clone());
             self.outbox.insert(row.command_id.clone(), row);
+        }
+        for timer in staged_timers {
+            self.timers.insert(timer.timer_id.clone(), timer);
         }
         Ok(())
     }
@@ -162,7 +208,7 @@ impl Store for MemoryStore {
     }
 
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.mark_done(now))
+        self.update(command_id, now, |row| row.mark_done(now))
     }
 
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
@@ -172,7 +218,7 @@ impl Store for MemoryStore {
             if deliveries.len() == request.limit {
                 break;
             }
-            if let Some(delivery) = self.update(&id, |row| Ok(row.claim(request, now)))? {
+            if let Some(delivery) = self.update(&id, now, |row| Ok(row.claim(request, now)))? {
                 deliveries.push(delivery);
             }
         }
@@ -186,11 +232,11 @@ impl Store for MemoryStore {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Timestamp, Error> {
-        self.update(command_id, |row| row.extend(token, ttl, now))
+        self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
 
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.release(token, now))
+        self.update(command_id, now, |row| row.release(token, now))
     }
 
     fn complete(
@@ -199,7 +245,7 @@ impl Store for MemoryStore {
         token: u64,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.update(command_id, |row| row.complete(token, now))
+        self.update(command_id, now, |row| row.complete(token, now))
     }
 
     fn fail(
@@ -210,7 +256,7 @@ impl Store for MemoryStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
-        self.update(command_id, |row| row.fail(token, failure, policy, now))
+        self.update(command_id, now, |row| row.fail(token, failure, policy, now))
     }
 
     fn purge_done(
@@ -232,6 +278,38 @@ impl Store for MemoryStore {
         Ok(purgeable.len())
     }
 
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
+        due.sort_by(|a, b| (a.available_at, &a.timer_id).cmp(&(b.available_at, &b.timer_id)));
+        let ids: Vec<TimerId> = due
+            .into_iter()
+            .take(limit)
+            .map(|t| t.timer_id.clone())
+            .collect();
+        let mut taken = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(timer) = self.timers.get_mut(&id) {
+                timer.take(lease_ttl, now);
+                taken.push(timer.clone());
+            }
+        }
+        Ok(taken)
+    }
+
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        Ok(self
+            .timers
+            .values()
+            .filter(|t| t.timer_id.workflow_id() == workflow_id)
+            .cloned()
+            .collect())
+    }
+
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .outbox
@@ -243,10 +321,10 @@ impl Store for MemoryStore {
     }
 
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.retry(now))
+        self.update(command_id, now, |row| row.retry(now))
     }
 
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.resolve(note, now))
+        self.update(command_id, now, |row| row.resolve(note, now))
     }
 }

@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::id::{Seq, WorkflowId};
 use crate::time::Timestamp;
+use crate::timer::Timer;
 
 /// The longest event or command kind, in bytes.
 pub const MAX_KIND_LEN: usize = 128;
@@ -115,6 +116,11 @@ impl Command {
 pub struct Decision {
     /// The commands, in order: the first gets index 0 in its command ID.
     pub commands: Vec<Command>,
+    /// Timers to schedule, in order: the first gets ID `{workflow_id}:{event_seq}:t0`.
+    pub timers: Vec<Timer>,
+    /// Names of this workflow's scheduled timers to cancel (before the new ones are scheduled, so a
+    /// decision can reschedule a name).
+    pub cancel_timers: Vec<String>,
 }
 
 impl Decision {
@@ -134,11 +140,28 @@ impl Decision {
         self.commands.push(command);
         self
     }
+
+    /// Schedules a durable timer in the same commit.
+    #[must_use]
+    pub fn timer(mut self, timer: Timer) -> Self {
+        self.timers.push(timer);
+        self
+    }
+
+    /// Cancels this workflow's scheduled timers called `name`.
+    #[must_use]
+    pub fn cancel_timer(mut self, name: impl Into<String>) -> Self {
+        self.cancel_timers.push(name.into());
+        self
+    }
 }
 
 impl From<Vec<Command>> for Decision {
     fn from(commands: Vec<Command>) -> Self {
-        Self { commands }
+        Self {
+            commands,
+            ..Self::default()
+        }
     }
 }
 

@@ -277,7 +277,7 @@ pub enum Settled {
     Dead,
 }
 
-mod duration_millis {
+pub(crate) mod duration_millis {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer, Serializer};

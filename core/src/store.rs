@@ -8,6 +8,7 @@ use crate::model::{check_kind, Decision, Event, EventRecord};
 use crate::outbox::{ClaimRequest, Delivery, Failure, OutboxRow, Settled, Status};
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
+use crate::timer::{TimerId, TimerRow};
 
 /// Everything one commit writes: the event(s) at `expected_seq + 1…` and one outbox row per decided
 /// command, with its deterministic ID (DESIGN rules 2–4).
@@ -39,6 +40,9 @@ pub struct Commit {
     now: Timestamp,
     events: Vec<EventRecord>,
     commands: Vec<OutboxRow>,
+    timers: Vec<TimerRow>,
+    cancel_timers: Vec<String>,
+    fires: Option<TimerId>,
 }
 
 impl Commit {
@@ -61,6 +65,9 @@ impl Commit {
             now,
             events: Vec::new(),
             commands: Vec::new(),
+            timers: Vec::new(),
+            cancel_timers: Vec::new(),
+            fires: None,
         };
         commit.push(event, decision)?;
         Ok(commit)
@@ -75,6 +82,14 @@ impl Commit {
         check_kind("event.kind", &event.kind)?;
         for command in &decision.commands {
             check_kind("command.kind", &command.kind)?;
+        }
+        for name in decision
+            .timers
+            .iter()
+            .map(|t| &t.name)
+            .chain(&decision.cancel_timers)
+        {
+            check_kind("timer.name", name)?;
         }
         let seq = self.last_seq().next()?;
         let mut commands = Vec::with_capacity(decision.commands.len());
@@ -105,7 +120,37 @@ impl Commit {
             recorded_at: self.now,
         });
         self.commands.extend(commands);
+        for (index, timer) in decision.timers.into_iter().enumerate() {
+            let index = u32::try_from(index).map_err(|_| {
+                Error::invalid("decision.timers", index, "more than u32::MAX timers")
+            })?;
+            let id = TimerId::scheduled(self.workflow_id.clone(), seq, index)?;
+            self.timers.push(TimerRow::scheduled(id, timer, self.now));
+        }
+        self.cancel_timers.extend(decision.cancel_timers);
         Ok(seq)
+    }
+
+    /// Makes this the commit that fires `timer_id`: it applies only if the timer is still scheduled,
+    /// and marks it fired in the same transaction, so a timer fires once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when the timer belongs to another workflow.
+    pub fn firing(mut self, timer_id: TimerId) -> Result<Self, Error> {
+        if timer_id.workflow_id() != &self.workflow_id {
+            return Err(Error::invalid(
+                "timer_id",
+                &timer_id,
+                format!(
+                    "fires into workflow {}, not {}",
+                    timer_id.workflow_id(),
+                    self.workflow_id
+                ),
+            ));
+        }
+        self.fires = Some(timer_id);
+        Ok(self)
     }
 
     /// The workflow written to.
@@ -138,6 +183,21 @@ impl Commit {
         &self.commands
     }
 
+    /// The timers to schedule.
+    pub fn timers(&self) -> &[TimerRow] {
+        &self.timers
+    }
+
+    /// Names of the workflow's scheduled timers to cancel, before the new ones are scheduled.
+    pub fn cancel_timers(&self) -> &[String] {
+        &self.cancel_timers
+    }
+
+    /// The timer this commit fires, if any.
+    pub fn fires(&self) -> Option<&TimerId> {
+        self.fires.as_ref()
+    }
+
     /// The [`Error::Conflict`] for a workflow whose last seq is `actual`.
     pub fn conflict(&self, actual: Seq) -> Error {
         Error::Conflict {
@@ -160,12 +220,14 @@ pub trait Store {
     /// The events of `workflow_id` in seq order (empty for a new workflow).
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error>;
 
-    /// Writes `commit` atomically: its events and one outbox row per command, in one transaction, if and
-    /// only if the workflow's last seq is still `commit.expected_seq()` (DESIGN rule 3).
+    /// Writes `commit` atomically, in one transaction, if and only if the workflow's last seq is still
+    /// `commit.expected_seq()` (DESIGN rule 3): its events, one outbox row per command, the timer it
+    /// fires marked fired, the workflow's timers it cancels by name cancelled, then its new timers.
     ///
     /// # Errors
     ///
-    /// [`Error::Conflict`] when the workflow moved on; any error means nothing of the commit was written.
+    /// [`Error::Conflict`] when the workflow moved on; [`Error::TimerNotScheduled`] when the timer it
+    /// fires is no longer scheduled; any error means nothing of the commit was written.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error>;
 
     /// Up to `limit` unfinished (pending or leased) commands, ordered by `(workflow_id, event_seq, index)`.
@@ -229,7 +291,10 @@ pub trait Store {
             .collect())
     }
 
-    /// Settles a failed delivery under `token` (see [`OutboxRow::fail`], DESIGN rule 9).
+    /// Settles a failed delivery under `token` (see [`OutboxRow::fail`], DESIGN rule 9). A command that
+    /// becomes dead schedules its `command_failed` feedback in the same transaction (see
+    /// [`crate::feedback`]); so does a claim that buries a command whose lease ran out on its last
+    /// attempt, and `resolve` schedules `command_resolved`.
     fn fail(
         &mut self,
         command_id: &CommandId,
@@ -248,6 +313,18 @@ pub trait Store {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error>;
+
+    /// Takes up to `limit` due timers (scheduled, `available_at <= now`) for `lease_ttl`, the longest
+    /// due first: other firers leave them alone until then (see [`TimerRow::take`]).
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error>;
+
+    /// Every timer of `workflow_id` (scheduled, fired and cancelled), by ID.
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
 
     /// Up to `limit` dead commands, in command ID order.
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;

@@ -4,8 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use miniflow_core::{
-    canonical_json, Ack, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery, Error, EventRecord,
-    Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Store, Timestamp, WorkflowId,
+    canonical_json, feedback, Ack, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery, Error,
+    EventRecord, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Store, TimerId, TimerRow,
+    Timestamp, WorkflowId,
 };
 use rusqlite::{params, Connection, ErrorCode, Row, Transaction, TransactionBehavior};
 use rusqlite_migration::{Migrations, M};
@@ -14,6 +15,7 @@ use rusqlite_migration::{Migrations, M};
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_idempotency_and_retention.sql"),
+    include_str!("../migrations/0003_timers.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -140,14 +142,17 @@ impl SqliteStore {
     fn update<T>(
         &mut self,
         command_id: &CommandId,
+        now: Timestamp,
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let tx = self.write()?;
         let mut row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
             command_id: command_id.clone(),
         })?;
+        let before = row.clone();
         let out = change(&mut row)?;
         write_row(&tx, &row)?;
+        schedule_feedback(&tx, &before, &row, now)?;
         tx.commit().map_err(storage)?;
         Ok(out)
     }
@@ -461,6 +466,132 @@ fn complete_in(conn: &Connection, id: &CommandId, token: u64, now: i64) -> Resul
     }
 }
 
+const TIMER_COLUMNS: &str = "timer_id, name, event_kind, event_payload, fire_at, available_at, \
+     status, created_at, processed_at";
+
+/// A `SELECT` of whole timer rows followed by `$rest`.
+macro_rules! select_timers {
+    ($rest:literal) => {
+        concat!(
+            "SELECT timer_id, name, event_kind, event_payload, fire_at, available_at, status, \
+             created_at, processed_at FROM timers ",
+            $rest
+        )
+    };
+}
+
+const CLAIM_TIMERS: &str = select_timers!(
+    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2"
+);
+const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
+const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
+
+fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
+    Ok(TimerRow {
+        timer_id: row.get_ref(0)?.as_str()?.parse().map_err(corrupt)?,
+        name: row.get(1)?,
+        event_kind: row.get(2)?,
+        event_payload: read_json(row, 3)?,
+        fire_at: read_time(row, 4)?,
+        available_at: read_time(row, 5)?,
+        status: row.get_ref(6)?.as_str()?.parse().map_err(corrupt)?,
+        created_at: read_time(row, 7)?,
+        processed_at: read_optional_time(row, 8)?,
+    })
+}
+
+fn query_timers(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<TimerRow>, Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
+    let rows = stmt
+        .query_map(params, read_timer)
+        .map_err(storage)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(read_error)?;
+    Ok(rows)
+}
+
+/// Times come from `Timestamp`s already checked on the way in; clamp rather than fail.
+fn to_sql_time_lossy(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
+    let sql = format!(
+        "INSERT INTO timers (workflow_id, {TIMER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+    );
+    let processed_at = timer
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    let fire_at = to_sql_time("fire_at", timer.fire_at)?;
+    let available_at = to_sql_time("available_at", timer.available_at)?;
+    let created_at = to_sql_time("now", timer.created_at)?;
+    conn.prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                timer.timer_id.workflow_id().as_str(),
+                timer.timer_id.to_string(),
+                timer.name,
+                timer.event_kind,
+                canonical_json(&timer.event_payload),
+                fire_at,
+                available_at,
+                timer.status.as_str(),
+                created_at,
+                processed_at,
+            ])
+        })
+        .map_err(storage)?;
+    Ok(())
+}
+
+/// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
+fn fire_timer(conn: &Connection, timer_id: &TimerId, now: Timestamp) -> Result<(), Error> {
+    let mut timer = query_timers(conn, SELECT_TIMER, [timer_id.to_string()])?
+        .pop()
+        .ok_or_else(|| Error::TimerNotScheduled {
+            timer_id: timer_id.to_string(),
+            status: "unknown",
+        })?;
+    timer.fire(now)?;
+    conn.prepare_cached(
+        "UPDATE timers SET status = 'fired', processed_at = ?2 WHERE timer_id = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![timer_id.to_string(), to_sql_time_lossy(now)]))
+    .map_err(storage)?;
+    Ok(())
+}
+
+fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Error> {
+    let now = to_sql_time("now", commit.now())?;
+    for name in commit.cancel_timers() {
+        conn.prepare_cached(
+            "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
+             WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL",
+        )
+        .and_then(|mut stmt| stmt.execute(params![commit.workflow_id().as_str(), name, now]))
+        .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Schedules the failure feedback of a row change, by the shared rule ([`miniflow_core::feedback`]).
+fn schedule_feedback(
+    conn: &Connection,
+    before: &OutboxRow,
+    after: &OutboxRow,
+    now: Timestamp,
+) -> Result<(), Error> {
+    match feedback(before, after, now) {
+        Some(timer) => insert_timer(conn, &timer),
+        None => Ok(()),
+    }
+}
+
 impl Store for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         let mut stmt = self
@@ -528,6 +659,9 @@ impl Store for SqliteStore {
                      available_at, created_at) VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6)",
                 )
                 .map_err(storage)?;
+            if let Some(timer_id) = commit.fires() {
+                fire_timer(&tx, timer_id, commit.now())?;
+            }
             for row in commit.commands() {
                 insert_command
                     .execute(params![
@@ -539,6 +673,10 @@ impl Store for SqliteStore {
                         to_sql_time("now", row.created_at)?,
                     ])
                     .map_err(storage)?;
+            }
+            cancel_timers(&tx, commit)?;
+            for timer in commit.timers() {
+                insert_timer(&tx, timer)?;
             }
         }
         tx.commit().map_err(storage)
@@ -557,7 +695,7 @@ impl Store for SqliteStore {
     }
 
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.mark_done(now))
+        self.update(command_id, now, |row| row.mark_done(now))
     }
 
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
@@ -574,12 +712,16 @@ impl Store for SqliteStore {
         )?;
         let mut deliveries = Vec::with_capacity(rows.len());
         for mut row in rows {
+            let before = row.clone();
             match row.claim(request, now) {
                 Some(delivery) => {
                     write_lease(&tx, &row)?;
                     deliveries.push(delivery);
                 }
-                None => write_row(&tx, &row)?,
+                None => {
+                    write_row(&tx, &row)?;
+                    schedule_feedback(&tx, &before, &row, now)?;
+                }
             }
         }
         tx.commit().map_err(storage)?;
@@ -593,11 +735,11 @@ impl Store for SqliteStore {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Timestamp, Error> {
-        self.update(command_id, |row| row.extend(token, ttl, now))
+        self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
 
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.release(token, now))
+        self.update(command_id, now, |row| row.release(token, now))
     }
 
     fn complete(
@@ -640,7 +782,7 @@ impl Store for SqliteStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
-        self.update(command_id, |row| row.fail(token, failure, policy, now))
+        self.update(command_id, now, |row| row.fail(token, failure, policy, now))
     }
 
     fn purge_done(
@@ -664,16 +806,47 @@ impl Store for SqliteStore {
             .map_err(storage)
     }
 
+    fn claim_timers(
+        &mut self,
+        limit_rows: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        let tx = self.write()?;
+        let mut timers = query_timers(
+            &tx,
+            CLAIM_TIMERS,
+            params![to_sql_time("now", now)?, limit(limit_rows)],
+        )?;
+        for timer in &mut timers {
+            timer.take(lease_ttl, now);
+            tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        timer.timer_id.to_string(),
+                        to_sql_time_lossy(timer.available_at)
+                    ])
+                })
+                .map_err(storage)?;
+        }
+        tx.commit().map_err(storage)?;
+        Ok(timers)
+    }
+
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
+    }
+
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
         query_rows(&self.conn, SELECT_DEAD, [limit(limit_rows)])
     }
 
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.retry(now))
+        self.update(command_id, now, |row| row.retry(now))
     }
 
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, |row| row.resolve(note, now))
+        self.update(command_id, now, |row| row.resolve(note, now))
     }
 }
 
