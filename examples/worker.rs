@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use miniflow::{
     json, Clock, Command, CommandId, Decision, Delivery, Dispatcher, Engine, Event, EventRecord,
-    ManualClock, Outcome, RetryPolicy, Settlement, SqliteStore, Status, Store, Timestamp, Workflow,
-    WorkflowId,
+    ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Store, Timestamp, Workflow, WorkflowId,
 };
 
 struct Trip;
@@ -112,17 +111,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .clock(clock.clone())
         .on_settled(move |d, settlement| {
             let at = seconds(report_clock.now().saturating_since(t0));
-            let what = match settlement {
-                Settlement::Completed => "done".to_owned(),
-                Settlement::RetryAt { backoff, error, .. } => {
-                    format!("failed ({error}), retry in {}", seconds(*backoff))
-                }
-                Settlement::Dead { error } => format!("failed for good ({error}): dead"),
-                Settlement::LeaseLost => "lease lost, result dropped".to_owned(),
-                Settlement::Released => "released".to_owned(),
-            };
             println!(
-                "t+{at:>7}  {} {:<11} attempt {}: {what}",
+                "t+{at:>7}  {} {:<11} attempt {}: {settlement}",
                 d.command_id, d.kind, d.attempt
             );
         });

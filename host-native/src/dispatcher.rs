@@ -14,8 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use miniflow_core::{
-    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Error, Failure, RetryPolicy,
-    Settled, Store, Timestamp,
+    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Failure, Handled,
+    RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
 };
 
 use crate::{SqliteStore, SystemClock};
@@ -87,6 +87,24 @@ pub enum Settlement {
     Released,
 }
 
+impl std::fmt::Display for Settlement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Settlement::Completed => f.write_str("done"),
+            Settlement::RetryAt { backoff, error, .. } => {
+                write!(
+                    f,
+                    "failed ({error}), retry in {:.3}s",
+                    backoff.as_secs_f64()
+                )
+            }
+            Settlement::Dead { error } => write!(f, "failed for good ({error}): dead"),
+            Settlement::LeaseLost => f.write_str("lease lost: result dropped"),
+            Settlement::Released => f.write_str("released undelivered"),
+        }
+    }
+}
+
 /// Counts of what a dispatcher did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -104,6 +122,8 @@ pub struct Stats {
     pub released: u64,
     /// Handler calls that panicked (counted as retryable failures too).
     pub panics: u64,
+    /// Timers (and failure feedback) whose event this dispatcher committed.
+    pub timers_fired: u64,
     /// Store operations that failed (the worker backs off and goes on).
     pub store_errors: u64,
 }
@@ -117,12 +137,34 @@ impl std::ops::AddAssign for Stats {
         self.lost_leases += o.lost_leases;
         self.released += o.released;
         self.panics += o.panics;
+        self.timers_fired += o.timers_fired;
         self.store_errors += o.store_errors;
     }
 }
 
 type Opener<S> = dyn Fn() -> Result<S, Error> + Send + Sync;
 type Observer = dyn Fn(&Delivery, &Settlement) + Send + Sync;
+
+/// Fires timers into workflows: an [`Engine`] with its workflow type erased.
+trait Firer<S>: Send + Sync {
+    fn fire(
+        &self,
+        store: &mut S,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> Result<Option<Handled>, Error>;
+}
+
+impl<S: Store, W: Workflow + Send + Sync> Firer<S> for Engine<W> {
+    fn fire(
+        &self,
+        store: &mut S,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> Result<Option<Handled>, Error> {
+        Engine::fire(self, store, timer, now)
+    }
+}
 
 /// A pool of workers delivering outbox commands from a store.
 ///
@@ -152,6 +194,7 @@ type Observer = dyn Fn(&Delivery, &Settlement) + Send + Sync;
 pub struct Dispatcher<S> {
     open: Arc<Opener<S>>,
     handler: Arc<dyn Handler>,
+    firer: Option<Arc<dyn Firer<S>>>,
     observer: Option<Arc<Observer>>,
     clock: Arc<dyn Clock + Send + Sync>,
     config: Config,
@@ -188,6 +231,7 @@ impl<S: Store + 'static> Dispatcher<S> {
         Self {
             open: Arc::new(open),
             handler: Arc::new(handler),
+            firer: None,
             observer: None,
             clock: Arc::new(SystemClock),
             config: Config {
@@ -201,6 +245,15 @@ impl<S: Store + 'static> Dispatcher<S> {
                 ack_delay: Duration::from_millis(10),
             },
         }
+    }
+
+    /// Also fires due timers and failure feedback (`command_failed`, `command_resolved`) into their
+    /// workflows through `engine`: replay → decide → commit, each timer exactly once (DESIGN rules
+    /// 11–12). Without it, timers wait for a dispatcher that has one.
+    #[must_use]
+    pub fn workflow<W: Workflow + Send + Sync + 'static>(mut self, engine: Engine<W>) -> Self {
+        self.firer = Some(Arc::new(engine));
+        self
     }
 
     /// Runs `workers` worker threads (at least 1).
@@ -308,6 +361,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                     name: format!("{}-{n}", self.config.name),
                     open: self.open.clone(),
                     handler: self.handler.clone(),
+                    firer: self.firer.clone(),
                     observer: self.observer.clone(),
                     clock: self.clock.clone(),
                     config: self.config.clone(),
@@ -518,6 +572,7 @@ struct Worker<S> {
     name: String,
     open: Arc<Opener<S>>,
     handler: Arc<dyn Handler>,
+    firer: Option<Arc<dyn Firer<S>>>,
     observer: Option<Arc<Observer>>,
     clock: Arc<dyn Clock + Send + Sync>,
     config: Config,
@@ -536,6 +591,7 @@ impl<S: Store> Worker<S> {
             .order(self.config.order)
             .retry_policy(&self.config.policy);
         while !self.stop.load(Ordering::SeqCst) {
+            let fired = self.fire_due_timers(&mut store, &mut stats);
             let batch = match store.claim(&request, self.clock.now()) {
                 Ok(batch) => batch,
                 Err(_) => {
@@ -544,6 +600,9 @@ impl<S: Store> Worker<S> {
                     continue;
                 }
             };
+            if batch.is_empty() && fired > 0 {
+                continue; // the fired events may have decided new commands or timers
+            }
             if batch.is_empty() {
                 if self.until_idle {
                     break;
@@ -556,6 +615,33 @@ impl<S: Store> Worker<S> {
             self.deliver(&mut store, &batch, &mut stats);
         }
         Ok(stats)
+    }
+
+    /// Fires the due timers this worker can take; returns how many it took.
+    fn fire_due_timers(&self, store: &mut S, stats: &mut Stats) -> usize {
+        let Some(firer) = &self.firer else { return 0 };
+        let timers = match store.claim_timers(
+            self.config.batch_size,
+            self.config.lease_ttl,
+            self.clock.now(),
+        ) {
+            Ok(timers) => timers,
+            Err(_) => {
+                stats.store_errors += 1;
+                return 0;
+            }
+        };
+        for timer in &timers {
+            if self.stop.load(Ordering::SeqCst) {
+                break; // the rest are taken back when their take runs out
+            }
+            match firer.fire(store, timer, self.clock.now()) {
+                Ok(Some(_)) => stats.timers_fired += 1,
+                Ok(None) => {} // fired by another worker, or cancelled
+                Err(_) => stats.store_errors += 1,
+            }
+        }
+        timers.len()
     }
 
     /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`.

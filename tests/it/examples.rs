@@ -215,3 +215,34 @@ fn http_supplier_answers_201_replay_409_and_422_by_idempotency_key() {
     let (status, replayed, _) = supplier.book(Some("t-2:1:0"), request("Li Lei", 7), 0);
     assert_eq!((status, replayed), (201, true));
 }
+
+#[test]
+fn trip_saga_example_compensates_a_failed_hotel_and_a_hotel_past_its_deadline() {
+    let out = run_example("trip_saga", &[]);
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+            .to_owned()
+    };
+    // trip-001: the hotel refused; the failure came back as an event and was compensated.
+    line("trip-001:1:2 book_hotel     attempt 2: failed for good (422 hotel fully booked): dead");
+    line("2 command_failed   {\"attempts\":2,\"command_id\":\"trip-001:1:2\",\"error\":\"422 hotel fully booked\",\"kind\":\"book_hotel\"}");
+    line("trip-001:2:0 release_budget done");
+    line("trip-001:2:1 cancel_flight  done");
+    line("trip-001:1:t0 hotel_deadline   cancelled");
+    line("state: cancelled (book_hotel failed: 422 hotel fully booked); budget released: true; flight cancelled: true");
+    // trip-002: no confirmation; the 30-minute timer fired once and was compensated.
+    line("[ 30.0 min] trip-002:2:1 cancel_flight  attempt 1: done");
+    line("2 timer_fired      {\"name\":\"hotel_deadline\",\"payload\":{\"trip_id\":\"trip-002\"},\"timer_id\":\"trip-002:1:t0\"}");
+    line("trip-002:1:t0 hotel_deadline   fired");
+    line("trip-002:2:2 cancel_hotel   done");
+    line("state: cancelled (the hotel did not confirm within 30 minutes); budget released: true; flight cancelled: true");
+    assert_eq!(
+        out.matches("timer_fired").count(),
+        1,
+        "the deadline fired once: {out}"
+    );
+    assert_eq!(line("pending:"), "pending: 0");
+    assert_eq!(line("dead:"), "dead: 1 (unexplained: 0)");
+}
