@@ -21,3 +21,6 @@ CREATE INDEX timers_due ON timers (available_at, timer_id) WHERE processed_at IS
 
 -- Decisions cancel a workflow's scheduled timers by name.
 CREATE INDEX timers_scheduled_by_name ON timers (workflow_id, name) WHERE processed_at IS NULL;
+
+-- Listing a workflow's timers.
+CREATE INDEX timers_by_workflow ON timers (workflow_id, timer_id);

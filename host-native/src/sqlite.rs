@@ -485,6 +485,11 @@ const CLAIM_TIMERS: &str = select_timers!(
 );
 const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
 const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
+const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
+     WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
+const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
+     (SELECT workflow_id, event_seq, idx FROM outbox \
+      WHERE status = 'done' AND processed_at <= ?1 LIMIT ?2)";
 
 fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
     Ok(TimerRow {
@@ -569,12 +574,9 @@ fn fire_timer(conn: &Connection, timer_id: &TimerId, now: Timestamp) -> Result<(
 fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Error> {
     let now = to_sql_time("now", commit.now())?;
     for name in commit.cancel_timers() {
-        conn.prepare_cached(
-            "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
-             WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL",
-        )
-        .and_then(|mut stmt| stmt.execute(params![commit.workflow_id().as_str(), name, now]))
-        .map_err(storage)?;
+        conn.prepare_cached(CANCEL_TIMERS)
+            .and_then(|mut stmt| stmt.execute(params![commit.workflow_id().as_str(), name, now]))
+            .map_err(storage)?;
     }
     Ok(())
 }
@@ -797,11 +799,7 @@ impl Store for SqliteStore {
         );
         let cutoff = to_sql_time("now", cutoff)?;
         self.conn
-            .prepare_cached(
-                "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
-                 (SELECT workflow_id, event_seq, idx FROM outbox \
-                  WHERE status = 'done' AND processed_at <= ?1 LIMIT ?2)",
-            )
+            .prepare_cached(PURGE_DONE)
             .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
             .map_err(storage)
     }
@@ -867,6 +865,19 @@ mod tests {
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "PRIMARY KEY"),
             ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
+            ("due timers", CLAIM_TIMERS, "timers_due"),
+            ("one timer", SELECT_TIMER, "PRIMARY KEY"),
+            (
+                "a workflow's timers",
+                SELECT_WORKFLOW_TIMERS,
+                "timers_by_workflow",
+            ),
+            (
+                "timers to cancel",
+                CANCEL_TIMERS,
+                "timers_scheduled_by_name",
+            ),
+            ("old done rows", PURGE_DONE, "outbox_done"),
         ] {
             let mut stmt = store
                 .conn

@@ -1,6 +1,7 @@
 //! Crash tests: producer and worker processes are killed with SIGKILL at chosen points and at random
 //! times, then restarted. After every run no event lacks its commands, no command lacks its event, no
-//! command is lost, every command is delivered at least once and has exactly one effect.
+//! command is lost, every command is delivered at least once and has exactly one effect, every timer
+//! fired exactly once and every dead command fed exactly one `command_failed` event back.
 //!
 //! The random sample prints its seed; `MINIFLOW_CRASH_SEED=<seed>` replays it, and
 //! `MINIFLOW_CRASH_ROUNDS=<n>` runs a longer soak.
@@ -105,6 +106,9 @@ fn workers_killed_at_chosen_points_lose_nothing_and_repeat_no_effect() {
         CrashPoint::HoldingLeases(20),
         CrashPoint::AfterEffect(1), // the receiver did it, the ack never came
         CrashPoint::AfterEffect(33),
+        CrashPoint::InsideFiring(1), // a reminder or a failure's feedback half-committed
+        CrashPoint::InsideFiring(9),
+        CrashPoint::InsideCommit(40),
     ];
     for point in points {
         let name = point.to_setting().replace(':', "-");

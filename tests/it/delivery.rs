@@ -1,6 +1,6 @@
 //! Delivery across processes: several OS processes, each with a pool of workers, deliver one outbox to
-//! an idempotent receiver. The pieces here (producer, receiver, worker process, invariant check) are
-//! shared with the crash tests.
+//! an idempotent receiver and fire timers and failure feedback. The pieces here (producer, receiver,
+//! worker process, invariant check) are shared with the crash tests.
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
@@ -11,16 +11,28 @@ use std::time::Duration;
 
 use miniflow::{
     json, Clock, Command, Decision, Delivery, Dispatcher, Engine, Event, EventRecord, Outcome,
-    SqliteStore, Stats, Store, SystemClock, Workflow, WorkflowId,
+    SqliteStore, Stats, Store, SystemClock, Timer, Workflow, WorkflowId, COMMAND_FAILED,
+    TIMER_FIRED,
 };
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use crate::child;
 
-/// Every order decides this many commands.
+/// Every order ships this many parcels.
 pub const COMMANDS_PER_ORDER: usize = 5;
 
-/// An order workflow: `order_placed` decides [`COMMANDS_PER_ORDER`] commands.
+/// Whether the last parcel of order `n` is lost: its `ship` command fails for good, every third order.
+pub fn loses_a_parcel(order: usize) -> bool {
+    order.is_multiple_of(3)
+}
+
+thread_local! {
+    /// Set while this thread decides on a timer's event, so a commit hook can tell a firing commit.
+    static DECIDING_A_TIMER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// An order workflow: `order_placed` ships [`COMMANDS_PER_ORDER`] parcels and sets a reminder timer;
+/// the reminder sends a `remind` command; a lost parcel's `command_failed` sends a `refund`.
 pub struct Orders;
 
 impl Workflow for Orders {
@@ -29,10 +41,31 @@ impl Workflow for Orders {
     fn evolve(&self, _: &mut (), _: &EventRecord) {}
 
     fn decide(&self, _: &(), event: &EventRecord) -> Decision {
-        (0..COMMANDS_PER_ORDER)
-            .map(|n| Command::new("ship", json!({ "order": event.workflow_id, "parcel": n })))
-            .collect::<Vec<_>>()
-            .into()
+        let order = &event.workflow_id;
+        match event.kind.as_str() {
+            "order_placed" => (0..COMMANDS_PER_ORDER)
+                .map(|n| {
+                    Command::new(
+                        "ship",
+                        json!({ "order": order, "parcel": n, "n": event.payload["n"] }),
+                    )
+                })
+                .fold(Decision::new(), Decision::command)
+                .timer(Timer::after(
+                    "reminder",
+                    Duration::from_millis(30),
+                    json!({}),
+                )),
+            TIMER_FIRED => {
+                DECIDING_A_TIMER.with(|flag| flag.set(true));
+                Decision::new().command(Command::new("remind", json!({ "order": order })))
+            }
+            COMMAND_FAILED => {
+                DECIDING_A_TIMER.with(|flag| flag.set(true));
+                Decision::new().command(Command::new("refund", event.payload.clone()))
+            }
+            _ => Decision::none(),
+        }
     }
 }
 
@@ -52,13 +85,20 @@ pub fn produce(store: &mut SqliteStore, orders: usize) {
     }
 }
 
-/// Arms a SIGKILL of this process inside the `nth` commit made on `store`'s connection, counting
-/// commits across every connection that shares `commits`.
-pub fn kill_inside_commit(store: &SqliteStore, nth: u64, commits: Arc<AtomicU64>) {
+/// Arms a SIGKILL of this process inside the `nth` commit made on `store`'s connection — or, with
+/// `firing_only`, the `nth` commit that fires a timer or failure feedback — counting across every
+/// connection that shares `commits`.
+pub fn kill_inside_commit(
+    store: &SqliteStore,
+    nth: u64,
+    firing_only: bool,
+    commits: Arc<AtomicU64>,
+) {
     store
         .connection()
         .commit_hook(Some(move || {
-            if commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+            let firing = DECIDING_A_TIMER.with(|flag| flag.replace(false));
+            if (firing || !firing_only) && commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
                 child::kill_self();
             }
             false // go on with the commit
@@ -138,25 +178,46 @@ fn count(conn: &Connection, sql: &str) -> i64 {
     conn.query_row(sql, [], |r| r.get(0)).unwrap()
 }
 
-/// Checks every delivery invariant after a run: orders `0..orders` placed, each event with exactly its
-/// commands and no command without its event, every command done, delivered at least once, and exactly
-/// one effect per command at the receiver.
+/// Checks every invariant after a run over orders `0..orders`:
+/// - each order placed once, its event with exactly its parcels; each timer fired exactly once and its
+///   event with exactly its `remind`; each lost parcel dead with exactly one `command_failed` event and
+///   its `refund`; no command without its event; no timer left scheduled;
+/// - every command settled (done, or dead for the lost parcels), none lost;
+/// - every done command delivered at least once, with exactly one effect at the receiver.
 pub fn check_invariants(db: &Path, receiver: &Path, orders: usize, context: &str) {
     let store = Connection::open(db).unwrap();
-    let events = count(&store, "SELECT COUNT(*) FROM events");
+    let lost = (0..orders).filter(|n| loses_a_parcel(*n)).count();
+    let events_of = |kind: &str| {
+        count(
+            &store,
+            &format!("SELECT COUNT(*) FROM events WHERE kind = '{kind}'"),
+        )
+    };
     assert_eq!(
-        events, orders as i64,
+        events_of("order_placed"),
+        orders as i64,
         "{context}: every order placed exactly once"
+    );
+    assert_eq!(
+        events_of(TIMER_FIRED),
+        orders as i64,
+        "{context}: one reminder fired per order"
+    );
+    assert_eq!(
+        events_of(COMMAND_FAILED),
+        lost as i64,
+        "{context}: one failure event per lost parcel"
     );
     let wrong = strings(
         &store,
-        "SELECT e.workflow_id || ':' || e.seq FROM events e LEFT JOIN outbox o \
-         ON o.workflow_id = e.workflow_id AND o.event_seq = e.seq \
-         GROUP BY e.workflow_id, e.seq HAVING COUNT(o.idx) != 5",
+        "SELECT e.workflow_id || ':' || e.seq || ' ' || e.kind || ' ' || COUNT(o.idx) FROM events e \
+         LEFT JOIN outbox o ON o.workflow_id = e.workflow_id AND o.event_seq = e.seq \
+         GROUP BY e.workflow_id, e.seq \
+         HAVING COUNT(o.idx) != CASE e.kind WHEN 'order_placed' THEN 5 ELSE 1 END",
     );
     assert!(
         wrong.is_empty(),
-        "{context}: events without all their commands: {wrong:?}"
+        "{context}: events without exactly their commands: {wrong:?}"
     );
     let orphans = strings(
         &store,
@@ -167,22 +228,61 @@ pub fn check_invariants(db: &Path, receiver: &Path, orders: usize, context: &str
         orphans.is_empty(),
         "{context}: commands without their event: {orphans:?}"
     );
+    let fired_twice = strings(
+        &store,
+        "SELECT json_extract(payload, '$.timer_id') FROM events WHERE kind = 'timer_fired' \
+         GROUP BY 1 HAVING COUNT(*) > 1",
+    );
+    assert!(
+        fired_twice.is_empty(),
+        "{context}: timers fired twice: {fired_twice:?}"
+    );
+    let failed_twice = strings(
+        &store,
+        "SELECT json_extract(payload, '$.command_id') FROM events WHERE kind = 'command_failed' \
+         GROUP BY 1 HAVING COUNT(*) > 1",
+    );
+    assert!(
+        failed_twice.is_empty(),
+        "{context}: failures reported twice: {failed_twice:?}"
+    );
+    let timers = strings(
+        &store,
+        "SELECT status || ' ' || COUNT(*) FROM timers GROUP BY status",
+    );
+    assert_eq!(
+        timers,
+        [format!("fired {}", orders + lost)],
+        "{context}: every timer fired, none left"
+    );
+    let expected_commands = orders * (COMMANDS_PER_ORDER + 1) + lost;
     let commands: BTreeSet<String> = strings(&store, "SELECT command_id FROM outbox")
         .into_iter()
         .collect();
     assert_eq!(
         commands.len(),
-        orders * COMMANDS_PER_ORDER,
+        expected_commands,
         "{context}: no command lost"
     );
-    let unfinished = strings(
+    let unsettled = strings(
         &store,
-        "SELECT command_id || ' ' || status FROM outbox WHERE status != 'done'",
+        "SELECT command_id || ' ' || status FROM outbox WHERE status NOT IN ('done', 'dead')",
     );
     assert!(
-        unfinished.is_empty(),
-        "{context}: commands not done: {unfinished:?}"
+        unsettled.is_empty(),
+        "{context}: commands not settled: {unsettled:?}"
     );
+    let dead = count(&store, "SELECT COUNT(*) FROM outbox WHERE status = 'dead'");
+    assert_eq!(
+        dead, lost as i64,
+        "{context}: only the lost parcels are dead"
+    );
+    let done: BTreeSet<String> = strings(
+        &store,
+        "SELECT command_id FROM outbox WHERE status = 'done'",
+    )
+    .into_iter()
+    .collect();
 
     let receiver = Connection::open(receiver).unwrap();
     let delivered: BTreeSet<String> =
@@ -190,8 +290,8 @@ pub fn check_invariants(db: &Path, receiver: &Path, orders: usize, context: &str
             .into_iter()
             .collect();
     assert_eq!(
-        delivered, commands,
-        "{context}: every command delivered at least once, nothing else"
+        delivered, done,
+        "{context}: every done command delivered at least once, nothing else"
     );
     let twice = strings(
         &receiver,
@@ -200,9 +300,15 @@ pub fn check_invariants(db: &Path, receiver: &Path, orders: usize, context: &str
     assert!(twice.is_empty(), "{context}: effects repeated: {twice:?}");
     assert_eq!(
         count(&receiver, "SELECT COUNT(*) FROM side_effects"),
-        commands.len() as i64,
+        done.len() as i64,
         "{context}: one effect per command"
     );
+}
+
+/// Whether anything is left to do: unfinished commands or scheduled timers.
+pub fn work_left(db: &Path) -> bool {
+    let store = Connection::open(db).unwrap();
+    count(&store, "SELECT (SELECT COUNT(*) FROM outbox WHERE processed_at IS NULL) + (SELECT COUNT(*) FROM timers WHERE processed_at IS NULL)") > 0
 }
 
 thread_local! {
@@ -212,8 +318,10 @@ thread_local! {
 /// Where a worker process kills itself.
 #[derive(Debug, Clone, Copy)]
 pub enum CrashPoint {
-    /// Inside the nth commit of any of its connections (claims, acks, lease extensions).
+    /// Inside the nth commit of any of its connections (claims, acks, lease extensions, firings).
     InsideCommit(u64),
+    /// Inside the nth commit that fires a timer or failure feedback.
+    InsideFiring(u64),
     /// At the start of the nth delivery: leases held, no effect yet.
     HoldingLeases(u64),
     /// After the nth delivery's effect committed at the receiver, before `complete`.
@@ -224,6 +332,7 @@ impl CrashPoint {
     pub fn to_setting(self) -> String {
         match self {
             CrashPoint::InsideCommit(n) => format!("inside_commit:{n}"),
+            CrashPoint::InsideFiring(n) => format!("inside_firing:{n}"),
             CrashPoint::HoldingLeases(n) => format!("holding_leases:{n}"),
             CrashPoint::AfterEffect(n) => format!("after_effect:{n}"),
         }
@@ -234,6 +343,7 @@ impl CrashPoint {
         let n = n.parse().unwrap();
         match point {
             "inside_commit" => CrashPoint::InsideCommit(n),
+            "inside_firing" => CrashPoint::InsideFiring(n),
             "holding_leases" => CrashPoint::HoldingLeases(n),
             "after_effect" => CrashPoint::AfterEffect(n),
             other => panic!("unknown crash point {other}"),
@@ -260,6 +370,13 @@ pub fn run_workers(
             if matches!(crash, Some(CrashPoint::HoldingLeases(at)) if at == n) {
                 child::kill_self();
             }
+            let order = d.payload["n"].as_u64().unwrap_or_default() as usize;
+            if d.kind == "ship"
+                && d.payload["parcel"] == COMMANDS_PER_ORDER - 1
+                && loses_a_parcel(order)
+            {
+                return Outcome::permanent("parcel lost");
+            }
             RECEIVER.with(|slot| {
                 let mut slot = slot.borrow_mut();
                 slot.get_or_insert_with(|| Receiver::open(&receiver))
@@ -274,25 +391,31 @@ pub fn run_workers(
     let db_path: PathBuf = db.to_path_buf();
     let open = move || {
         let store = SqliteStore::open(&db_path)?;
-        if let Some(CrashPoint::InsideCommit(nth)) = crash {
-            kill_inside_commit(&store, nth, commits.clone());
+        match crash {
+            Some(CrashPoint::InsideCommit(nth)) => {
+                kill_inside_commit(&store, nth, false, commits.clone())
+            }
+            Some(CrashPoint::InsideFiring(nth)) => {
+                kill_inside_commit(&store, nth, true, commits.clone())
+            }
+            _ => {}
         }
         Ok(store)
     };
     let lease = Duration::from_millis(300);
     let dispatcher = Dispatcher::new(open, handler)
+        .workflow(Engine::new(Orders))
         .workers(workers)
         .batch_size(32)
         .lease_ttl(lease)
         .poll_interval(Duration::from_millis(20));
-    let store = SqliteStore::open(db).unwrap();
     let mut stats = Stats::default();
     loop {
         stats += dispatcher.run_until_idle().unwrap();
-        if !until_empty || store.pending(1).unwrap().is_empty() {
+        if !until_empty || !work_left(db) {
             return stats;
         }
-        std::thread::sleep(lease / 3); // leases of a crashed process run out
+        std::thread::sleep(lease / 3); // leases of a crashed process run out; timers come due
     }
 }
 
@@ -325,7 +448,7 @@ fn child_producer_process() {
     if let Some(CrashPoint::InsideCommit(nth)) =
         child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c))
     {
-        kill_inside_commit(&store, nth, Arc::new(AtomicU64::new(0)));
+        kill_inside_commit(&store, nth, false, Arc::new(AtomicU64::new(0)));
     }
     produce(
         &mut store,
@@ -379,6 +502,7 @@ fn several_processes_deliver_5000_commands_with_one_effect_each() {
             .parse::<u64>()
             .unwrap();
     }
-    assert_eq!(completed, 5_000);
+    // 5,000 parcels (one lost per third order), a reminder per order, a refund per lost parcel.
+    assert_eq!(completed, 5_000 + 1_000);
     check_invariants(&db, &receiver, orders, "3 processes × 3 workers");
 }

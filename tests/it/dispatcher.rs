@@ -301,3 +301,69 @@ fn strict_order_delivers_a_workflows_commands_one_after_another() {
         assert_eq!(order, (0..15).collect::<Vec<_>>(), "workflow {workflow}");
     }
 }
+
+/// Sets a 10 s timer on `start`; the fired timer decides a `wake` command.
+struct Alarm;
+
+impl miniflow::Workflow for Alarm {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &miniflow::EventRecord) {}
+
+    fn decide(&self, _: &(), event: &miniflow::EventRecord) -> miniflow::Decision {
+        match event.kind.as_str() {
+            "start" => miniflow::Decision::new().timer(miniflow::Timer::after(
+                "alarm",
+                Duration::from_secs(10),
+                json!({}),
+            )),
+            miniflow::TIMER_FIRED => {
+                miniflow::Decision::new().command(Command::new("wake", json!({})))
+            }
+            _ => miniflow::Decision::none(),
+        }
+    }
+}
+
+#[test]
+fn a_dispatcher_with_a_workflow_fires_due_timers_and_delivers_what_they_decide() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let alarm = WorkflowId::new("alarm").unwrap();
+    miniflow::Engine::new(Alarm)
+        .handle(&mut store, &alarm, Event::new("start", json!({})), T0)
+        .unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let delivered = Arc::new(Mutex::new(Vec::new()));
+    let log = delivered.clone();
+    let handler = move |d: &Delivery| {
+        log.lock().unwrap().push(d.command_id.to_string());
+        Outcome::Done
+    };
+
+    let without = Dispatcher::sqlite(&path, handler.clone()).clock(clock.clone());
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        without.run_until_idle().unwrap().timers_fired,
+        0,
+        "no workflow, no firing"
+    );
+    assert_eq!(
+        store.timers(&alarm).unwrap()[0].status,
+        miniflow::TimerStatus::Scheduled
+    );
+
+    let with = Dispatcher::sqlite(&path, handler)
+        .clock(clock.clone())
+        .workflow(miniflow::Engine::new(Alarm))
+        .workers(3);
+    let stats = with.run_until_idle().unwrap();
+    assert_eq!((stats.timers_fired, stats.completed), (1, 1));
+    assert_eq!(*delivered.lock().unwrap(), ["alarm:2:0"]);
+    assert_eq!(
+        store.timers(&alarm).unwrap()[0].status,
+        miniflow::TimerStatus::Fired
+    );
+    assert_eq!(with.run_until_idle().unwrap().timers_fired, 0, "fired once");
+}
