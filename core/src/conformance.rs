@@ -412,6 +412,43 @@ pub fn engine_retries_a_conflict_at_the_next_seq<H: Harness>(h: &mut H) {
     assert_eq!(engine.replay(&store, &w).unwrap().state, 2);
 }
 
+/// A workflow that rejects an event gets `Rejected` and nothing is written.
+pub fn rejected_events_write_nothing<H: Harness>(h: &mut H) {
+    struct Picky;
+    impl Workflow for Picky {
+        type State = u64;
+        fn evolve(&self, seen: &mut u64, _: &EventRecord) {
+            *seen += 1;
+        }
+        fn decide(&self, seen: &u64, _: &EventRecord) -> Decision {
+            if *seen >= 1 {
+                Decision::reject("only one event allowed")
+            } else {
+                Decision::new().command(Command::new("once", json!({})))
+            }
+        }
+    }
+    let mut store = h.open();
+    let engine = Engine::new(Picky);
+    engine
+        .handle(&mut store, &wid("w"), Event::new("first", json!({})), T0)
+        .unwrap();
+    match engine.handle(&mut store, &wid("w"), Event::new("second", json!({})), T0) {
+        Err(Error::Rejected {
+            workflow_id,
+            reason,
+        }) => {
+            assert_eq!(
+                (workflow_id, reason.as_str()),
+                (wid("w"), "only one event allowed")
+            );
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(seqs(&store.load(&wid("w")).unwrap()), [1]);
+    assert_eq!(pending_ids(&store), ["w:1:0"]);
+}
+
 /// Command IDs follow every case of the shared vectors: derived, stored, read back and parsed alike.
 pub fn command_ids_match_the_vectors<H: Harness>(h: &mut H) {
     let vectors = command_id_vectors();
@@ -1503,15 +1540,20 @@ pub fn failure_feedback_is_committed_exactly_once<H: Harness>(h: &mut H) {
         .contains("lease expired"));
 }
 
-/// Expands to one `#[test]` per conformance case for the [`Harness`] built by `$harness`.
+/// Expands to one `#[test]` per conformance case for the [`Harness`] built by `$harness`. A second
+/// argument replaces the test attribute, e.g. `#[wasm_bindgen_test::wasm_bindgen_test]` on wasm32.
 #[macro_export]
 macro_rules! store_conformance_tests {
     ($harness:expr) => {
-        $crate::store_conformance_tests!(@cases $harness;
+        $crate::store_conformance_tests!($harness, #[test]);
+    };
+    ($harness:expr, #[$test:meta]) => {
+        $crate::store_conformance_tests!(@cases $harness; $test;
             seqs_are_gapless_from_one,
             failed_commit_writes_nothing,
             stale_expected_seq_conflicts,
             engine_retries_a_conflict_at_the_next_seq,
+            rejected_events_write_nothing,
             command_ids_match_the_vectors,
             timer_ids_match_the_vectors,
             pending_order_matches_the_vectors,
@@ -1535,9 +1577,9 @@ macro_rules! store_conformance_tests {
             failure_feedback_is_committed_exactly_once,
         );
     };
-    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+    (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {
         $(
-            #[test]
+            #[$test]
             fn $case() {
                 let mut harness = $harness;
                 $crate::conformance::$case(&mut harness);
@@ -1728,11 +1770,15 @@ pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &
 }
 
 /// Expands to one `#[test]` per idempotency conformance case for the [`IdempotencyHarness`] built by
-/// `$harness`.
+/// `$harness`. A second argument replaces the test attribute, as for
+/// [`store_conformance_tests!`](crate::store_conformance_tests).
 #[macro_export]
 macro_rules! idempotency_conformance_tests {
     ($harness:expr) => {
-        $crate::store_conformance_tests!(@cases $harness;
+        $crate::idempotency_conformance_tests!($harness, #[test]);
+    };
+    ($harness:expr, #[$test:meta]) => {
+        $crate::store_conformance_tests!(@cases $harness; $test;
             first_begin_is_fresh_and_repeats_get_the_result,
             a_changed_digest_is_a_conflict,
             reservations_block_then_can_be_taken_over,

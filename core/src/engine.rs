@@ -171,8 +171,9 @@ impl<W: Workflow> Engine<W> {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a malformed event or command; [`Error::Conflict`] when every retry
-    /// lost its race; the store's errors. In every case nothing of this event was written.
+    /// [`Error::InvalidInput`] for a malformed event or command; [`Error::Rejected`] when the workflow
+    /// rejects the event; [`Error::Conflict`] when every retry lost its race; the store's errors. In
+    /// every case nothing of this event was written.
     pub fn handle<S: Store + ?Sized>(
         &self,
         store: &mut S,

@@ -39,6 +39,15 @@ pub enum Error {
         actual: Seq,
     },
 
+    /// The workflow refused the event ([`crate::Decision::reject`]). Nothing was written.
+    #[error("workflow {workflow_id:?} rejected the event: {reason}")]
+    Rejected {
+        /// The workflow.
+        workflow_id: WorkflowId,
+        /// Why, in the workflow's words.
+        reason: String,
+    },
+
     /// No outbox row has this command ID. Usually a caller bug (a typo, or another store).
     #[error("unknown command {command_id}")]
     UnknownCommand {
@@ -136,6 +145,7 @@ impl Error {
         match self {
             Error::InvalidInput { .. } => "INVALID_INPUT",
             Error::Conflict { .. } => "CONFLICT",
+            Error::Rejected { .. } => "REJECTED",
             Error::UnknownCommand { .. } | Error::UnknownKey { .. } => "NOT_FOUND",
             Error::RetentionTooShort { .. } => "RETENTION_TOO_SHORT",
             Error::StaleLease { .. } => "STALE_LEASE",

@@ -43,6 +43,78 @@ impl MemoryStore {
         Self::default()
     }
 
+    /// The whole store as versioned JSON text, to keep it across restarts (e.g. in a browser's
+    /// `localStorage`). [`MemoryStore::from_snapshot`] reads it back.
+    pub fn export_snapshot(&self) -> String {
+        let snapshot = SnapshotRef {
+            format: SNAPSHOT_FORMAT,
+            version: SNAPSHOT_VERSION,
+            events: self.events.values().flatten().collect(),
+            outbox: self.outbox.values().collect(),
+            timers: self.timers.values().collect(),
+        };
+        serde_json::to_string(&snapshot).unwrap_or_default()
+    }
+
+    /// A store from [`MemoryStore::export_snapshot`]'s text.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (field `snapshot`) when the text is not a miniflow snapshot, comes from a
+    /// newer version, or breaks an invariant (a seq gap, a command without its event).
+    ///
+    /// ```
+    /// use miniflow_core::MemoryStore;
+    ///
+    /// let copy = MemoryStore::from_snapshot(&MemoryStore::new().export_snapshot())?;
+    /// assert!(MemoryStore::from_snapshot(r#"{"format":"miniflow.memory-store","version":99}"#).is_err());
+    /// # Ok::<(), miniflow_core::Error>(())
+    /// ```
+    pub fn from_snapshot(text: &str) -> Result<Self, Error> {
+        let invalid = |reason: String| Error::invalid("snapshot", abbreviate(text), reason);
+        let header: SnapshotHeader = serde_json::from_str(text)
+            .map_err(|e| invalid(format!("is not a miniflow snapshot: {e}")))?;
+        if header.format != SNAPSHOT_FORMAT {
+            return Err(invalid(format!(
+                "has format {:?}, expected {SNAPSHOT_FORMAT:?}",
+                header.format
+            )));
+        }
+        if header.version > SNAPSHOT_VERSION {
+            return Err(invalid(format!(
+                "has version {}, newer than this miniflow reads ({SNAPSHOT_VERSION}): upgrade miniflow",
+                header.version
+            )));
+        }
+        let snapshot: Snapshot =
+            serde_json::from_str(text).map_err(|e| invalid(format!("is malformed: {e}")))?;
+        let mut store = MemoryStore::new();
+        for event in snapshot.events {
+            let events = store.events.entry(event.workflow_id.clone()).or_default();
+            if event.seq.get() != events.len() as u64 + 1 {
+                return Err(invalid(format!(
+                    "event {} of {} is out of order",
+                    event.seq, event.workflow_id
+                )));
+            }
+            events.push(event);
+        }
+        for row in snapshot.outbox {
+            let id = &row.command_id;
+            if store.last_seq(id.workflow_id()) < id.event_seq() {
+                return Err(invalid(format!("command {id} has no event")));
+            }
+            if row.status.is_unfinished() {
+                store.unfinished.insert(id.clone());
+            }
+            store.outbox.insert(id.clone(), row);
+        }
+        for timer in snapshot.timers {
+            store.timers.insert(timer.timer_id.clone(), timer);
+        }
+        Ok(store)
+    }
+
     /// Fault injection for tests: every later commit that carries a command of `kind` fails after its
     /// events were staged, as a disk error would, so tests can prove that nothing of it is kept.
     pub fn fail_commits_with_command_kind(&mut self, kind: impl Into<String>) {
@@ -141,6 +213,39 @@ impl MemoryStore {
         }
         due.sort_by(|a, b| (a.available_at, &a.command_id).cmp(&(b.available_at, &b.command_id)));
         due.into_iter().map(|row| row.command_id.clone()).collect()
+    }
+}
+
+const SNAPSHOT_FORMAT: &str = "miniflow.memory-store";
+const SNAPSHOT_VERSION: u32 = 1;
+
+#[derive(serde::Serialize)]
+struct SnapshotRef<'a> {
+    format: &'static str,
+    version: u32,
+    events: Vec<&'a EventRecord>,
+    outbox: Vec<&'a OutboxRow>,
+    timers: Vec<&'a TimerRow>,
+}
+
+#[derive(serde::Deserialize)]
+struct SnapshotHeader {
+    format: String,
+    version: u32,
+}
+
+#[derive(serde::Deserialize)]
+struct Snapshot {
+    events: Vec<EventRecord>,
+    outbox: Vec<OutboxRow>,
+    timers: Vec<TimerRow>,
+}
+
+/// The start of a long text, for error messages.
+fn abbreviate(text: &str) -> String {
+    match text.char_indices().nth(60) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
     }
 }
 
@@ -326,5 +431,107 @@ impl Store for MemoryStore {
 
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.resolve(note, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Command, Decision, Engine, Event, Seq, Timer, Workflow};
+    use serde_json::json;
+
+    struct Busy;
+
+    impl Workflow for Busy {
+        type State = ();
+        fn evolve(&self, _: &mut (), _: &EventRecord) {}
+        fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+            Decision::new()
+                .command(Command::new("a", json!({ "x": [1, 2] })))
+                .command(Command::new("b", json!(null)))
+                .timer(Timer::after(
+                    "t",
+                    std::time::Duration::from_secs(5),
+                    json!({}),
+                ))
+        }
+    }
+
+    #[test]
+    fn snapshots_round_trip_every_row_and_keep_working() {
+        let mut store = MemoryStore::new();
+        let engine = Engine::new(Busy);
+        let now = Timestamp::from_millis(10);
+        for w in ["w1", "w2"] {
+            for _ in 0..2 {
+                engine
+                    .handle(
+                        &mut store,
+                        &WorkflowId::new(w).unwrap(),
+                        Event::new("e", json!({ "w": w })),
+                        now,
+                    )
+                    .unwrap();
+            }
+        }
+        let claimed = store
+            .claim(&crate::ClaimRequest::new("x").limit(2), now)
+            .unwrap();
+        store
+            .complete(&claimed[0].command_id, claimed[0].token, now)
+            .unwrap();
+        let text = store.export_snapshot();
+        let mut copy = MemoryStore::from_snapshot(&text).unwrap();
+        assert_eq!(copy.export_snapshot(), text);
+        assert_eq!(copy.pending(100).unwrap(), store.pending(100).unwrap());
+        let w1 = WorkflowId::new("w1").unwrap();
+        assert_eq!(copy.timers(&w1).unwrap(), store.timers(&w1).unwrap());
+        // The copy goes on: the leased command is still fenced, new commits get the next seq.
+        assert!(copy
+            .complete(&claimed[1].command_id, claimed[1].token + 1, now)
+            .is_err());
+        copy.complete(&claimed[1].command_id, claimed[1].token, now)
+            .unwrap();
+        assert_eq!(
+            engine
+                .handle(&mut copy, &w1, Event::new("e", json!({})), now)
+                .unwrap()
+                .seq,
+            Seq::new(3).unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_snapshots_are_refused_with_a_reason() {
+        for (text, reason) in [
+            ("not json", "not a miniflow snapshot"),
+            (
+                r#"{"format":"other","version":1}"#,
+                "expected \"miniflow.memory-store\"",
+            ),
+            (
+                r#"{"format":"miniflow.memory-store","version":2,"events":[]}"#,
+                "newer than this miniflow reads (1)",
+            ),
+            (
+                r#"{"format":"miniflow.memory-store","version":1,"events":[]}"#,
+                "malformed",
+            ),
+            (
+                r#"{"format":"miniflow.memory-store","version":1,"events":[{"workflow_id":"w","seq":2,"kind":"e","payload":null,"recorded_at":0}],"outbox":[],"timers":[]}"#,
+                "out of order",
+            ),
+        ] {
+            match MemoryStore::from_snapshot(text) {
+                Err(Error::InvalidInput {
+                    field: "snapshot",
+                    reason: got,
+                    ..
+                }) => {
+                    assert!(got.contains(reason), "{text}: {got}")
+                }
+                other => panic!("{text} gave {other:?}"),
+            }
+        }
     }
 }

@@ -121,6 +121,8 @@ pub struct Decision {
     /// Names of this workflow's scheduled timers to cancel (before the new ones are scheduled, so a
     /// decision can reschedule a name).
     pub cancel_timers: Vec<String>,
+    /// Set by [`Decision::reject`]: the event is refused and nothing is written.
+    pub rejection: Option<String>,
 }
 
 impl Decision {
@@ -139,6 +141,15 @@ impl Decision {
     pub fn command(mut self, command: Command) -> Self {
         self.commands.push(command);
         self
+    }
+
+    /// Refuses the event: [`crate::Engine::handle`] writes nothing and returns [`crate::Error::Rejected`]
+    /// with `reason` (e.g. "the trip is already cancelled").
+    pub fn reject(reason: impl Into<String>) -> Self {
+        Self {
+            rejection: Some(reason.into()),
+            ..Self::default()
+        }
     }
 
     /// Schedules a durable timer in the same commit.

@@ -51,7 +51,7 @@ impl Commit {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for an empty or malformed event or command kind, more than `u32::MAX`
-    /// commands, or a seq past [`Seq::MAX`].
+    /// commands, or a seq past [`Seq::MAX`]; [`Error::Rejected`] for a rejecting decision.
     pub fn new(
         workflow_id: WorkflowId,
         expected_seq: Seq,
@@ -79,6 +79,12 @@ impl Commit {
     ///
     /// As [`Commit::new`].
     pub fn push(&mut self, event: Event, decision: Decision) -> Result<Seq, Error> {
+        if let Some(reason) = decision.rejection {
+            return Err(Error::Rejected {
+                workflow_id: self.workflow_id.clone(),
+                reason,
+            });
+        }
         check_kind("event.kind", &event.kind)?;
         for command in &decision.commands {
             check_kind("command.kind", &command.kind)?;
