@@ -29,7 +29,7 @@ pub enum Error {
 
     /// Optimistic concurrency: the workflow moved on since it was replayed. Nothing was written.
     /// Replay and decide again ([`crate::Engine::handle`] does this for you, a bounded number of times).
-    #[error("conflict on workflow {workflow_id:?}: expected last seq {expected}, found {actual}")]
+    #[error("conflict on workflow {workflow_id}: expected last seq {expected}, found {actual}")]
     Conflict {
         /// The workflow whose commit lost the race.
         workflow_id: WorkflowId,
@@ -40,7 +40,7 @@ pub enum Error {
     },
 
     /// The workflow refused the event ([`crate::Decision::reject`]). Nothing was written.
-    #[error("workflow {workflow_id:?} rejected the event: {reason}")]
+    #[error("workflow {workflow_id} rejected the event: {reason}")]
     Rejected {
         /// The workflow.
         workflow_id: WorkflowId,

@@ -1,0 +1,93 @@
+import test from "node:test";
+import assert from "node:assert/strict";
+import { miniflow, throwsCode } from "./miniflow.mjs";
+
+const { MemoryStore, Engine, IdempotencyStore, digest, checkRetention } = miniflow;
+
+function seeded() {
+  const store = new MemoryStore();
+  store.appendWithCommands("w", 0, { kind: "e", payload: { n: 1 } }, [{ kind: "a" }, { kind: "b" }], 0);
+  return store;
+}
+
+test("every failure is an Error with a stable code, and the store is unchanged and usable after it", () => {
+  const store = seeded();
+  const before = store.exportSnapshot();
+  throwsCode(assert, () => store.appendWithCommands("w", 0, { kind: "late" }, [], 0), "CONFLICT", "expected last seq 0, found 1");
+  throwsCode(assert, () => store.markDone("w:9:0"), "NOT_FOUND", "w:9:0");
+  const [d] = store.claim({ worker: "a", lease_ttl_ms: 100 }, 0);
+  const taken = store.claim({ worker: "b", limit: 2, lease_ttl_ms: 100 }, 100).find((t) => t.command_id === d.command_id);
+  assert.ok(taken.token > d.token, "the expired lease was taken over");
+  throwsCode(assert, () => store.complete(d.command_id, d.token, 101), "STALE_LEASE", d.command_id);
+  throwsCode(assert, () => store.resolve("w:1:1", "oops", 0), "INVALID_STATE", "it is leased");
+  store.complete(taken.command_id, taken.token, 102);
+  assert.notEqual(store.exportSnapshot(), before, "still usable");
+});
+
+test("bad arguments are INVALID_INPUT errors, never a crash of the module", () => {
+  const store = seeded();
+  const before = store.exportSnapshot();
+  const cases = [
+    [() => store.load(42), "workflowId"],
+    [() => store.load(undefined), "workflowId"],
+    [() => store.appendWithCommands("w", "1", { kind: "e" }, [], 0), "expectedSeq"],
+    [() => store.appendWithCommands("w", 1.5, { kind: "e" }, [], 0), "expectedSeq"],
+    [() => store.appendWithCommands("w", 2 ** 53, { kind: "e" }, [], 0), "past 2^53"],
+    [() => store.appendWithCommands("w", 1, { kind: "e" }, [], -5), "now"],
+    [() => store.appendWithCommands("w", 1, { payload: {} }, [], 0), "missing field `kind`"],
+    [() => store.appendWithCommands("w", 1, { kind: "e", payload: 10n }, [], 0), "not JSON"],
+    [() => store.appendWithCommands("w", 1, { kind: "e", extra: 1 }, [], 0), "unknown field"],
+    [() => store.appendWithCommands("w", 1, { kind: "" }, [], 0), "event.kind"],
+    [() => store.appendWithCommands("w", 1, () => 1, [], 0), "not JSON"],
+    [() => store.claim({ worker: "x", limit: -1 }, 0), "request"],
+    [() => store.claim({}, 0), "worker"],
+    [() => store.complete("w:1:0", Number.NaN, 0), "token"],
+    [() => store.fail("w:1:0", 1, { error: "x" }, undefined, 0), "retryable"],
+    [() => store.fail("w:1:0", 1, { error: "x", retryable: true }, { max_delay_ms: 1, initial_delay_ms: 5 }, 0), "initial_delay"],
+    [() => MemoryStore.fromSnapshot("{}"), "snapshot"],
+    [() => MemoryStore.fromSnapshot(17), "json"],
+    [() => new Engine({ evolve: (s) => s }), "workflow.decide"],
+    [() => new Engine(null), "workflow"],
+    [() => digest({ a: 1 }, "a"), "fields"],
+    [() => new IdempotencyStore().begin("k", "not-a-digest", 0), "digest"],
+  ];
+  for (const [call, mentions] of cases) throwsCode(assert, call, "INVALID_INPUT", mentions);
+  const cycle = {};
+  cycle.self = cycle;
+  throwsCode(assert, () => store.appendWithCommands("w", 1, { kind: "e", payload: cycle }, [], 0), "INVALID_INPUT", "not JSON");
+  assert.equal(store.exportSnapshot(), before, "no failed call changed the store");
+  assert.equal(store.pending().length, 2);
+});
+
+test("snapshots round-trip and refuse newer or malformed versions", () => {
+  const store = seeded();
+  store.claim({ worker: "a", limit: 1 }, 5);
+  const copy = MemoryStore.fromSnapshot(store.exportSnapshot());
+  assert.deepEqual(copy.pending(), store.pending());
+  assert.deepEqual(copy.load("w"), store.load("w"));
+  const newer = JSON.stringify({ ...JSON.parse(store.exportSnapshot()), version: 2 });
+  throwsCode(assert, () => MemoryStore.fromSnapshot(newer), "INVALID_INPUT", "newer than this miniflow reads");
+  throwsCode(assert, () => MemoryStore.fromSnapshot("not json"), "INVALID_INPUT", "not a miniflow snapshot");
+});
+
+test("receivers fold repeats, refuse changed parameters, and check retention against the retry horizon", () => {
+  const receiver = new IdempotencyStore({ retention_ms: 10_000, reservation_timeout_ms: 1_000 });
+  const intent = ["traveller", "flight"];
+  const d1 = digest({ traveller: "Li Lei", flight: "CA1405", sent_at: 1 }, intent);
+  assert.equal(d1, digest({ flight: "CA1405", traveller: "Li Lei", sent_at: 2 }, intent));
+  let effects = 0;
+  const book = () => ({ reference: `BK-${++effects}` });
+  assert.deepEqual(receiver.run("trip-001:1:0", d1, book, 0), { reference: "BK-1" });
+  assert.deepEqual(receiver.run("trip-001:1:0", d1, book, 1), { reference: "BK-1" });
+  assert.equal(effects, 1);
+  const d2 = digest({ traveller: "Han Meimei", flight: "CA1405" }, intent);
+  throwsCode(assert, () => receiver.run("trip-001:1:0", d2, book, 2), "IDEMPOTENCY_CONFLICT", "other parameters");
+  assert.deepEqual(receiver.begin("k", d1, 0), { outcome: "fresh" });
+  assert.equal(receiver.begin("k", d1, 10).outcome, "in_progress");
+  throwsCode(assert, () => receiver.run("k", d1, book, 10), "IN_PROGRESS");
+  assert.equal(receiver.begin("k", d2, 10).outcome, "conflict");
+  assert.throws(() => receiver.run("x", d1, () => { throw new RangeError("no seat"); }, 0), RangeError);
+  assert.deepEqual(receiver.begin("x", d1, 0), { outcome: "fresh" }, "a failed effect released its key");
+  throwsCode(assert, () => checkRetention(60_000, { max_attempts: 10 }, 30_000, 0), "RETENTION_TOO_SHORT");
+  checkRetention(7 * 24 * 3600 * 1000, { max_attempts: 10 }, 30_000, 24 * 3600 * 1000);
+});

@@ -1,0 +1,197 @@
+//! `Engine` for JS: workflows written in JS, run by the core's engine (replay → decide → commit).
+
+use std::cell::RefCell;
+
+use js_sys::Function;
+use miniflow_core::{Decision, Engine, Event, EventRecord, TimerRow, Workflow};
+use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
+
+use crate::convert::{from_js, now, to_js, workflow_id};
+use crate::error::{invalid, IntoJs};
+use crate::store::JsMemoryStore;
+use crate::types::{DecisionInput, EventInput, HandledOutput};
+
+/// A JS workflow definition: `{ init?, evolve, decide }`.
+struct JsWorkflow {
+    this: JsValue,
+    init: Option<Function>,
+    evolve: Function,
+    decide: Function,
+    /// The first exception a callback threw during the current call; rethrown to the caller.
+    thrown: RefCell<Option<JsValue>>,
+}
+
+/// A JS state; `None` until the first `evolve` (or `init`).
+#[derive(Default)]
+struct JsState(Option<JsValue>);
+
+impl JsWorkflow {
+    fn state(&self, state: &JsState) -> JsValue {
+        match (&state.0, &self.init) {
+            (Some(value), _) => value.clone(),
+            (None, Some(init)) => init.call0(&self.this).unwrap_or_else(|e| self.remember(e)),
+            (None, None) => JsValue::UNDEFINED,
+        }
+    }
+
+    fn remember(&self, thrown: JsValue) -> JsValue {
+        self.thrown.borrow_mut().get_or_insert(thrown);
+        JsValue::UNDEFINED
+    }
+
+    fn failed(&self) -> bool {
+        self.thrown.borrow().is_some()
+    }
+}
+
+impl Workflow for JsWorkflow {
+    type State = JsState;
+
+    fn evolve(&self, state: &mut JsState, event: &EventRecord) {
+        if self.failed() {
+            return;
+        }
+        let current = self.state(state);
+        let next = to_js(event).and_then(|event| self.evolve.call2(&self.this, &current, &event));
+        state.0 = Some(next.unwrap_or_else(|e| self.remember(e)));
+    }
+
+    fn decide(&self, state: &JsState, event: &EventRecord) -> Decision {
+        if self.failed() {
+            return Decision::reject("the workflow threw");
+        }
+        let current = self.state(state);
+        let decided = to_js(event)
+            .and_then(|event| self.decide.call2(&self.this, &current, &event))
+            .and_then(|decision| from_js::<DecisionInput>("decision", &decision));
+        match decided {
+            Ok(decision) => decision.into(),
+            Err(e) => {
+                self.remember(e);
+                Decision::reject("the workflow threw")
+            }
+        }
+    }
+}
+
+/// Runs a JS workflow against a `MemoryStore`: replay → decide → commit, retrying conflicts. An
+/// exception thrown by `init`, `evolve` or `decide` is rethrown as it is, and nothing is written.
+#[wasm_bindgen(js_name = Engine)]
+pub struct JsEngine {
+    engine: Engine<JsWorkflow>,
+}
+
+impl JsEngine {
+    /// Runs `call`, then rethrows a callback's exception if one was thrown.
+    fn guarded<T>(
+        &self,
+        call: impl FnOnce(&Engine<JsWorkflow>) -> Result<T, JsValue>,
+    ) -> Result<T, JsValue> {
+        self.engine.workflow().thrown.borrow_mut().take();
+        let result = call(&self.engine);
+        match self.engine.workflow().thrown.borrow_mut().take() {
+            Some(thrown) => Err(thrown),
+            None => result,
+        }
+    }
+}
+
+#[wasm_bindgen(js_class = Engine)]
+impl JsEngine {
+    /// An engine for `workflow` (`{ init?, evolve, decide }`).
+    #[wasm_bindgen(constructor)]
+    pub fn new(
+        #[wasm_bindgen(unchecked_param_type = "Workflow<unknown>")] workflow: JsValue,
+    ) -> Result<JsEngine, JsValue> {
+        let function = |name: &str| -> Result<Option<Function>, JsValue> {
+            let value = js_sys::Reflect::get(&workflow, &name.into()).unwrap_or(JsValue::UNDEFINED);
+            if value.is_undefined() {
+                return Ok(None);
+            }
+            value
+                .dyn_into::<Function>()
+                .map(Some)
+                .map_err(|_| invalid(&format!("workflow.{name}"), "is not a function"))
+        };
+        if !workflow.is_object() {
+            return Err(invalid(
+                "workflow",
+                "expected an object with evolve and decide functions",
+            ));
+        }
+        let evolve = function("evolve")?.ok_or_else(|| invalid("workflow.evolve", "is missing"))?;
+        let decide = function("decide")?.ok_or_else(|| invalid("workflow.decide", "is missing"))?;
+        let workflow = JsWorkflow {
+            init: function("init")?,
+            this: workflow,
+            evolve,
+            decide,
+            thrown: RefCell::new(None),
+        };
+        Ok(Self {
+            engine: Engine::new(workflow),
+        })
+    }
+
+    /// The state of a workflow rebuilt from its events, with its last seq (0 for a new workflow).
+    #[wasm_bindgen(unchecked_return_type = "Replayed<unknown>")]
+    pub fn replay(
+        &self,
+        store: &JsMemoryStore,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let workflow = workflow_id(&workflow)?;
+        self.guarded(|engine| {
+            let replayed = engine.replay(&store.inner, &workflow).js()?;
+            let result = js_sys::Object::new();
+            let state = engine.workflow().state(&replayed.state);
+            js_sys::Reflect::set(&result, &"state".into(), &state)?;
+            js_sys::Reflect::set(
+                &result,
+                &"last_seq".into(),
+                &(replayed.last_seq.get() as f64).into(),
+            )?;
+            Ok(result.into())
+        })
+    }
+
+    /// Records `event` in a workflow with the commands and timers its `decide` returns, in one commit.
+    #[wasm_bindgen(unchecked_return_type = "Handled")]
+    pub fn handle(
+        &self,
+        store: &mut JsMemoryStore,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let workflow = workflow_id(&workflow)?;
+        let event: Event = from_js::<EventInput>("event", &event)?.into();
+        let now = now(&now_ms)?;
+        self.guarded(|engine| {
+            let handled = engine
+                .handle(&mut store.inner, &workflow, event, now)
+                .js()?;
+            to_js(&HandledOutput::from(handled))
+        })
+    }
+
+    /// Fires a due timer from `claimTimers`: commits its event through decide, once. Returns `null`
+    /// when another firer won or it was cancelled.
+    #[wasm_bindgen(unchecked_return_type = "Handled | null")]
+    pub fn fire(
+        &self,
+        store: &mut JsMemoryStore,
+        #[wasm_bindgen(unchecked_param_type = "TimerRow")] timer: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let timer: TimerRow = from_js("timer", &timer)?;
+        let now = now(&now_ms)?;
+        self.guarded(
+            |engine| match engine.fire(&mut store.inner, &timer, now).js()? {
+                Some(handled) => to_js(&HandledOutput::from(handled)),
+                None => Ok(JsValue::NULL),
+            },
+        )
+    }
+}

@@ -1,0 +1,306 @@
+//! `MemoryStore` for JS: the core's in-memory store, every method converting and nothing more.
+
+use miniflow_core::{ClaimRequest, Commit, Decision, Event, Failure, RetryPolicy, Seq, Store};
+use wasm_bindgen::prelude::*;
+
+use crate::convert::{command_id, count, from_js, millis, now, string, to_js, whole, workflow_id};
+use crate::error::IntoJs;
+use crate::types::{
+    ClaimInput, CommandInput, DecisionInput, EventInput, FailureInput, HandledOutput,
+    RetryPolicyInput,
+};
+
+/// The outbox and event log in memory. Every method applies completely or not at all; after an error
+/// the store is unchanged and still usable. `now` (ms since the epoch) defaults to `Date.now()`.
+#[wasm_bindgen(js_name = MemoryStore)]
+#[derive(Default)]
+pub struct JsMemoryStore {
+    pub(crate) inner: miniflow_core::MemoryStore,
+}
+
+/// A retry policy argument; `undefined` is the default policy.
+pub(crate) fn retry_policy(value: &JsValue) -> Result<RetryPolicy, JsValue> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(RetryPolicy::default());
+    }
+    let policy: RetryPolicy = from_js::<RetryPolicyInput>("policy", value)?.into();
+    policy.validate().js()?;
+    Ok(policy)
+}
+
+#[wasm_bindgen(js_class = MemoryStore)]
+impl JsMemoryStore {
+    /// An empty store.
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A store from `exportSnapshot()`'s text. Throws `INVALID_INPUT` for text that is not a snapshot,
+    /// or comes from a newer version.
+    #[wasm_bindgen(js_name = fromSnapshot)]
+    pub fn from_snapshot(
+        #[wasm_bindgen(unchecked_param_type = "string")] json: JsValue,
+    ) -> Result<JsMemoryStore, JsValue> {
+        let json = string("json", &json)?;
+        Ok(Self {
+            inner: miniflow_core::MemoryStore::from_snapshot(&json).js()?,
+        })
+    }
+
+    /// The whole store as versioned JSON text, e.g. for `localStorage`.
+    #[wasm_bindgen(js_name = exportSnapshot)]
+    pub fn export_snapshot(&self) -> String {
+        self.inner.export_snapshot()
+    }
+
+    /// Commits `event` at `expectedSeq + 1` with `commands` (IDs `workflow:seq:index`), atomically;
+    /// throws `CONFLICT` when the workflow moved on.
+    #[wasm_bindgen(js_name = appendWithCommands, unchecked_return_type = "Handled")]
+    pub fn append_with_commands(
+        &mut self,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+        #[wasm_bindgen(js_name = expectedSeq, unchecked_param_type = "number")]
+        expected_seq: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "CommandInput[]")] commands: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let workflow = workflow_id(&workflow)?;
+        let expected = Seq::new(whole("expectedSeq", &expected_seq)?).js()?;
+        let event: Event = from_js::<EventInput>("event", &event)?.into();
+        let commands: Vec<CommandInput> = from_js("commands", &commands)?;
+        let decision: Decision = DecisionInput::Commands(commands).into();
+        let commit = Commit::new(workflow, expected, event, decision, now(&now_ms)?).js()?;
+        self.inner.append_with_commands(&commit).js()?;
+        to_js(&HandledOutput::from(miniflow_core::Handled {
+            seq: commit.last_seq(),
+            command_ids: commit
+                .commands()
+                .iter()
+                .map(|r| r.command_id.clone())
+                .collect(),
+            timer_ids: Vec::new(),
+            conflicts: 0,
+        }))
+    }
+
+    /// The events of a workflow, in seq order.
+    #[wasm_bindgen(unchecked_return_type = "EventRecord[]")]
+    pub fn load(
+        &self,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(&self.inner.load(&workflow_id(&workflow)?).js()?)
+    }
+
+    /// Up to `limit` unfinished commands, by `(workflow_id, event_seq, index)`.
+    #[wasm_bindgen(unchecked_return_type = "OutboxRow[]")]
+    pub fn pending(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] limit: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(
+            &self
+                .inner
+                .pending(count("limit", &limit, usize::MAX)?)
+                .js()?,
+        )
+    }
+
+    /// One outbox row, or `null`.
+    #[wasm_bindgen(unchecked_return_type = "OutboxRow | null")]
+    pub fn command(
+        &self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(&self.inner.command(&command_id(&id)?).js()?)
+    }
+
+    /// Every outbox row of a workflow.
+    #[wasm_bindgen(unchecked_return_type = "OutboxRow[]")]
+    pub fn commands(
+        &self,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(&self.inner.commands(&workflow_id(&workflow)?).js()?)
+    }
+
+    /// Marks a command done without a lease; harmless when repeated. Throws `INVALID_STATE` when dead.
+    #[wasm_bindgen(js_name = markDone)]
+    pub fn mark_done(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        self.inner.mark_done(&command_id(&id)?, now(&now_ms)?).js()
+    }
+
+    /// Leases up to `request.limit` due commands, each with a fresh fencing token.
+    #[wasm_bindgen(unchecked_return_type = "Delivery[]")]
+    pub fn claim(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "ClaimRequest")] request: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let request: ClaimRequest = from_js::<ClaimInput>("request", &request)?.into();
+        to_js(&self.inner.claim(&request, now(&now_ms)?).js()?)
+    }
+
+    /// Extends the lease of `token`; returns the new expiry. Throws `STALE_LEASE` after a takeover.
+    #[wasm_bindgen(unchecked_return_type = "number")]
+    pub fn extend(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
+        #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
+        lease_ttl_ms: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let (id, token) = (command_id(&id)?, whole("token", &token)?);
+        let until = self
+            .inner
+            .extend(
+                &id,
+                token,
+                millis("leaseTtlMs", &lease_ttl_ms)?,
+                now(&now_ms)?,
+            )
+            .js()?;
+        Ok(JsValue::from(until.as_millis() as f64))
+    }
+
+    /// Marks the delivery under `token` done. Throws `STALE_LEASE` after a takeover (nothing changes).
+    pub fn complete(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        self.inner
+            .complete(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
+            .js()
+    }
+
+    /// Settles a failed delivery: back to pending after the policy's backoff, or dead.
+    #[wasm_bindgen(unchecked_return_type = "Settled")]
+    pub fn fail(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "FailureInput")] failure: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "RetryPolicyInput")] policy: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let FailureInput { error, retryable } = from_js("failure", &failure)?;
+        let (id, token, policy) = (
+            command_id(&id)?,
+            whole("token", &token)?,
+            retry_policy(&policy)?,
+        );
+        let settled = self
+            .inner
+            .fail(
+                &id,
+                token,
+                &Failure { error, retryable },
+                &policy,
+                now(&now_ms)?,
+            )
+            .js()?;
+        to_js(&settled)
+    }
+
+    /// Gives back a claimed command whose delivery was not started.
+    pub fn release(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        self.inner
+            .release(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
+            .js()
+    }
+
+    /// Up to `limit` dead commands.
+    #[wasm_bindgen(js_name = deadLetters, unchecked_return_type = "OutboxRow[]")]
+    pub fn dead_letters(
+        &self,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] limit: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(
+            &self
+                .inner
+                .dead_letters(count("limit", &limit, usize::MAX)?)
+                .js()?,
+        )
+    }
+
+    /// Puts a dead command back to pending. Throws `INVALID_STATE` for a live command.
+    pub fn retry(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        self.inner.retry(&command_id(&id)?, now(&now_ms)?).js()
+    }
+
+    /// Closes a dead command by hand with a note. Throws `INVALID_STATE` for a live command.
+    pub fn resolve(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "string")] note: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        let note = string("note", &note)?;
+        self.inner
+            .resolve(&command_id(&id)?, &note, now(&now_ms)?)
+            .js()
+    }
+
+    /// Deletes up to `batch` (default 1,000) done commands processed at least `olderThanMs` ago;
+    /// returns how many.
+    #[wasm_bindgen(js_name = purgeDone, unchecked_return_type = "number")]
+    pub fn purge_done(
+        &mut self,
+        #[wasm_bindgen(js_name = olderThanMs, unchecked_param_type = "number")]
+        older_than_ms: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let older_than = millis("olderThanMs", &older_than_ms)?;
+        let purged = self
+            .inner
+            .purge_done(older_than, now(&now_ms)?, count("batch", &batch, 1_000)?)
+            .js()?;
+        Ok(JsValue::from(purged as f64))
+    }
+
+    /// Takes up to `limit` due timers for `leaseTtlMs`.
+    #[wasm_bindgen(js_name = claimTimers, unchecked_return_type = "TimerRow[]")]
+    pub fn claim_timers(
+        &mut self,
+        #[wasm_bindgen(unchecked_param_type = "number")] limit: JsValue,
+        #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
+        lease_ttl_ms: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let limit = count("limit", &limit, 1)?;
+        to_js(
+            &self
+                .inner
+                .claim_timers(limit, millis("leaseTtlMs", &lease_ttl_ms)?, now(&now_ms)?)
+                .js()?,
+        )
+    }
+
+    /// Every timer of a workflow.
+    #[wasm_bindgen(unchecked_return_type = "TimerRow[]")]
+    pub fn timers(
+        &self,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        to_js(&self.inner.timers(&workflow_id(&workflow)?).js()?)
+    }
+}

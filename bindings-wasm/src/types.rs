@@ -1,0 +1,306 @@
+//! The shapes of values crossing the boundary: inputs read from JS, and their TypeScript types.
+//!
+//! Field names are the same snake_case as in miniflow's JSON everywhere (snapshots, stored rows, the
+//! Rust API); method names are camelCase.
+
+use std::time::Duration;
+
+use miniflow_core::{
+    ClaimOrder, ClaimRequest, Command, Decision, Event, RetryPolicy, Timer, Timestamp,
+};
+use serde::Deserialize;
+use serde_json::Value;
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen(typescript_custom_section)]
+const TYPES: &str = r#"
+/** Any JSON value: what payloads and results are made of. */
+export type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+
+/** Something that happened to a workflow, before it is recorded. */
+export interface EventInput { kind: string; payload?: Json }
+/** A request to the outside world, decided by a workflow. */
+export interface CommandInput { kind: string; payload?: Json }
+/** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
+export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
+/** What a workflow decides: commands, timers to schedule or cancel, or a rejection of the event. */
+export interface DecisionObject {
+  commands?: CommandInput[];
+  timers?: TimerInput[];
+  cancel_timers?: string[];
+  reject?: string;
+}
+/** A decision: a list of commands, or a full decision object. */
+export type DecisionInput = CommandInput[] | DecisionObject;
+
+/** An event as recorded. */
+export interface EventRecord { workflow_id: string; seq: number; kind: string; payload: Json; recorded_at: number }
+
+export type CommandStatus = "pending" | "leased" | "done" | "dead";
+/** Who holds a command, until when, with which fencing token. */
+export interface Lease { owner: string; expires_at: number; token: number }
+/** One command in the outbox. */
+export interface OutboxRow {
+  command_id: string;
+  kind: string;
+  payload: Json;
+  status: CommandStatus;
+  attempts: number;
+  last_error: string | null;
+  available_at: number;
+  lease: Lease | null;
+  created_at: number;
+  processed_at: number | null;
+  manual_retries: number;
+  resolution: string | null;
+}
+/** A claimed command: deliver it with `command_id` as the idempotency key, settle it with `token`. */
+export interface Delivery { command_id: string; kind: string; payload: Json; attempt: number; token: number; lease_expires_at: number }
+/** What a worker asks for when it claims. */
+export interface ClaimRequest {
+  worker: string;
+  limit?: number;
+  lease_ttl_ms?: number;
+  order?: "due_first" | "strict_per_workflow";
+  max_attempts?: number;
+}
+/** Why a delivery failed. */
+export interface FailureInput { error: string; retryable: boolean }
+/** Exponential backoff with a cap and deterministic jitter. */
+export interface RetryPolicyInput {
+  initial_delay_ms?: number;
+  multiplier?: number;
+  max_delay_ms?: number;
+  max_attempts?: number;
+  jitter?: number;
+}
+/** Where a failed command went. */
+export type Settled = { outcome: "retry_at"; at: number; backoff: number } | { outcome: "dead" };
+
+export type TimerStatus = "scheduled" | "fired" | "cancelled";
+/** A stored timer and the event it commits when it fires. */
+export interface TimerRow {
+  timer_id: string;
+  name: string;
+  event_kind: string;
+  event_payload: Json;
+  fire_at: number;
+  available_at: number;
+  status: TimerStatus;
+  created_at: number;
+  processed_at: number | null;
+}
+
+/** What a commit wrote. */
+export interface Handled { seq: number; command_ids: string[]; timer_ids: string[]; conflicts: number }
+/** A workflow's state rebuilt from its events. */
+export interface Replayed<S> { state: S; last_seq: number }
+/** A workflow written in JS: `evolve` folds events into state, `decide` answers an incoming event. */
+export interface Workflow<S> {
+  init?: () => S;
+  evolve(state: S, event: EventRecord): S;
+  decide(state: S, event: EventRecord): DecisionInput;
+}
+/** The parts of a command ID. */
+export interface ParsedCommandId { workflow_id: string; event_seq: number; index: number }
+
+/** The receiver's answer for an idempotency key. */
+export type Begin =
+  | { outcome: "fresh" }
+  | { outcome: "completed"; result: Json }
+  | { outcome: "conflict"; key: string; stored_digest: string; new_digest: string }
+  | { outcome: "in_progress"; since: number };
+/** How long a receiver remembers keys, and when a reservation counts as abandoned. */
+export interface IdempotencyPolicyInput { retention_ms?: number; reservation_timeout_ms?: number }
+/** What a receiver remembers of a key. */
+export type IdempotencyRecord =
+  | { key: string; digest: string; reserved_at: number; state: "reserved" }
+  | { key: string; digest: string; reserved_at: number; state: "completed"; result: Json; completed_at: number };
+/** The error every failing call throws: `code` is stable (CONFLICT, STALE_LEASE, INVALID_INPUT, …). */
+export interface MiniflowError extends Error { code: string }
+"#;
+
+/// `EventInput`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventInput {
+    kind: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+impl From<EventInput> for Event {
+    fn from(e: EventInput) -> Self {
+        Event::new(e.kind, e.payload)
+    }
+}
+
+/// `CommandInput`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandInput {
+    kind: String,
+    #[serde(default)]
+    payload: Value,
+}
+
+/// `TimerInput`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerInput {
+    name: String,
+    after_ms: Option<u64>,
+    at: Option<u64>,
+    #[serde(default)]
+    payload: Value,
+}
+
+/// `DecisionInput`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+pub enum DecisionInput {
+    Commands(Vec<CommandInput>),
+    Full(DecisionObject),
+}
+
+/// `DecisionObject`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DecisionObject {
+    commands: Vec<CommandInput>,
+    timers: Vec<TimerInput>,
+    cancel_timers: Vec<String>,
+    reject: Option<String>,
+}
+
+impl From<DecisionInput> for Decision {
+    fn from(input: DecisionInput) -> Self {
+        let full = match input {
+            DecisionInput::Commands(commands) => DecisionObject {
+                commands,
+                ..DecisionObject::default()
+            },
+            DecisionInput::Full(full) => full,
+        };
+        if let Some(reason) = full.reject {
+            return Decision::reject(reason);
+        }
+        let mut decision = Decision::new();
+        for c in full.commands {
+            decision = decision.command(Command::new(c.kind, c.payload));
+        }
+        for t in full.timers {
+            decision = decision.timer(match t.at {
+                Some(at) => Timer::at(t.name, Timestamp::from_millis(at), t.payload),
+                None => Timer::after(
+                    t.name,
+                    Duration::from_millis(t.after_ms.unwrap_or(0)),
+                    t.payload,
+                ),
+            });
+        }
+        for name in full.cancel_timers {
+            decision = decision.cancel_timer(name);
+        }
+        decision
+    }
+}
+
+/// `ClaimRequest`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimInput {
+    worker: String,
+    limit: Option<usize>,
+    lease_ttl_ms: Option<u64>,
+    order: Option<ClaimOrder>,
+    max_attempts: Option<u32>,
+}
+
+impl From<ClaimInput> for ClaimRequest {
+    fn from(c: ClaimInput) -> Self {
+        let mut request = ClaimRequest::new(c.worker);
+        if let Some(limit) = c.limit {
+            request = request.limit(limit);
+        }
+        if let Some(ttl) = c.lease_ttl_ms {
+            request = request.lease_ttl(Duration::from_millis(ttl));
+        }
+        if let Some(order) = c.order {
+            request = request.order(order);
+        }
+        if let Some(max) = c.max_attempts {
+            request = request.retry_policy(&RetryPolicy::default().max_attempts(max));
+        }
+        request
+    }
+}
+
+/// `RetryPolicyInput`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicyInput {
+    initial_delay_ms: Option<u64>,
+    multiplier: Option<f64>,
+    max_delay_ms: Option<u64>,
+    max_attempts: Option<u32>,
+    jitter: Option<f64>,
+}
+
+impl From<RetryPolicyInput> for RetryPolicy {
+    fn from(p: RetryPolicyInput) -> Self {
+        let mut policy = RetryPolicy::default();
+        if let Some(ms) = p.initial_delay_ms {
+            policy = policy.initial_delay(Duration::from_millis(ms));
+        }
+        if let Some(m) = p.multiplier {
+            policy = policy.multiplier(m);
+        }
+        if let Some(ms) = p.max_delay_ms {
+            policy = policy.max_delay(Duration::from_millis(ms));
+        }
+        if let Some(n) = p.max_attempts {
+            policy = policy.max_attempts(n);
+        }
+        if let Some(j) = p.jitter {
+            policy = policy.jitter(j);
+        }
+        policy
+    }
+}
+
+/// `FailureInput`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailureInput {
+    pub error: String,
+    pub retryable: bool,
+}
+
+/// `IdempotencyPolicyInput`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencyPolicyInput {
+    pub retention_ms: Option<u64>,
+    pub reservation_timeout_ms: Option<u64>,
+}
+
+/// `Handled`, for JS.
+#[derive(serde::Serialize)]
+pub struct HandledOutput {
+    pub seq: u64,
+    pub command_ids: Vec<String>,
+    pub timer_ids: Vec<String>,
+    pub conflicts: u32,
+}
+
+impl From<miniflow_core::Handled> for HandledOutput {
+    fn from(h: miniflow_core::Handled) -> Self {
+        Self {
+            seq: h.seq.get(),
+            command_ids: h.command_ids.iter().map(ToString::to_string).collect(),
+            timer_ids: h.timer_ids.iter().map(ToString::to_string).collect(),
+            conflicts: h.conflicts,
+        }
+    }
+}
