@@ -163,7 +163,7 @@ impl JsEngine {
         store: &mut JsMemoryStore,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
         #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let workflow = workflow_id(&workflow)?;
         let event: Event = from_js::<EventInput>("event", &event)?.into();
@@ -183,7 +183,7 @@ impl JsEngine {
         &self,
         store: &mut JsMemoryStore,
         #[wasm_bindgen(unchecked_param_type = "TimerRow")] timer: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let timer: TimerRow = from_js("timer", &timer)?;
         let now = now(&now_ms)?;

@@ -84,7 +84,7 @@ impl JsIdempotencyStore {
         &mut self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] digest: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         to_js(
             &self
@@ -99,7 +99,7 @@ impl JsIdempotencyStore {
         &mut self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         let result: Value = from_js("result", &result)?;
         self.inner
@@ -128,7 +128,7 @@ impl JsIdempotencyStore {
     #[wasm_bindgen(unchecked_return_type = "number")]
     pub fn purge(
         &mut self,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
     ) -> Result<JsValue, JsValue> {
         let purged = self
@@ -149,7 +149,7 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] digest: JsValue,
         #[wasm_bindgen(unchecked_param_type = "() => Json")] effect: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let key = key(&key_value)?;
         let now = now(&now_ms)?;

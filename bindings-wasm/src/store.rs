@@ -64,7 +64,7 @@ impl JsMemoryStore {
         expected_seq: JsValue,
         #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
         #[wasm_bindgen(unchecked_param_type = "CommandInput[]")] commands: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let workflow = workflow_id(&workflow)?;
         let expected = Seq::new(whole("expectedSeq", &expected_seq)?).js()?;
@@ -131,7 +131,7 @@ impl JsMemoryStore {
     pub fn mark_done(
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         self.inner.mark_done(&command_id(&id)?, now(&now_ms)?).js()
     }
@@ -141,7 +141,7 @@ impl JsMemoryStore {
     pub fn claim(
         &mut self,
         #[wasm_bindgen(unchecked_param_type = "ClaimRequest")] request: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let request: ClaimRequest = from_js::<ClaimInput>("request", &request)?.into();
         to_js(&self.inner.claim(&request, now(&now_ms)?).js()?)
@@ -155,7 +155,7 @@ impl JsMemoryStore {
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
         lease_ttl_ms: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let (id, token) = (command_id(&id)?, whole("token", &token)?);
         let until = self
@@ -175,7 +175,7 @@ impl JsMemoryStore {
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         self.inner
             .complete(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
@@ -190,7 +190,7 @@ impl JsMemoryStore {
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(unchecked_param_type = "FailureInput")] failure: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RetryPolicyInput")] policy: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let FailureInput { error, retryable } = from_js("failure", &failure)?;
         let (id, token, policy) = (
@@ -216,7 +216,7 @@ impl JsMemoryStore {
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         self.inner
             .release(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
@@ -241,7 +241,7 @@ impl JsMemoryStore {
     pub fn retry(
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         self.inner.retry(&command_id(&id)?, now(&now_ms)?).js()
     }
@@ -251,7 +251,7 @@ impl JsMemoryStore {
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] note: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         let note = string("note", &note)?;
         self.inner
@@ -266,7 +266,7 @@ impl JsMemoryStore {
         &mut self,
         #[wasm_bindgen(js_name = olderThanMs, unchecked_param_type = "number")]
         older_than_ms: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
     ) -> Result<JsValue, JsValue> {
         let older_than = millis("olderThanMs", &older_than_ms)?;
@@ -284,7 +284,7 @@ impl JsMemoryStore {
         #[wasm_bindgen(unchecked_param_type = "number")] limit: JsValue,
         #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
         lease_ttl_ms: JsValue,
-        #[wasm_bindgen(unchecked_optional_param_type = "number")] now_ms: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let limit = count("limit", &limit, 1)?;
         to_js(
