@@ -1,0 +1,94 @@
+// Browser test of the playground: Debian's Chromium, driven by playwright-core, loads the page from
+// 127.0.0.1, clicks through the crash-before-ack scenario, and checks the page shows one side effect
+// and no pending command — also after a reload. Saves a screenshot under test-output/.
+import test from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { mkdtempSync, mkdirSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const www = fileURLToPath(new URL("../../www", import.meta.url));
+const output = fileURLToPath(new URL("../test-output", import.meta.url));
+const browserPath = process.env.CHROMIUM ?? "/usr/bin/chromium";
+
+async function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+    server.on("error", reject);
+  });
+}
+
+async function serve(directory) {
+  const port = await freePort();
+  const server = spawn("python3", ["-m", "http.server", String(port), "--bind", "127.0.0.1", "--directory", directory], { stdio: "ignore" });
+  const url = `http://127.0.0.1:${port}/`;
+  for (let i = 0; i < 100; i += 1) {
+    try {
+      if ((await fetch(url)).ok) return { url, stop: () => server.kill() };
+    } catch {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  server.kill();
+  throw new Error(`the static server on ${url} did not start`);
+}
+
+test("the playground folds a redelivery after a crash before the ack into one side effect", async () => {
+  const server = await serve(www);
+  const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "miniflow-chromium-")), {
+    executablePath: browserPath,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+  });
+  try {
+    const page = context.pages()[0] ?? (await context.newPage());
+    const errors = [];
+    page.on("pageerror", (error) => errors.push(error.message));
+    await page.goto(server.url);
+    await page.waitForSelector("#status[data-ready=true]", { timeout: 15_000 });
+    const text = (id) => page.textContent(`[data-testid=${id}]`);
+    const click = (id) => page.click(`[data-testid=${id}]`);
+
+    await click("reset");
+    await click("request");
+    assert.equal(await text("pending"), "1");
+    await click("crash"); // the supplier books, the ack is lost
+    assert.equal(await text("side-effects"), "1");
+    assert.match(await page.textContent("[data-testid=outbox]"), /leased/);
+    await click("deliver"); // the lease still holds: nothing is due
+    assert.equal(await text("pending"), "1");
+    await click("advance"); // the lease runs out
+    await click("deliver"); // redelivered with the same command ID: the supplier replays
+    assert.equal(await text("side-effects"), "1", "the redelivery made no second effect");
+    assert.equal(await text("pending"), "0");
+    assert.match(await page.textContent("[data-testid=log]"), /replayed, no new effect/);
+
+    await click("request");
+    await click("fail-next");
+    await click("deliver");
+    assert.equal(await text("dead"), "1", "a permanent failure ends dead");
+    await click("retry");
+    await click("deliver");
+    assert.equal(await text("dead"), "0");
+    assert.equal(await text("side-effects"), "2");
+
+    await page.reload();
+    await page.waitForSelector("#status[data-ready=true]");
+    assert.equal(await text("side-effects"), "2", "the state survives a reload");
+    assert.equal(await text("pending"), "0");
+    mkdirSync(output, { recursive: true });
+    await page.screenshot({ path: join(output, "playground.png"), fullPage: true });
+    assert.deepEqual(errors, []);
+  } finally {
+    await context.close();
+    server.stop();
+  }
+});
