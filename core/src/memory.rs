@@ -260,8 +260,6 @@ impl Store for MemoryStore {
             return Err(commit.conflict(actual));
         }
         // Stage everything first; the store changes only once nothing can fail any more.
-        let mut staged_events = self.load(commit.workflow_id())?;
-        staged_events.extend_from_slice(commit.events());
         let mut staged_rows = Vec::with_capacity(commit.commands().len());
         for row in commit.commands() {
             if self.poisoned_kinds.contains(&row.kind) {
@@ -279,7 +277,9 @@ impl Store for MemoryStore {
         }
         let staged_timers = self.stage_timers(commit)?;
         self.events
-            .insert(commit.workflow_id().clone(), staged_events);
+            .entry(commit.workflow_id().clone())
+            .or_default()
+            .extend_from_slice(commit.events());
         for row in staged_rows {
             self.unfinished.insert(row.command_id.clone());
             self.outbox.insert(row.command_id.clone(), row);
