@@ -20,7 +20,7 @@ fn main() {
         200_000
     };
     let mut best = f64::MAX;
-    for _ in 0..3 {
+    for _ in 0..5 {
         let mut store = MemoryStore::new();
         let start = Instant::now();
         for n in 0..commits {

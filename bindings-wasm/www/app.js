@@ -1,5 +1,6 @@
 // The miniflow playground: the trip workflow of the design article, in WebAssembly, in the browser.
 import init, { Engine, MemoryStore } from "./pkg/miniflow.js";
+import { runSaga } from "./saga.js";
 
 const STORAGE_KEY = "miniflow-playground-v1";
 const LEASE_MS = 30_000;
@@ -173,6 +174,9 @@ app = load();
 for (const [id, name] of Object.entries({ request: "request", deliver: "deliver", crash: "crash", advance: "advance", "fail-next": "failNext", retry: "retry", reset: "reset" })) {
   document.getElementById(id).addEventListener("click", () => act(name));
 }
+document.getElementById("run-saga").addEventListener("click", () => {
+  document.getElementById("saga").textContent = runSaga().join("\n");
+});
 render();
 const status = document.getElementById("status");
 status.textContent = "ready";

@@ -1193,7 +1193,10 @@ impl Workflow for Saga {
             COMMAND_FAILED => Decision::new()
                 .command(Command::new("compensate", event.payload.clone()))
                 .cancel_timer("deadline"),
-            TIMER_FIRED => Decision::new().command(Command::new("on_timer", event.payload.clone())),
+            // Cancelling its own name must not undo the firing of the timer being fired.
+            TIMER_FIRED => Decision::new()
+                .command(Command::new("on_timer", event.payload.clone()))
+                .cancel_timer(event.payload["name"].as_str().unwrap_or_default()),
             _ => Decision::none(),
         }
     }

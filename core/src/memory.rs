@@ -177,7 +177,9 @@ impl MemoryStore {
             staged.push(timer);
         }
         for timer in self.timers.values() {
+            // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
             let cancels = timer.timer_id.workflow_id() == commit.workflow_id()
+                && commit.fires() != Some(&timer.timer_id)
                 && commit.cancel_timers().contains(&timer.name);
             let mut timer = timer.clone();
             if cancels && timer.cancel(commit.now()) {

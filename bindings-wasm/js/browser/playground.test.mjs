@@ -80,6 +80,23 @@ test("the playground folds a redelivery after a crash before the ack into one si
     assert.equal(await text("dead"), "0");
     assert.equal(await text("side-effects"), "2");
 
+    await click("run-saga");
+    const saga = await text("saga");
+    for (const line of [
+      "trip-001:1:2 book_hotel attempt 2: 422 hotel fully booked → dead",
+      "2 command_failed",
+      "trip-001:1:t0 hotel_deadline cancelled",
+      "state: cancelled (book_hotel failed: 422 hotel fully booked); budget released: true; flight cancelled: true",
+      "trip-002:1:t0 fired: timer_fired",
+      "trip-002:2:2 cancel_hotel done",
+      "trip-002:1:t0 hotel_deadline fired",
+      "state: cancelled (the hotel did not confirm within 30 minutes); budget released: true; flight cancelled: true",
+      "pending: 0",
+      "dead: 1 (unexplained: 0)",
+    ]) {
+      assert.ok(saga.includes(line), `the saga report lacks "${line}":\n${saga}`);
+    }
+
     await page.reload();
     await page.waitForSelector("#status[data-ready=true]");
     assert.equal(await text("side-effects"), "2", "the state survives a reload");
