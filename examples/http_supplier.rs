@@ -33,7 +33,7 @@ use miniflow::{
 const INTENT: [&str; 3] = ["trip_id", "traveller", "flight"];
 
 /// How long the dispatcher waits for an answer before it calls the result unknown.
-const CLIENT_TIMEOUT: Duration = Duration::from_millis(400);
+const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
 
 /// The airline: idempotency records and bookings in its own SQLite file.
 struct Supplier {

@@ -225,7 +225,7 @@ fn the_heartbeat_keeps_a_long_delivery_leased() {
     let stats = Dispatcher::sqlite(&path, move |_: &Delivery| {
         let mut rival = SqliteStore::open(&rival_path).unwrap();
         for _ in 0..8 {
-            std::thread::sleep(Duration::from_millis(60));
+            std::thread::sleep(Duration::from_millis(100));
             let now = miniflow::SystemClock.now();
             steals.fetch_add(
                 rival.claim(&ClaimRequest::new("rival"), now).unwrap().len() as u32,
@@ -234,7 +234,7 @@ fn the_heartbeat_keeps_a_long_delivery_leased() {
         }
         Outcome::Done
     })
-    .lease_ttl(Duration::from_millis(200))
+    .lease_ttl(Duration::from_millis(400))
     .run_until_idle()
     .unwrap();
     assert_eq!(

@@ -206,8 +206,8 @@ fn http_supplier_answers_201_replay_409_and_422_by_idempotency_key() {
 
     // A slow first call holds its key: a concurrent call with the same key gets 409.
     std::thread::scope(|scope| {
-        let slow = scope.spawn(|| supplier.book(Some("t-2:1:0"), request("Li Lei", 5), 600));
-        std::thread::sleep(std::time::Duration::from_millis(200));
+        let slow = scope.spawn(|| supplier.book(Some("t-2:1:0"), request("Li Lei", 5), 1_500));
+        std::thread::sleep(std::time::Duration::from_millis(500));
         let (status, _, body) = supplier.book(Some("t-2:1:0"), request("Li Lei", 6), 0);
         assert_eq!(status, 409, "{body}");
         assert_eq!(slow.join().unwrap().0, 201);
