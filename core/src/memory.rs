@@ -148,7 +148,7 @@ impl MemoryStore {
         let mut next = row.clone();
         let out = change(&mut next)?;
         let unfinished = next.status.is_unfinished();
-        let feedback = feedback(row, &next, now);
+        let feedback = feedback(row.status, &next, now);
         *row = next;
         if let Some(timer) = feedback {
             self.timers.insert(timer.timer_id.clone(), timer);

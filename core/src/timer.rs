@@ -406,11 +406,11 @@ impl TimerRow {
 }
 
 /// The feedback a store must schedule, in the same transaction, when a change took an outbox row from
-/// `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a dead
-/// command was resolved by hand (DESIGN rule 12).
-pub fn feedback(before: &OutboxRow, after: &OutboxRow, now: Timestamp) -> Option<TimerRow> {
+/// status `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a
+/// dead command was resolved by hand (DESIGN rule 12).
+pub fn feedback(before: Status, after: &OutboxRow, now: Timestamp) -> Option<TimerRow> {
     let id = &after.command_id;
-    let (timer_id, kind, payload) = match (before.status, after.status) {
+    let (timer_id, kind, payload) = match (before, after.status) {
         (from, Status::Dead) if from != Status::Dead => (
             TimerId::failure(id.clone(), after.manual_retries + 1),
             COMMAND_FAILED,

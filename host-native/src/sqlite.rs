@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use miniflow_core::{
     canonical_json, feedback, Ack, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery, Error,
-    EventRecord, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Store, TimerId, TimerRow,
-    Timestamp, WorkflowId,
+    EventRecord, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Status, Store, TimerId,
+    TimerRow, Timestamp, WorkflowId,
 };
 use rusqlite::{params, Connection, ErrorCode, Row, Transaction, TransactionBehavior};
 use rusqlite_migration::{Migrations, M};
@@ -149,10 +149,10 @@ impl SqliteStore {
         let mut row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
             command_id: command_id.clone(),
         })?;
-        let before = row.clone();
+        let before = row.status;
         let out = change(&mut row)?;
         write_row(&tx, &row)?;
-        schedule_feedback(&tx, &before, &row, now)?;
+        schedule_feedback(&tx, before, &row, now)?;
         tx.commit().map_err(storage)?;
         Ok(out)
     }
@@ -584,7 +584,7 @@ fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Error> {
 /// Schedules the failure feedback of a row change, by the shared rule ([`miniflow_core::feedback`]).
 fn schedule_feedback(
     conn: &Connection,
-    before: &OutboxRow,
+    before: Status,
     after: &OutboxRow,
     now: Timestamp,
 ) -> Result<(), Error> {
@@ -714,7 +714,7 @@ impl Store for SqliteStore {
         )?;
         let mut deliveries = Vec::with_capacity(rows.len());
         for mut row in rows {
-            let before = row.clone();
+            let before = row.status;
             match row.claim(request, now) {
                 Some(delivery) => {
                     write_lease(&tx, &row)?;
@@ -722,7 +722,7 @@ impl Store for SqliteStore {
                 }
                 None => {
                     write_row(&tx, &row)?;
-                    schedule_feedback(&tx, &before, &row, now)?;
+                    schedule_feedback(&tx, before, &row, now)?;
                 }
             }
         }
