@@ -257,3 +257,131 @@ impl<W: Workflow> Engine<W> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        Ack, ClaimRequest, Delivery, Failure, MemoryStore, OutboxRow, RetryPolicy, Settled,
+        TimerRow,
+    };
+
+    /// A store whose every commit loses its race, counting the attempts.
+    struct AlwaysBehind {
+        inner: MemoryStore,
+        commits: u32,
+    }
+
+    impl Store for AlwaysBehind {
+        fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+            self.inner.load(id)
+        }
+        fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+            self.commits += 1;
+            Err(commit.conflict(Seq::new(commit.expected_seq().get() + 1)?))
+        }
+        fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+            self.inner.pending(limit)
+        }
+        fn command(&self, id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+            self.inner.command(id)
+        }
+        fn commands(&self, id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+            self.inner.commands(id)
+        }
+        fn mark_done(&mut self, id: &CommandId, now: Timestamp) -> Result<(), Error> {
+            self.inner.mark_done(id, now)
+        }
+        fn claim(&mut self, r: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
+            self.inner.claim(r, now)
+        }
+        fn extend(
+            &mut self,
+            id: &CommandId,
+            t: u64,
+            d: Duration,
+            now: Timestamp,
+        ) -> Result<Timestamp, Error> {
+            self.inner.extend(id, t, d, now)
+        }
+        fn release(&mut self, id: &CommandId, t: u64, now: Timestamp) -> Result<(), Error> {
+            self.inner.release(id, t, now)
+        }
+        fn complete(&mut self, id: &CommandId, t: u64, now: Timestamp) -> Result<(), Error> {
+            self.inner.complete(id, t, now)
+        }
+        fn complete_all(
+            &mut self,
+            acks: &[Ack],
+            now: Timestamp,
+        ) -> Result<Vec<Result<(), Error>>, Error> {
+            self.inner.complete_all(acks, now)
+        }
+        fn fail(
+            &mut self,
+            id: &CommandId,
+            t: u64,
+            f: &Failure,
+            p: &RetryPolicy,
+            now: Timestamp,
+        ) -> Result<Settled, Error> {
+            self.inner.fail(id, t, f, p, now)
+        }
+        fn purge_done(&mut self, d: Duration, now: Timestamp, b: usize) -> Result<usize, Error> {
+            self.inner.purge_done(d, now, b)
+        }
+        fn claim_timers(
+            &mut self,
+            l: usize,
+            d: Duration,
+            now: Timestamp,
+        ) -> Result<Vec<TimerRow>, Error> {
+            self.inner.claim_timers(l, d, now)
+        }
+        fn timers(&self, id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+            self.inner.timers(id)
+        }
+        fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+            self.inner.dead_letters(limit)
+        }
+        fn retry(&mut self, id: &CommandId, now: Timestamp) -> Result<(), Error> {
+            self.inner.retry(id, now)
+        }
+        fn resolve(&mut self, id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
+            self.inner.resolve(id, note, now)
+        }
+    }
+
+    struct Nothing;
+
+    impl Workflow for Nothing {
+        type State = ();
+        fn evolve(&self, _: &mut (), _: &EventRecord) {}
+        fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+            Decision::none()
+        }
+    }
+
+    #[test]
+    fn conflict_retries_are_bounded() {
+        let mut store = AlwaysBehind {
+            inner: MemoryStore::new(),
+            commits: 0,
+        };
+        let engine = Engine::new(Nothing).max_conflict_retries(3);
+        let w = WorkflowId::new("w").unwrap();
+        let result = engine.handle(
+            &mut store,
+            &w,
+            Event::new("e", serde_json::json!({})),
+            Timestamp::EPOCH,
+        );
+        assert!(matches!(result, Err(Error::Conflict { .. })), "{result:?}");
+        assert_eq!(
+            store.commits, 4,
+            "one try and three retries, then the conflict is returned"
+        );
+    }
+}
