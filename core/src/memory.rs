@@ -208,8 +208,7 @@ impl MemoryStore {
             if request.order == ClaimOrder::StrictPerWorkflow && !first_of_workflow {
                 continue;
             }
-            let row = &self.outbox[id];
-            if row.is_claimable(now) {
+            if let Some(row) = self.outbox.get(id).filter(|row| row.is_claimable(now)) {
                 due.push(row);
             }
         }
@@ -296,8 +295,8 @@ impl Store for MemoryStore {
         Ok(self
             .unfinished
             .iter()
+            .filter_map(|id| self.outbox.get(id).cloned())
             .take(limit)
-            .map(|id| self.outbox[id].clone())
             .collect())
     }
 
