@@ -11,6 +11,7 @@
 //! | [`Workflow`], [`Engine`] | `evolve` folds events into state, `decide` turns an event into commands; the engine does replay → decide → commit |
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
+//! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |

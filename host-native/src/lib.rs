@@ -1,5 +1,6 @@
 //! The native miniflow host: [`SqliteStore`], the embedded default store on one SQLite file; the
-//! [`Dispatcher`], a pool of worker threads delivering commands at least once; and [`SystemClock`].
+//! [`Dispatcher`], a pool of worker threads delivering commands at least once and firing timers;
+//! [`SqliteIdempotencyStore`], a receiver's idempotency records; and [`SystemClock`].
 //!
 //! # Example
 //!
