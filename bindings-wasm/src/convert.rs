@@ -5,7 +5,7 @@ use std::time::Duration;
 use miniflow_core::{CommandId, Timestamp, WorkflowId};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use wasm_bindgen::JsValue;
+use wasm_bindgen::{JsCast, JsValue};
 
 use crate::error::{from_core, invalid, js_error};
 
@@ -35,8 +35,6 @@ fn describe(error: &JsValue) -> String {
         .map(|e| String::from(e.message()))
         .unwrap_or_else(|| format!("{error:?}"))
 }
-
-use wasm_bindgen::JsCast;
 
 fn abbreviate(text: &str) -> String {
     match text.char_indices().nth(80) {
