@@ -2,6 +2,7 @@
 //! host's own guarantees, and the examples.
 
 mod child;
+mod cli;
 mod conformance;
 mod crash;
 mod delivery;
