@@ -1161,6 +1161,23 @@ pub fn purge_done_removes_only_old_done_rows<H: Harness>(h: &mut H) {
     );
     let store = h.reopen(store);
     assert_eq!(store.commands(&wid("w")).unwrap().len(), 3);
+    // Near the epoch too: a row done at time 0 is not older than 10 s at 5 s.
+    let mut early = h.open();
+    append(&mut early, "e", &["x"]);
+    early.mark_done(&cid("e:1:0"), Timestamp::EPOCH).unwrap();
+    let ten_s = Duration::from_secs(10);
+    assert_eq!(
+        early
+            .purge_done(ten_s, Timestamp::from_millis(5_000), 10)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        early
+            .purge_done(ten_s, Timestamp::from_millis(10_000), 10)
+            .unwrap(),
+        1
+    );
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -1770,6 +1787,16 @@ pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &
         store.begin(&key("old"), booking("a"), at(10_000)).unwrap(),
         Begin::Fresh
     );
+    // Near the epoch too: a record finished at time 0 is kept until the retention has passed.
+    let mut early = h.open(receiver_policy());
+    early
+        .begin(&key("k"), booking("a"), Timestamp::EPOCH)
+        .unwrap();
+    early
+        .finish(&key("k"), &json!(1), Timestamp::EPOCH)
+        .unwrap();
+    assert_eq!(early.purge(Timestamp::from_millis(9_999), 10).unwrap(), 0);
+    assert_eq!(early.purge(Timestamp::from_millis(10_000), 10).unwrap(), 1);
 }
 
 /// Expands to one `#[test]` per idempotency conformance case for the [`IdempotencyHarness`] built by

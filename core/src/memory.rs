@@ -176,14 +176,18 @@ impl MemoryStore {
             timer.fire(commit.now())?;
             staged.push(timer);
         }
-        for timer in self.timers.values() {
+        if !commit.cancel_timers().is_empty() {
             // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
-            let cancels = timer.timer_id.workflow_id() == commit.workflow_id()
-                && commit.fires() != Some(&timer.timer_id)
-                && commit.cancel_timers().contains(&timer.name);
-            let mut timer = timer.clone();
-            if cancels && timer.cancel(commit.now()) {
-                staged.push(timer);
+            let cancelled = self.timers.values().filter(|timer| {
+                timer.timer_id.workflow_id() == commit.workflow_id()
+                    && commit.fires() != Some(&timer.timer_id)
+                    && commit.cancel_timers().contains(&timer.name)
+            });
+            for timer in cancelled {
+                let mut timer = timer.clone();
+                if timer.cancel(commit.now()) {
+                    staged.push(timer);
+                }
             }
         }
         for timer in commit.timers() {

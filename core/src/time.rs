@@ -34,6 +34,12 @@ impl Timestamp {
         self.0
     }
 
+    /// This time minus `d`, or `None` before the epoch: "everything settled at or before this" for a
+    /// retention period `d` (nothing is old enough when `None`).
+    pub fn checked_sub(self, d: Duration) -> Option<Timestamp> {
+        self.0.checked_sub(millis(d)).map(Timestamp)
+    }
+
     /// How long after `earlier` this is (zero when it is not after it).
     pub fn saturating_since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

@@ -203,15 +203,11 @@ impl IdempotencyStore for SqliteIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        let retention = u64::try_from(self.policy.retention.as_millis()).unwrap_or(u64::MAX);
-        let cutoff = to_sql_time(
-            "now",
-            Timestamp::from_millis(now.as_millis().saturating_sub(retention)),
-        )?;
-        // A record expires when settled_at + retention <= now; before the epoch nothing has.
-        if now.as_millis() < retention {
+        // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
+        let Some(cutoff) = now.checked_sub(self.policy.retention) else {
             return Ok(0);
-        }
+        };
+        let cutoff = to_sql_time("now", cutoff)?;
         self.conn
             .prepare_cached(
                 "DELETE FROM idempotency WHERE key IN \

@@ -793,10 +793,10 @@ impl Store for SqliteStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        let cutoff = Timestamp::from_millis(
-            now.as_millis()
-                .saturating_sub(u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX)),
-        );
+        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
+        let Some(cutoff) = now.checked_sub(older_than) else {
+            return Ok(0);
+        };
         let cutoff = to_sql_time("now", cutoff)?;
         self.conn
             .prepare_cached(PURGE_DONE)
