@@ -131,6 +131,16 @@ impl SqliteStore {
         &self.conn
     }
 
+    /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
+    /// with it, so they take the write lock only when there is something to take.
+    fn any_due(&self, sql: &str, now: Timestamp) -> Result<bool, Error> {
+        let now = to_sql_time("now", now)?;
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.query_row([now], |row| row.get(0)))
+            .map_err(storage)
+    }
+
     fn write(&mut self) -> Result<Transaction<'_>, Error> {
         self.conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -248,6 +258,8 @@ const CLAIM_DUE_FIRST: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
+const ANY_COMMAND_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
 const CLAIM_STRICT: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
@@ -484,6 +496,8 @@ const CLAIM_TIMERS: &str = select_timers!(
     "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2"
 );
 const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
+const ANY_TIMER_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM timers WHERE processed_at IS NULL AND available_at <= ?1)";
 const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
 const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
      WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
@@ -706,6 +720,9 @@ impl Store for SqliteStore {
             ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
             ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
         };
+        if !self.any_due(ANY_COMMAND_DUE, now)? {
+            return Ok(Vec::new());
+        }
         let tx = self.write()?;
         let rows = query_rows(
             &tx,
@@ -810,6 +827,9 @@ impl Store for SqliteStore {
         lease_ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<TimerRow>, Error> {
+        if !self.any_due(ANY_TIMER_DUE, now)? {
+            return Ok(Vec::new());
+        }
         let tx = self.write()?;
         let mut timers = query_timers(
             &tx,
@@ -866,6 +886,8 @@ mod tests {
             ("one row", SELECT_ONE, "PRIMARY KEY"),
             ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
+            ("anything due", ANY_COMMAND_DUE, "outbox_due"),
+            ("any timer due", ANY_TIMER_DUE, "timers_due"),
             ("one timer", SELECT_TIMER, "PRIMARY KEY"),
             (
                 "a workflow's timers",

@@ -252,3 +252,54 @@ fn processes_appending_to_one_workflow_commit_gapless_without_busy_errors() {
     }
     eprintln!("{conflicts} conflicts were retried by the engine");
 }
+
+#[test]
+fn idle_polling_does_not_take_the_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idle.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let commit = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        Decision::new().command(Command::new("later", json!({}))),
+        Timestamp::from_millis(10_000),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    // Another writer holds the lock (a long producer commit, say).
+    let holder = rusqlite::Connection::open(&path).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let options = SqliteOptions {
+        busy_timeout: std::time::Duration::from_millis(50),
+        ..SqliteOptions::default()
+    };
+    let mut poller = SqliteStore::open_with(&path, &options).unwrap();
+    let request = miniflow::ClaimRequest::new("idle").limit(10);
+    // Nothing is due yet: the poll answers at once, without queueing behind the writer.
+    assert!(poller
+        .claim(&request, Timestamp::from_millis(9_999))
+        .unwrap()
+        .is_empty());
+    assert!(poller
+        .claim_timers(
+            10,
+            std::time::Duration::from_secs(1),
+            Timestamp::from_millis(9_999)
+        )
+        .unwrap()
+        .is_empty());
+    // Once something is due, a claim needs the lock and says the store is busy.
+    assert!(matches!(
+        poller.claim(&request, Timestamp::from_millis(10_000)),
+        Err(Error::Busy(_))
+    ));
+    holder.execute_batch("COMMIT").unwrap();
+    assert_eq!(
+        poller
+            .claim(&request, Timestamp::from_millis(10_000))
+            .unwrap()
+            .len(),
+        1
+    );
+}
