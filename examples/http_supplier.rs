@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use miniflow::{
-    json, Begin, Clock, Command, Decision, Delivery, Digest, Dispatcher, Engine, Event,
+    json, Begin, Clock, Command, Decision, Delivery, Digest, Dispatcher, Engine, Error, Event,
     EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome, RetryPolicy,
     Settlement, SqliteIdempotencyStore, SqliteStore, Store, SystemClock, Value, Workflow,
     WorkflowId,
@@ -88,8 +88,8 @@ impl Supplier {
             .lock()
             .unwrap()
             .begin(&key, digest, SystemClock.now());
-        match begun {
-            Ok(Begin::Fresh) => {}
+        let token = match begun {
+            Ok(Begin::Fresh { token }) => token,
             Ok(Begin::Completed { result }) => {
                 return Reply {
                     status: 201,
@@ -113,18 +113,22 @@ impl Supplier {
                 )
             }
             Err(e) => return error(503, e.to_string()),
-        }
+        };
         // The effect: book the seat. (A real service would do this and `finish` in one transaction.)
         std::thread::sleep(work);
         let n = self.bookings.fetch_add(1, Ordering::SeqCst) + 1;
         let result = json!({ "reference": format!("BK-{n:03}"), "traveller": request["traveller"], "flight": request["flight"] });
-        if let Err(e) = self
+        let finished = self
             .keys
             .lock()
             .unwrap()
-            .finish(&key, &result, SystemClock.now())
-        {
-            return error(503, e.to_string());
+            .finish(&key, token, &result, SystemClock.now());
+        match finished {
+            Ok(()) => {}
+            // This request's reservation timed out and another request holds the key now: its result
+            // is the one that counts. The caller retries and gets it.
+            Err(e @ Error::StaleReservation { .. }) => return error(409, e.to_string()),
+            Err(e) => return error(503, e.to_string()),
         }
         Reply {
             status: 201,

@@ -9,7 +9,7 @@ use miniflow_core::{
 use serde_json::Value;
 use wasm_bindgen::prelude::*;
 
-use crate::convert::{count, from_js, now, string, to_js};
+use crate::convert::{count, from_js, now, string, to_js, whole};
 use crate::error::{from_core, invalid, js_error, IntoJs};
 use crate::types::IdempotencyPolicyInput;
 use wasm_bindgen::JsCast;
@@ -74,7 +74,7 @@ impl JsIdempotencyStore {
                 .map_or(defaults.reservation_timeout, Duration::from_millis),
         };
         Ok(Self {
-            inner: MemoryIdempotencyStore::new(policy),
+            inner: MemoryIdempotencyStore::new(policy).js()?,
         })
     }
 
@@ -94,25 +94,36 @@ impl JsIdempotencyStore {
         )
     }
 
-    /// Stores the effect's result for a reserved key.
+    /// Stores the effect's result under the reservation `token` that `begin` answered `fresh` with.
+    /// Throws `STALE_RESERVATION` (changing nothing) when another caller took the key over.
     pub fn finish(
         &mut self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         let result: Value = from_js("result", &result)?;
         self.inner
-            .finish(&key(&key_value)?, &result, now(&now_ms)?)
+            .finish(
+                &key(&key_value)?,
+                whole("token", &token)?,
+                &result,
+                now(&now_ms)?,
+            )
             .js()
     }
 
-    /// Releases a reservation whose effect did not happen.
+    /// Releases the reservation `token` of a key whose effect did not happen. Throws
+    /// `STALE_RESERVATION` (changing nothing) when another caller took the key over.
     pub fn abandon(
         &mut self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner.abandon(&key(&key_value)?).js()
+        self.inner
+            .abandon(&key(&key_value)?, whole("token", &token)?)
+            .js()
     }
 
     /// What the store remembers of a key, or `null`.
@@ -156,8 +167,8 @@ impl JsIdempotencyStore {
         let effect: Function = effect
             .dyn_into()
             .map_err(|_| invalid("effect", "is not a function"))?;
-        match self.inner.begin(&key, parse_digest(&digest)?, now).js()? {
-            Begin::Fresh => {}
+        let token = match self.inner.begin(&key, parse_digest(&digest)?, now).js()? {
+            Begin::Fresh { token } => token,
             Begin::Completed { result } => return to_js(&result),
             Begin::InProgress { since } => {
                 return Err(js_error("IN_PROGRESS", &format!("key {key} is held by another caller since {since}")))
@@ -168,18 +179,18 @@ impl JsIdempotencyStore {
                     &format!("key {key} was used with other parameters (digest {stored_digest}, now {new_digest})"),
                 ))
             }
-        }
+        };
         let outcome = effect.call0(&JsValue::UNDEFINED).and_then(|result| {
             let stored: Value = from_js("effect result", &result)?;
             Ok((result, stored))
         });
         match outcome {
             Ok((result, stored)) => {
-                self.inner.finish(&key, &stored, now).js()?;
+                self.inner.finish(&key, token, &stored, now).js()?;
                 Ok(result)
             }
             Err(thrown) => {
-                self.inner.abandon(&key).js()?;
+                self.inner.abandon(&key, token).js()?;
                 Err(thrown)
             }
         }

@@ -106,7 +106,7 @@ export interface ParsedCommandId { workflow_id: string; event_seq: number; index
 
 /** The receiver's answer for an idempotency key. */
 export type Begin =
-  | { outcome: "fresh" }
+  | { outcome: "fresh"; token: number }
   | { outcome: "completed"; result: Json }
   | { outcome: "conflict"; key: string; stored_digest: string; new_digest: string }
   | { outcome: "in_progress"; since: number };
@@ -114,8 +114,8 @@ export type Begin =
 export interface IdempotencyPolicyInput { retention_ms?: number; reservation_timeout_ms?: number }
 /** What a receiver remembers of a key. */
 export type IdempotencyRecord =
-  | { key: string; digest: string; reserved_at: number; state: "reserved" }
-  | { key: string; digest: string; reserved_at: number; state: "completed"; result: Json; completed_at: number };
+  | { key: string; digest: string; reserved_at: number; token: number; state: "reserved" | "abandoned" }
+  | { key: string; digest: string; reserved_at: number; token: number; state: "completed"; result: Json; completed_at: number };
 /** The error every failing call throws: `code` is stable (CONFLICT, STALE_LEASE, INVALID_INPUT, …). */
 export interface MiniflowError extends Error { code: string }
 "#;

@@ -28,7 +28,7 @@ impl IdempotencyHarness for MemoryHarness {
     type Store = MemoryIdempotencyStore;
 
     fn open(&mut self, policy: IdempotencyPolicy) -> MemoryIdempotencyStore {
-        MemoryIdempotencyStore::new(policy)
+        MemoryIdempotencyStore::new(policy).expect("a valid policy")
     }
 
     fn reopen(&mut self, store: MemoryIdempotencyStore) -> MemoryIdempotencyStore {

@@ -39,7 +39,7 @@ use serde_json::json;
 
 use crate::{
     Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Digest, Engine, Error,
-    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RetryPolicy,
+    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RecordState, RetryPolicy,
     Seq, Settled, Status, Store, Timer, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
     COMMAND_FAILED, TIMER_FIRED,
 };
@@ -1639,25 +1639,30 @@ fn booking(traveller: &str) -> Digest {
     Digest::of_intent(&request, &["flight", "traveller"])
 }
 
+/// The reservation token of a `Fresh` answer; panics on any other answer.
+fn fresh(answer: Begin) -> u64 {
+    match answer {
+        Begin::Fresh { token } => token,
+        other => panic!("expected Fresh, got {other:?}"),
+    }
+}
+
 /// Fresh once; the same key and digest then get the stored result, with no new reservation.
 pub fn first_begin_is_fresh_and_repeats_get_the_result<H: IdempotencyHarness>(h: &mut H) {
     let mut store = h.open(receiver_policy());
     let k = key("trip-001:1:0");
-    assert_eq!(
-        store.begin(&k, booking("Li Lei"), T0).unwrap(),
-        Begin::Fresh
-    );
+    let token = fresh(store.begin(&k, booking("Li Lei"), T0).unwrap());
     assert!(matches!(
-        store.finish(&key("never-begun"), &json!(1), T0),
+        store.finish(&key("never-begun"), 1, &json!(1), T0),
         Err(Error::UnknownKey { .. })
     ));
     store
-        .finish(&k, &json!({ "reference": "BK-1", "seats": [1, 2] }), at(5))
+        .finish(&k, token, &json!({ "reference": "BK-1", "seats": [1, 2] }), at(5))
         .unwrap();
     assert!(
         matches!(
-            store.finish(&k, &json!({ "reference": "BK-2" }), at(6)),
-            Err(Error::InvalidInput { .. })
+            store.finish(&k, token, &json!({ "reference": "BK-2" }), at(6)),
+            Err(Error::StaleReservation { .. })
         ),
         "finished twice"
     );
@@ -1671,11 +1676,10 @@ pub fn first_begin_is_fresh_and_repeats_get_the_result<H: IdempotencyHarness>(h:
         );
     }
     // Another operation (another key) with the same parameters is another effect.
-    assert_eq!(
+    fresh(
         store
             .begin(&key("trip-002:1:0"), booking("Li Lei"), at(7))
             .unwrap(),
-        Begin::Fresh
     );
 }
 
@@ -1684,7 +1688,7 @@ pub fn first_begin_is_fresh_and_repeats_get_the_result<H: IdempotencyHarness>(h:
 pub fn a_changed_digest_is_a_conflict<H: IdempotencyHarness>(h: &mut H) {
     let mut store = h.open(receiver_policy());
     let k = key("trip-001:1:0");
-    store.begin(&k, booking("Li Lei"), T0).unwrap();
+    let token = fresh(store.begin(&k, booking("Li Lei"), T0).unwrap());
     let conflict = Begin::Conflict {
         key: k.clone(),
         stored_digest: booking("Li Lei"),
@@ -1696,7 +1700,7 @@ pub fn a_changed_digest_is_a_conflict<H: IdempotencyHarness>(h: &mut H) {
         "while in progress"
     );
     store
-        .finish(&k, &json!({ "reference": "BK-1" }), at(2))
+        .finish(&k, token, &json!({ "reference": "BK-1" }), at(2))
         .unwrap();
     assert_eq!(
         store.begin(&k, booking("Han Meimei"), at(3)).unwrap(),
@@ -1716,7 +1720,7 @@ pub fn a_changed_digest_is_a_conflict<H: IdempotencyHarness>(h: &mut H) {
 pub fn reservations_block_then_can_be_taken_over<H: IdempotencyHarness>(h: &mut H) {
     let mut store = h.open(receiver_policy());
     let k = key("k");
-    assert_eq!(store.begin(&k, booking("a"), T0).unwrap(), Begin::Fresh);
+    let first = fresh(store.begin(&k, booking("a"), T0).unwrap());
     assert_eq!(
         store.begin(&k, booking("a"), T0).unwrap(),
         Begin::InProgress { since: T0 },
@@ -1726,27 +1730,111 @@ pub fn reservations_block_then_can_be_taken_over<H: IdempotencyHarness>(h: &mut 
         store.begin(&k, booking("a"), at(999)).unwrap(),
         Begin::InProgress { since: T0 }
     );
-    assert_eq!(
-        store.begin(&k, booking("a"), at(1_000)).unwrap(),
-        Begin::Fresh,
-        "the stale reservation is taken over"
-    );
+    let second = fresh(store.begin(&k, booking("a"), at(1_000)).unwrap());
+    assert!(second > first, "a takeover gets a greater token");
     assert_eq!(
         store.begin(&k, booking("a"), at(1_001)).unwrap(),
         Begin::InProgress { since: at(1_000) }
     );
-    store.abandon(&k).unwrap();
-    store.abandon(&k).unwrap();
-    assert_eq!(
-        store.begin(&k, booking("a"), at(1_002)).unwrap(),
-        Begin::Fresh,
-        "abandoned: free again"
-    );
-    store.finish(&k, &json!("ok"), at(1_003)).unwrap();
+    store.abandon(&k, second).unwrap();
     assert!(
-        matches!(store.abandon(&k), Err(Error::InvalidInput { .. })),
+        matches!(store.abandon(&k, second), Err(Error::StaleReservation { .. })),
+        "abandoned once"
+    );
+    store.abandon(&key("never-begun"), 7).unwrap();
+    let third = fresh(store.begin(&k, booking("a"), at(1_002)).unwrap());
+    assert!(third > second, "tokens keep growing across an abandon");
+    store.finish(&k, third, &json!("ok"), at(1_003)).unwrap();
+    assert!(
+        matches!(store.abandon(&k, third), Err(Error::StaleReservation { .. })),
         "a finished effect cannot be abandoned"
     );
+}
+
+/// A holder whose reservation was taken over is fenced off (DESIGN rule 14): its `abandon` does not
+/// release the new holder's reservation, its `finish` is refused and stores nothing, and the new
+/// holder finishes as usual — so a third caller never gets `Fresh`.
+pub fn stale_holders_are_fenced<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("trip-001:1:0");
+    let stale = fresh(store.begin(&k, booking("a"), T0).unwrap());
+    let current = fresh(store.begin(&k, booking("a"), at(1_000)).unwrap());
+
+    let err = store.abandon(&k, stale).unwrap_err();
+    assert_eq!(err.code(), "STALE_RESERVATION");
+    assert!(err.to_string().contains(&stale.to_string()), "{err}");
+    assert_eq!(
+        store.begin(&k, booking("a"), at(1_001)).unwrap(),
+        Begin::InProgress { since: at(1_000) },
+        "the stale abandon released nothing: a third caller waits"
+    );
+    assert!(matches!(
+        store.finish(&k, stale, &json!("stale"), at(1_002)),
+        Err(Error::StaleReservation { .. })
+    ));
+    let mut store = h.reopen(store);
+    assert_eq!(
+        store.record(&k).unwrap().unwrap().state,
+        RecordState::Reserved,
+        "the stale finish stored nothing"
+    );
+    store
+        .finish(&k, current, &json!({ "reference": "BK-2" }), at(1_003))
+        .unwrap();
+    assert_eq!(
+        store.begin(&k, booking("a"), at(1_004)).unwrap(),
+        Begin::Completed {
+            result: json!({ "reference": "BK-2" })
+        }
+    );
+    // A late finish without a takeover is still the holder's.
+    let late = fresh(store.begin(&key("slow"), booking("a"), at(2_000)).unwrap());
+    store
+        .finish(&key("slow"), late, &json!("late"), at(9_000))
+        .unwrap();
+}
+
+/// A token never comes back: not after an abandon, nor after the record expired or was purged.
+pub fn reservation_tokens_never_repeat<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("k");
+    let mut seen = vec![fresh(store.begin(&k, booking("a"), T0).unwrap())];
+    store.abandon(&k, seen[0]).unwrap();
+    seen.push(fresh(store.begin(&k, booking("a"), T0).unwrap()));
+    // Past retention, the expired reservation is replaced.
+    seen.push(fresh(store.begin(&k, booking("a"), at(20_000)).unwrap()));
+    assert_eq!(store.purge(at(40_000), 10).unwrap(), 1);
+    seen.push(fresh(store.begin(&k, booking("a"), at(40_000)).unwrap()));
+    for pair in seen.windows(2) {
+        assert!(pair[1] > pair[0], "tokens {seen:?} must grow");
+    }
+    for old in &seen[..3] {
+        assert!(matches!(
+            store.finish(&k, *old, &json!(1), at(40_001)),
+            Err(Error::StaleReservation { .. })
+        ));
+    }
+}
+
+/// A result over the JSON limits is refused naming `result`, and the reservation stays, so the holder
+/// can still finish with a smaller result or abandon.
+pub fn oversized_results_are_refused_and_the_reservation_stays<H: IdempotencyHarness>(h: &mut H) {
+    let mut store = h.open(receiver_policy());
+    let k = key("k");
+    let token = fresh(store.begin(&k, booking("a"), T0).unwrap());
+    let mut deep = json!(1);
+    for _ in 0..65 {
+        deep = json!([deep]);
+    }
+    let err = store.finish(&k, token, &deep, at(1)).unwrap_err();
+    assert_eq!(err.code(), "INVALID_INPUT");
+    assert!(err.to_string().contains("result"), "{err}");
+    let mut store = h.reopen(store);
+    assert_eq!(
+        store.record(&k).unwrap().unwrap().state,
+        RecordState::Reserved
+    );
+    store.finish(&k, token, &json!("small"), at(2)).unwrap();
 }
 
 /// Records are kept for the retention period and not a moment less; `purge` forgets only older ones,
@@ -1755,11 +1843,13 @@ pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &
     let mut store = h.open(receiver_policy());
     for n in 0..5 {
         let k = key(&format!("k{n}"));
-        store.begin(&k, booking("a"), T0).unwrap();
-        store.finish(&k, &json!(n), at(100)).unwrap();
+        let token = fresh(store.begin(&k, booking("a"), T0).unwrap());
+        store.finish(&k, token, &json!(n), at(100)).unwrap();
     }
-    store.begin(&key("fresh"), booking("a"), at(5_000)).unwrap();
-    store.finish(&key("fresh"), &json!("x"), at(5_000)).unwrap();
+    let token = fresh(store.begin(&key("fresh"), booking("a"), at(5_000)).unwrap());
+    store
+        .finish(&key("fresh"), token, &json!("x"), at(5_000))
+        .unwrap();
     assert_eq!(
         store.purge(at(10_099), 10).unwrap(),
         0,
@@ -1781,19 +1871,18 @@ pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &
     );
     let mut store = store_after;
     // Once retention has passed, the key is forgotten even before a purge: a new effect would follow.
-    store.begin(&key("old"), booking("a"), T0).unwrap();
-    store.finish(&key("old"), &json!(1), T0).unwrap();
-    assert_eq!(
-        store.begin(&key("old"), booking("a"), at(10_000)).unwrap(),
-        Begin::Fresh
-    );
+    let token = fresh(store.begin(&key("old"), booking("a"), T0).unwrap());
+    store.finish(&key("old"), token, &json!(1), T0).unwrap();
+    fresh(store.begin(&key("old"), booking("a"), at(10_000)).unwrap());
     // Near the epoch too: a record finished at time 0 is kept until the retention has passed.
     let mut early = h.open(receiver_policy());
+    let token = fresh(
+        early
+            .begin(&key("k"), booking("a"), Timestamp::EPOCH)
+            .unwrap(),
+    );
     early
-        .begin(&key("k"), booking("a"), Timestamp::EPOCH)
-        .unwrap();
-    early
-        .finish(&key("k"), &json!(1), Timestamp::EPOCH)
+        .finish(&key("k"), token, &json!(1), Timestamp::EPOCH)
         .unwrap();
     assert_eq!(early.purge(Timestamp::from_millis(9_999), 10).unwrap(), 0);
     assert_eq!(early.purge(Timestamp::from_millis(10_000), 10).unwrap(), 1);
@@ -1812,6 +1901,9 @@ macro_rules! idempotency_conformance_tests {
             first_begin_is_fresh_and_repeats_get_the_result,
             a_changed_digest_is_a_conflict,
             reservations_block_then_can_be_taken_over,
+            stale_holders_are_fenced,
+            reservation_tokens_never_repeat,
+            oversized_results_are_refused_and_the_reservation_stays,
             records_expire_after_retention_and_not_before,
         );
     };

@@ -2,6 +2,7 @@
 
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
+use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
 use crate::store::{Commit, Store};
 use crate::time::Timestamp;
@@ -134,6 +135,7 @@ pub struct Handled {
 pub struct Engine<W> {
     workflow: W,
     max_conflict_retries: u32,
+    limits: JsonLimits,
 }
 
 impl<W: Workflow> Engine<W> {
@@ -142,7 +144,16 @@ impl<W: Workflow> Engine<W> {
         Self {
             workflow,
             max_conflict_retries: 8,
+            limits: JsonLimits::default(),
         }
+    }
+
+    /// Sets the limits the payloads of events, commands and timers are checked against (default
+    /// [`JsonLimits::default`]); limits out of bounds are refused at the first commit.
+    #[must_use]
+    pub fn json_limits(mut self, limits: JsonLimits) -> Self {
+        self.limits = limits;
+        self
     }
 
     /// Sets how many times a commit that lost a race is replayed, decided and tried again.
@@ -188,20 +199,41 @@ impl<W: Workflow> Engine<W> {
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
     ///
+    /// When the workflow rejects the timer's event ([`crate::Decision::reject`]), the timer ends
+    /// `rejected` with the reason ([`Store::reject_timer`]) and the [`Error::Rejected`] is returned:
+    /// a refused timer is not taken again and again.
+    ///
     /// # Errors
     ///
-    /// As [`Engine::handle`].
+    /// As [`Engine::handle`]; [`Error::InvalidInput`] for a timer that is not due at `now`.
     pub fn fire<S: Store + ?Sized>(
         &self,
         store: &mut S,
         timer: &TimerRow,
         now: Timestamp,
     ) -> Result<Option<Handled>, Error> {
+        if timer.fire_at > now {
+            return Err(Error::invalid(
+                "timer",
+                &timer.timer_id,
+                format!("is due at {}, not yet at {now}", timer.fire_at),
+            ));
+        }
         let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
         let workflow_id = timer.timer_id.workflow_id();
         match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id)) {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
+            Err(Error::Rejected {
+                workflow_id,
+                reason,
+            }) => match store.reject_timer(&timer.timer_id, &reason, now) {
+                Ok(()) | Err(Error::TimerNotScheduled { .. }) => Err(Error::Rejected {
+                    workflow_id,
+                    reason,
+                }),
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         }
     }
@@ -226,12 +258,13 @@ impl<W: Workflow> Engine<W> {
                 recorded_at: now,
             };
             let decision = self.workflow.decide(&replayed.state, &record);
-            let mut commit = Commit::new(
+            let mut commit = Commit::with_limits(
                 workflow_id.clone(),
                 replayed.last_seq,
                 event.clone(),
                 decision,
                 now,
+                self.limits,
             )?;
             if let Some(timer_id) = fires {
                 commit = commit.firing(timer_id.clone())?;
@@ -339,6 +372,9 @@ mod tests {
             now: Timestamp,
         ) -> Result<Vec<TimerRow>, Error> {
             self.inner.claim_timers(l, d, now)
+        }
+        fn reject_timer(&mut self, id: &TimerId, r: &str, now: Timestamp) -> Result<(), Error> {
+            self.inner.reject_timer(id, r, now)
         }
         fn timers(&self, id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
             self.inner.timers(id)

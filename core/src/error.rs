@@ -85,6 +85,19 @@ pub enum Error {
         current: String,
     },
 
+    /// A receiver's reservation is no longer the caller's: it timed out and another caller took the key
+    /// over, or it was finished or abandoned. Nothing was changed; the caller must not report its own
+    /// result (the current holder's is the one that counts).
+    #[error("stale reservation of idempotency key {key:?}: token {token} is not the current reservation ({current})")]
+    StaleReservation {
+        /// The key.
+        key: String,
+        /// The token the caller presented.
+        token: u64,
+        /// What holds the key now, in words.
+        current: String,
+    },
+
     /// The commit was to fire a timer that already fired, was cancelled, or does not exist: another
     /// firer won, or a decision cancelled it. Nothing was written; drop this firing.
     #[error("timer {timer_id} is {status}, not scheduled: it fires once")]
@@ -149,6 +162,7 @@ impl Error {
             Error::UnknownCommand { .. } | Error::UnknownKey { .. } => "NOT_FOUND",
             Error::RetentionTooShort { .. } => "RETENTION_TOO_SHORT",
             Error::StaleLease { .. } => "STALE_LEASE",
+            Error::StaleReservation { .. } => "STALE_RESERVATION",
             Error::InvalidState { .. } => "INVALID_STATE",
             Error::TimerNotScheduled { .. } => "TIMER_NOT_SCHEDULED",
             Error::Busy(_) => "BUSY",

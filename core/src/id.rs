@@ -37,7 +37,8 @@ impl WorkflowId {
     /// # Errors
     ///
     /// [`Error::InvalidInput`] naming the value when it is empty, longer than [`Self::MAX_LEN`] bytes, or
-    /// contains a control character.
+    /// contains a control character or an invisible formatting character (zero-width characters,
+    /// bidirectional overrides and isolates, the byte-order mark, the soft hyphen).
     pub fn new(id: impl Into<String>) -> Result<Self, Error> {
         let id = id.into();
         let reason = if id.is_empty() {
@@ -48,10 +49,15 @@ impl WorkflowId {
                 id.len(),
                 Self::MAX_LEN
             ))
+        } else if let Some(at) = id.chars().position(char::is_control) {
+            Some(format!("has a control character at character {at}"))
         } else {
-            id.chars()
-                .position(char::is_control)
-                .map(|at| format!("has a control character at character {at}"))
+            id.chars().position(is_invisible).map(|at| {
+                format!(
+                    "has an invisible formatting character (zero-width or bidirectional) at \
+                     character {at}: two IDs that print alike must be the same ID"
+                )
+            })
         };
         match reason {
             Some(reason) => Err(Error::invalid("workflow_id", &id, reason)),
@@ -63,6 +69,23 @@ impl WorkflowId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Unicode format characters (category Cf) that change how text prints without printing themselves:
+/// two IDs differing only by them would look the same to an operator.
+fn is_invisible(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+    )
 }
 
 impl fmt::Display for WorkflowId {

@@ -5,12 +5,23 @@
 //!
 //! | answer | meaning | what the receiver does |
 //! |---|---|---|
-//! | [`Begin::Fresh`] | first time (or a stale reservation taken over) | do the effect, then `finish` (or `abandon` if it did not happen) |
+//! | [`Begin::Fresh`] | first time (or a stale reservation taken over) | do the effect, then `finish` with the reservation token (or `abandon` if it did not happen) |
 //! | [`Begin::Completed`] | done before with the same parameters | return the stored result, no new effect |
 //! | [`Begin::Conflict`] | the key came back with other parameters | refuse (HTTP 422): the caller has a bug |
 //! | [`Begin::InProgress`] | another caller holds the key right now | refuse for now (HTTP 409); the caller retries |
 //!
-//! The rules are stated once, in [`IdempotencyRecord::begin`]; stores only load and write records.
+//! A `Fresh` answer carries a **reservation token**. `finish` and `abandon` need it: once a reservation
+//! timed out and another caller took the key over, the first holder's token is stale and its `finish` or
+//! `abandon` changes nothing ([`Error::StaleReservation`]). Tokens of a key only grow, also across
+//! abandoned reservations, so a stale token never becomes current again (DESIGN rule 14).
+//!
+//! Fencing protects the *record*, not the *effect*: a holder that is merely slow past its reservation
+//! timeout lets a second holder in, and both may act. A receiver that commits its effect in the same
+//! transaction as `finish`, under the token check, is at most once in every interleaving; any other
+//! receiver must keep [`IdempotencyPolicy::reservation_timeout`] above its slowest effect.
+//!
+//! The rules are stated once, in [`IdempotencyRecord::begin`], [`IdempotencyRecord::finish`] and
+//! [`IdempotencyRecord::abandon`]; stores only load and write records.
 
 use std::fmt;
 use std::str::FromStr;
@@ -192,8 +203,12 @@ impl From<Digest> for String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Begin {
-    /// Reserved for this caller: do the effect, then `finish` (or `abandon`).
-    Fresh,
+    /// Reserved for this caller: do the effect, then `finish` (or `abandon`) with `token`.
+    Fresh {
+        /// The reservation token: pass it to `finish` or `abandon`. A later holder of the key gets a
+        /// greater one, which makes this one stale.
+        token: u64,
+    },
     /// Done before with the same parameters: here is the stored result. Do not repeat the effect.
     Completed {
         /// The result stored by `finish`.
@@ -216,14 +231,68 @@ pub enum Begin {
 }
 
 /// How long a receiver remembers keys, and when a reservation counts as abandoned.
+///
+/// Stores check it when they are built ([`IdempotencyPolicy::validate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdempotencyPolicy {
     /// How long a record is kept (from its completion, or from its reservation if never finished).
-    /// It must cover the producer's retry horizon: see [`check_retention`].
+    /// It must cover the producer's retry horizon (see [`check_retention`]) and be at least the
+    /// reservation timeout.
     pub retention: Duration,
     /// How long a reservation blocks others; after it, another caller may take the key over (the first
-    /// caller is presumed dead). Longer than the slowest effect.
+    /// caller is presumed dead) and the first caller's token becomes stale.
+    ///
+    /// **Keep it above the slowest effect.** Fencing protects the record, not the effect: a holder that
+    /// is still working when its reservation times out lets a second holder in, and both may act. Only a
+    /// receiver that commits its effect in the same transaction as `finish`, under the token check, is
+    /// at most once whatever the timing.
     pub reservation_timeout: Duration,
+}
+
+impl IdempotencyPolicy {
+    /// Checks the policy: both durations longer than zero and at most 100 years, and the retention at
+    /// least the reservation timeout (a record must not be forgotten while its reservation still holds).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use miniflow_core::IdempotencyPolicy;
+    ///
+    /// let policy = IdempotencyPolicy { retention: Duration::from_secs(10), reservation_timeout: Duration::from_secs(60) };
+    /// let err = policy.validate().unwrap_err();
+    /// assert!(err.to_string().contains("10s") && err.to_string().contains("60s"));
+    /// assert!(IdempotencyPolicy::default().validate().is_ok());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the field and both durations.
+    pub fn validate(&self) -> Result<(), Error> {
+        const MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        for (field, value) in [
+            ("retention", self.retention),
+            ("reservation_timeout", self.reservation_timeout),
+        ] {
+            if value.is_zero() || value > MAX {
+                return Err(Error::invalid(
+                    field,
+                    format!("{value:?}"),
+                    format!("must be longer than zero and at most {MAX:?}"),
+                ));
+            }
+        }
+        if self.retention < self.reservation_timeout {
+            return Err(Error::invalid(
+                "retention",
+                format!("{:?}", self.retention),
+                format!(
+                    "is shorter than the reservation timeout {:?}: a reservation would be forgotten \
+                     while it still holds, and a second caller would repeat the effect",
+                    self.reservation_timeout
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for IdempotencyPolicy {
@@ -236,12 +305,15 @@ impl Default for IdempotencyPolicy {
     }
 }
 
-/// Whether a key is reserved or completed.
+/// Whether a key is reserved, completed or abandoned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum RecordState {
     /// A caller is doing the effect.
     Reserved,
+    /// The holder released the key without an effect; the next `begin` is fresh. The record stays, so
+    /// its token keeps counting up.
+    Abandoned,
     /// The effect is done; `result` is what every repeat gets.
     Completed {
         /// The stored result.
@@ -260,7 +332,10 @@ pub struct IdempotencyRecord {
     pub digest: Digest,
     /// When the current reservation was made.
     pub reserved_at: Timestamp,
-    /// Reserved or completed.
+    /// The token of the current (or last) reservation; only the holder of this token may finish or
+    /// abandon it.
+    pub token: u64,
+    /// Reserved, completed or abandoned.
     #[serde(flatten)]
     pub state: RecordState,
 }
@@ -270,8 +345,16 @@ impl IdempotencyRecord {
     pub fn expires_at(&self, policy: &IdempotencyPolicy) -> Timestamp {
         match &self.state {
             RecordState::Completed { completed_at, .. } => *completed_at + policy.retention,
-            RecordState::Reserved => self.reserved_at + policy.retention,
+            RecordState::Reserved | RecordState::Abandoned => self.reserved_at + policy.retention,
         }
+    }
+
+    /// The next reservation token after `previous` at `now`: greater than every earlier token of the
+    /// key, and at least `now` in milliseconds, so that a key whose record was purged (and a stale
+    /// holder from before it) still never sees a token come back.
+    fn next_token(previous: Option<&IdempotencyRecord>, now: Timestamp) -> u64 {
+        let after = previous.map_or(0, |r| r.token).saturating_add(1);
+        after.max(now.as_millis())
     }
 
     /// The rule of `begin`: the answer for a request with `digest` at `now` given the `existing` record,
@@ -283,14 +366,21 @@ impl IdempotencyRecord {
         policy: &IdempotencyPolicy,
         now: Timestamp,
     ) -> (Begin, Option<IdempotencyRecord>) {
-        let reserve = || IdempotencyRecord {
-            key: key.clone(),
-            digest,
-            reserved_at: now,
-            state: RecordState::Reserved,
+        let reserve = || {
+            let token = Self::next_token(existing, now);
+            let record = IdempotencyRecord {
+                key: key.clone(),
+                digest,
+                reserved_at: now,
+                token,
+                state: RecordState::Reserved,
+            };
+            (Begin::Fresh { token }, Some(record))
         };
-        let Some(record) = existing.filter(|r| r.expires_at(policy) > now) else {
-            return (Begin::Fresh, Some(reserve()));
+        let Some(record) = existing.filter(|r| {
+            r.expires_at(policy) > now && !matches!(r.state, RecordState::Abandoned)
+        }) else {
+            return reserve();
         };
         if record.digest != digest {
             let conflict = Begin::Conflict {
@@ -308,9 +398,9 @@ impl IdempotencyRecord {
                 None,
             ),
             RecordState::Reserved if record.reserved_at + policy.reservation_timeout <= now => {
-                (Begin::Fresh, Some(reserve()))
+                reserve()
             }
-            RecordState::Reserved => (
+            RecordState::Reserved | RecordState::Abandoned => (
                 Begin::InProgress {
                     since: record.reserved_at,
                 },
@@ -319,19 +409,37 @@ impl IdempotencyRecord {
         }
     }
 
-    /// The rule of `finish`: a reserved record becomes completed with `result`.
+    /// Checks that `token` holds the current reservation.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when the record is already completed.
-    pub fn finish(&mut self, result: Value, now: Timestamp) -> Result<(), Error> {
-        if let RecordState::Completed { .. } = self.state {
-            return Err(Error::invalid(
-                "idempotency_key",
-                &self.key,
-                "was already finished",
-            ));
+    /// [`Error::StaleReservation`] when another caller took the key over, or the reservation was
+    /// finished or abandoned.
+    pub fn check_reservation(&self, token: u64) -> Result<(), Error> {
+        if self.state == RecordState::Reserved && self.token == token {
+            return Ok(());
         }
+        let current = match &self.state {
+            RecordState::Reserved => format!("reserved with token {}", self.token),
+            RecordState::Completed { .. } => format!("finished under token {}", self.token),
+            RecordState::Abandoned => format!("abandoned under token {}", self.token),
+        };
+        Err(Error::StaleReservation {
+            key: self.key.to_string(),
+            token,
+            current,
+        })
+    }
+
+    /// The rule of `finish`: the reservation of `token` becomes completed with `result`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleReservation`] when `token` is not the current reservation (nothing changes);
+    /// [`Error::InvalidInput`] for a result over the JSON limits.
+    pub fn finish(&mut self, token: u64, result: Value, now: Timestamp) -> Result<(), Error> {
+        self.check_reservation(token)?;
+        crate::limits::check_json("result", &result)?;
         self.state = RecordState::Completed {
             result,
             completed_at: now,
@@ -339,20 +447,16 @@ impl IdempotencyRecord {
         Ok(())
     }
 
-    /// The rule of `abandon`: only a reservation can be released.
+    /// The rule of `abandon`: the reservation of `token` is released without an effect; the next
+    /// `begin` is fresh (with a greater token).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when the record is completed (its effect happened).
-    pub fn check_abandon(&self) -> Result<(), Error> {
-        match self.state {
-            RecordState::Reserved => Ok(()),
-            RecordState::Completed { .. } => Err(Error::invalid(
-                "idempotency_key",
-                &self.key,
-                "was finished: its effect happened and cannot be abandoned",
-            )),
-        }
+    /// [`Error::StaleReservation`] when `token` is not the current reservation (nothing changes).
+    pub fn abandon(&mut self, token: u64) -> Result<(), Error> {
+        self.check_reservation(token)?;
+        self.state = RecordState::Abandoned;
+        Ok(())
     }
 }
 
@@ -362,7 +466,8 @@ pub trait IdempotencyStore {
     fn policy(&self) -> &IdempotencyPolicy;
 
     /// Answers a request for `key` with `digest` at `now` (see the module docs), atomically: of two
-    /// callers beginning the same key at once, one gets `Fresh` and the other `InProgress`.
+    /// callers beginning the same key at once, one gets `Fresh` (with a reservation token) and the other
+    /// `InProgress`.
     fn begin(
         &mut self,
         key: &IdempotencyKey,
@@ -370,20 +475,29 @@ pub trait IdempotencyStore {
         now: Timestamp,
     ) -> Result<Begin, Error>;
 
-    /// Stores the effect's `result` for a reserved key; repeats of the key get it back.
+    /// Stores the effect's `result` under the reservation `token` of `begin`; repeats of the key get
+    /// it back.
     ///
     /// # Errors
     ///
-    /// [`Error::UnknownKey`] when the key is not reserved; [`Error::InvalidInput`] when already finished.
-    fn finish(&mut self, key: &IdempotencyKey, result: &Value, now: Timestamp)
-        -> Result<(), Error>;
+    /// [`Error::UnknownKey`] when the key was never reserved; [`Error::StaleReservation`] when `token`
+    /// is not the current reservation (taken over, finished or abandoned) — nothing changes;
+    /// [`Error::InvalidInput`] for a result over the JSON limits.
+    fn finish(
+        &mut self,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &Value,
+        now: Timestamp,
+    ) -> Result<(), Error>;
 
-    /// Releases a reservation whose effect did not happen. Harmless for an unknown key.
+    /// Releases the reservation `token` of a key whose effect did not happen: the next `begin` is
+    /// fresh. Harmless for an unknown key (e.g. one already purged).
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when the key was finished.
-    fn abandon(&mut self, key: &IdempotencyKey) -> Result<(), Error>;
+    /// [`Error::StaleReservation`] when `token` is not the current reservation — nothing changes.
+    fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error>;
 
     /// The record of `key`, if remembered (expired records may still be here until purged).
     fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error>;
@@ -435,11 +549,16 @@ pub struct MemoryIdempotencyStore {
 
 impl MemoryIdempotencyStore {
     /// An empty store with `policy`.
-    pub fn new(policy: IdempotencyPolicy) -> Self {
-        Self {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when the policy is out of bounds (see [`IdempotencyPolicy::validate`]).
+    pub fn new(policy: IdempotencyPolicy) -> Result<Self, Error> {
+        policy.validate()?;
+        Ok(Self {
             policy,
             records: Default::default(),
-        }
+        })
     }
 }
 
@@ -465,21 +584,21 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     fn finish(
         &mut self,
         key: &IdempotencyKey,
+        token: u64,
         result: &Value,
         now: Timestamp,
     ) -> Result<(), Error> {
         let record = self.records.get_mut(key).ok_or_else(|| Error::UnknownKey {
             key: key.to_string(),
         })?;
-        record.finish(result.clone(), now)
+        record.finish(token, result.clone(), now)
     }
 
-    fn abandon(&mut self, key: &IdempotencyKey) -> Result<(), Error> {
-        if let Some(record) = self.records.get(key) {
-            record.check_abandon()?;
-            self.records.remove(key);
+    fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
+        match self.records.get_mut(key) {
+            Some(record) => record.abandon(token),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {

@@ -72,6 +72,7 @@ mod engine;
 mod error;
 mod id;
 mod idempotency;
+mod limits;
 mod memory;
 mod model;
 mod outbox;
@@ -90,9 +91,10 @@ pub use idempotency::{
     check_retention, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
     IdempotencyStore, MemoryIdempotencyStore, RecordState,
 };
+pub use limits::JsonLimits;
 pub use memory::MemoryStore;
 pub use model::{canonical_json, Command, Decision, Event, EventRecord, MAX_KIND_LEN};
-pub use outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status};
+pub use outbox::{MAX_ERROR_LEN, ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status};
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};
 pub use time::{Clock, ManualClock, Timestamp};

@@ -411,6 +411,22 @@ impl Store for MemoryStore {
         Ok(taken)
     }
 
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let timer = self
+            .timers
+            .get_mut(timer_id)
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, now)
+    }
+
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         Ok(self
             .timers

@@ -193,32 +193,47 @@ pub fn canonical_json(value: &Value) -> String {
     out
 }
 
+/// One step of the canonical writer: a value to write, or punctuation to emit after its children.
+enum Step<'a> {
+    Value(&'a Value),
+    Key(&'a str),
+    Text(&'static str),
+}
+
+/// Writes `value` canonically with an explicit stack, so that no depth overflows the call stack.
 fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<_> = map.iter().collect();
-            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
-            out.push('{');
-            for (i, (key, item)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(key.clone()).to_string());
+    let mut steps = vec![Step::Value(value)];
+    while let Some(step) = steps.pop() {
+        match step {
+            Step::Text(text) => out.push_str(text),
+            Step::Key(key) => {
+                out.push_str(&Value::String(key.to_owned()).to_string());
                 out.push(':');
-                write_canonical(item, out);
             }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
+            Step::Value(Value::Object(map)) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                out.push('{');
+                steps.push(Step::Text("}"));
+                for (i, (key, item)) in entries.into_iter().enumerate().rev() {
+                    steps.push(Step::Value(item));
+                    steps.push(Step::Key(key));
+                    if i > 0 {
+                        steps.push(Step::Text(","));
+                    }
                 }
-                write_canonical(item, out);
             }
-            out.push(']');
+            Step::Value(Value::Array(items)) => {
+                out.push('[');
+                steps.push(Step::Text("]"));
+                for (i, item) in items.iter().enumerate().rev() {
+                    steps.push(Step::Value(item));
+                    if i > 0 {
+                        steps.push(Step::Text(","));
+                    }
+                }
+            }
+            Step::Value(scalar) => out.push_str(&scalar.to_string()),
         }
-        scalar => out.push_str(&scalar.to_string()),
     }
 }

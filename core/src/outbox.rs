@@ -291,6 +291,22 @@ pub(crate) mod duration_millis {
     }
 }
 
+/// The longest error text kept as a row's `last_error` (and fed back in `command_failed`), in bytes;
+/// longer texts are cut at a character boundary and marked with `…`.
+pub const MAX_ERROR_LEN: usize = 4096;
+
+/// `error`, cut to [`MAX_ERROR_LEN`] bytes.
+pub(crate) fn bounded_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_LEN {
+        return error.to_owned();
+    }
+    let mut end = MAX_ERROR_LEN - '…'.len_utf8();
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &error[..end])
+}
+
 /// The reason recorded when a lease ran out on the last allowed attempt.
 pub(crate) fn lease_expired_error(attempts: u32) -> String {
     format!("lease expired on attempt {attempts} with no result")
@@ -360,7 +376,8 @@ impl OutboxRow {
         })
     }
 
-    /// Extends the holder's lease to `now + ttl`.
+    /// Extends the holder's lease to `now + ttl`, never shortening it: a heartbeat from a clock that
+    /// lags behind the one that set the lease keeps the later expiry.
     pub fn extend(
         &mut self,
         token: u64,
@@ -368,7 +385,8 @@ impl OutboxRow {
         now: Timestamp,
     ) -> Result<Timestamp, Error> {
         self.check_lease(token)?;
-        let expires_at = now + ttl;
+        let current = self.lease.as_ref().map_or(now, |lease| lease.expires_at);
+        let expires_at = (now + ttl).max(current);
         self.available_at = expires_at;
         if let Some(lease) = &mut self.lease {
             lease.expires_at = expires_at;
@@ -402,7 +420,7 @@ impl OutboxRow {
         now: Timestamp,
     ) -> Result<Settled, Error> {
         self.check_lease(token)?;
-        self.last_error = Some(failure.error.clone());
+        self.last_error = Some(bounded_error(&failure.error));
         if !failure.retryable || self.attempts >= policy.attempts_allowed() {
             self.finish(Status::Dead, now);
             return Ok(Settled::Dead);

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
+use crate::limits::JsonLimits;
 use crate::model::{check_kind, Decision, Event, EventRecord};
 use crate::outbox::{ClaimRequest, Delivery, Failure, OutboxRow, Settled, Status};
 use crate::retry::RetryPolicy;
@@ -43,6 +44,7 @@ pub struct Commit {
     timers: Vec<TimerRow>,
     cancel_timers: Vec<String>,
     fires: Option<TimerId>,
+    limits: JsonLimits,
 }
 
 impl Commit {
@@ -50,7 +52,8 @@ impl Commit {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for an empty or malformed event or command kind, more than `u32::MAX`
+    /// [`Error::InvalidInput`] for an empty or malformed event or command kind, a payload over the
+    /// default [`JsonLimits`] (naming its path, e.g. `commands[1].payload`), more than `u32::MAX`
     /// commands, or a seq past [`Seq::MAX`]; [`Error::Rejected`] for a rejecting decision.
     pub fn new(
         workflow_id: WorkflowId,
@@ -59,6 +62,30 @@ impl Commit {
         decision: Decision,
         now: Timestamp,
     ) -> Result<Self, Error> {
+        Self::with_limits(
+            workflow_id,
+            expected_seq,
+            event,
+            decision,
+            now,
+            JsonLimits::default(),
+        )
+    }
+
+    /// As [`Commit::new`], checking payloads against `limits`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Commit::new`], and [`Error::InvalidInput`] for limits out of bounds.
+    pub fn with_limits(
+        workflow_id: WorkflowId,
+        expected_seq: Seq,
+        event: Event,
+        decision: Decision,
+        now: Timestamp,
+        limits: JsonLimits,
+    ) -> Result<Self, Error> {
+        limits.validate()?;
         let mut commit = Self {
             workflow_id,
             expected_seq,
@@ -68,6 +95,7 @@ impl Commit {
             timers: Vec::new(),
             cancel_timers: Vec::new(),
             fires: None,
+            limits,
         };
         commit.push(event, decision)?;
         Ok(commit)
@@ -86,8 +114,15 @@ impl Commit {
             });
         }
         check_kind("event.kind", &event.kind)?;
-        for command in &decision.commands {
+        self.limits.check("event.payload", &event.payload)?;
+        for (i, command) in decision.commands.iter().enumerate() {
             check_kind("command.kind", &command.kind)?;
+            self.limits
+                .check(&format!("commands[{i}].payload"), &command.payload)?;
+        }
+        for (i, timer) in decision.timers.iter().enumerate() {
+            self.limits
+                .check(&format!("timers[{i}].payload"), &timer.payload)?;
         }
         for name in decision
             .timers
@@ -329,7 +364,21 @@ pub trait Store {
         now: Timestamp,
     ) -> Result<Vec<TimerRow>, Error>;
 
-    /// Every timer of `workflow_id` (scheduled, fired and cancelled), by ID.
+    /// Ends a scheduled timer whose event its workflow refused (see [`TimerRow::reject`]): it becomes
+    /// `rejected` with `reason`, terminal, and is never taken again. [`crate::Engine::fire`] calls it
+    /// when the decision rejects the timer's event.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TimerNotScheduled`] when the timer is not scheduled (or unknown); nothing changes.
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error>;
+
+    /// Every timer of `workflow_id` (scheduled, fired, cancelled and rejected), by ID.
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
 
     /// Up to `limit` dead commands, in command ID order.

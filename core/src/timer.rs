@@ -274,6 +274,9 @@ pub enum TimerStatus {
     Fired,
     /// Cancelled by a later decision; it never fires.
     Cancelled,
+    /// Its workflow refused its event ([`crate::Decision::reject`]); it never fires. `last_error` says
+    /// why. Terminal, so a refused timer is not taken again every lease.
+    Rejected,
 }
 
 impl TimerStatus {
@@ -283,6 +286,7 @@ impl TimerStatus {
             TimerStatus::Scheduled => "scheduled",
             TimerStatus::Fired => "fired",
             TimerStatus::Cancelled => "cancelled",
+            TimerStatus::Rejected => "rejected",
         }
     }
 }
@@ -301,10 +305,11 @@ impl FromStr for TimerStatus {
             "scheduled" => Ok(TimerStatus::Scheduled),
             "fired" => Ok(TimerStatus::Fired),
             "cancelled" => Ok(TimerStatus::Cancelled),
+            "rejected" => Ok(TimerStatus::Rejected),
             other => Err(Error::invalid(
                 "timer status",
                 other,
-                "expected scheduled, fired or cancelled",
+                "expected scheduled, fired, cancelled or rejected",
             )),
         }
     }
@@ -325,12 +330,15 @@ pub struct TimerRow {
     pub fire_at: Timestamp,
     /// When a firer may next take it: `fire_at`, or the end of a firer's lease.
     pub available_at: Timestamp,
-    /// Scheduled, fired or cancelled.
+    /// Scheduled, fired, cancelled or rejected.
     pub status: TimerStatus,
     /// When it was scheduled.
     pub created_at: Timestamp,
-    /// When it fired or was cancelled.
+    /// When it fired, was cancelled or was rejected.
     pub processed_at: Option<Timestamp>,
+    /// Why its workflow refused it, for a rejected timer.
+    #[serde(default)]
+    pub last_error: Option<String>,
 }
 
 impl TimerRow {
@@ -363,6 +371,7 @@ impl TimerRow {
             status: TimerStatus::Scheduled,
             created_at: now,
             processed_at: None,
+            last_error: None,
         }
     }
 
@@ -391,6 +400,24 @@ impl TimerRow {
         }
         self.status = TimerStatus::Fired;
         self.processed_at = Some(now);
+        Ok(())
+    }
+
+    /// Ends it at `now` because its workflow refused its event with `reason`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::TimerNotScheduled`] when it already fired, was cancelled or was rejected.
+    pub fn reject(&mut self, reason: &str, now: Timestamp) -> Result<(), Error> {
+        if self.status != TimerStatus::Scheduled {
+            return Err(Error::TimerNotScheduled {
+                timer_id: self.timer_id.to_string(),
+                status: self.status.as_str(),
+            });
+        }
+        self.status = TimerStatus::Rejected;
+        self.processed_at = Some(now);
+        self.last_error = Some(crate::outbox::bounded_error(reason));
         Ok(())
     }
 

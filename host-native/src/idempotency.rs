@@ -26,8 +26,8 @@ use crate::SqliteOptions;
 /// let digest = Digest::of_intent(&request, &["trip_id", "amount"]);
 /// let now = Timestamp::from_millis(0);
 ///
-/// assert_eq!(keys.begin(&key, digest, now)?, Begin::Fresh);
-/// keys.finish(&key, &json!({ "reference": "REF-1" }), now)?; // after the effect
+/// let Begin::Fresh { token } = keys.begin(&key, digest, now)? else { panic!("a new key is fresh") };
+/// keys.finish(&key, token, &json!({ "reference": "REF-1" }), now)?; // after the effect
 /// assert_eq!(keys.begin(&key, digest, now)?, Begin::Completed { result: json!({ "reference": "REF-1" }) });
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -43,7 +43,8 @@ impl SqliteIdempotencyStore {
     ///
     /// # Errors
     ///
-    /// As [`crate::SqliteStore::open`].
+    /// [`Error::InvalidInput`] for a policy out of bounds ([`IdempotencyPolicy::validate`]), and as
+    /// [`crate::SqliteStore::open`].
     pub fn open(path: impl AsRef<Path>, policy: IdempotencyPolicy) -> Result<Self, Error> {
         Self::open_with(path, policy, &SqliteOptions::default())
     }
@@ -52,12 +53,13 @@ impl SqliteIdempotencyStore {
     ///
     /// # Errors
     ///
-    /// As [`crate::SqliteStore::open`].
+    /// As [`SqliteIdempotencyStore::open`].
     pub fn open_with(
         path: impl AsRef<Path>,
         policy: IdempotencyPolicy,
         options: &SqliteOptions,
     ) -> Result<Self, Error> {
+        policy.validate()?;
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
         Ok(Self { conn, policy, path })
@@ -72,7 +74,8 @@ impl SqliteIdempotencyStore {
 fn select(conn: &Connection, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
     let row = conn
         .prepare_cached(
-            "SELECT digest, reserved_at, result, completed_at FROM idempotency WHERE key = ?1",
+            "SELECT digest, reserved_at, result, completed_at, token, abandoned \
+             FROM idempotency WHERE key = ?1",
         )
         .and_then(|mut stmt| {
             stmt.query_row([key.as_str()], |row| {
@@ -81,12 +84,14 @@ fn select(conn: &Connection, key: &IdempotencyKey) -> Result<Option<IdempotencyR
                     row.get::<_, i64>(1)?,
                     row.get::<_, Option<String>>(2)?,
                     row.get::<_, Option<i64>>(3)?,
+                    row.get::<_, i64>(4)?,
+                    row.get::<_, bool>(5)?,
                 ))
             })
             .optional()
         })
         .map_err(storage)?;
-    let Some((digest, reserved_at, result, completed_at)) = row else {
+    let Some((digest, reserved_at, result, completed_at, token, abandoned)) = row else {
         return Ok(None);
     };
     let time = |millis: i64| {
@@ -94,12 +99,13 @@ fn select(conn: &Connection, key: &IdempotencyKey) -> Result<Option<IdempotencyR
             .map(Timestamp::from_millis)
             .map_err(|_| Error::Corrupt(format!("negative time {millis} for key {key}")))
     };
-    let state = match (result, completed_at) {
-        (Some(result), Some(completed_at)) => RecordState::Completed {
+    let state = match (result, completed_at, abandoned) {
+        (Some(result), Some(completed_at), _) => RecordState::Completed {
             result: serde_json::from_str(&result)
                 .map_err(|e| Error::Corrupt(format!("result of key {key} is not JSON: {e}")))?,
             completed_at: time(completed_at)?,
         },
+        (_, _, true) => RecordState::Abandoned,
         _ => RecordState::Reserved,
     };
     Ok(Some(IdempotencyRecord {
@@ -108,26 +114,32 @@ fn select(conn: &Connection, key: &IdempotencyKey) -> Result<Option<IdempotencyR
             .parse()
             .map_err(|e| Error::Corrupt(format!("digest of key {key}: {e}")))?,
         reserved_at: time(reserved_at)?,
+        token: u64::try_from(token)
+            .map_err(|_| Error::Corrupt(format!("negative token {token} for key {key}")))?,
         state,
     }))
 }
 
 fn write(conn: &Connection, record: &IdempotencyRecord) -> Result<(), Error> {
-    let (result, completed_at) = match &record.state {
+    let (result, completed_at, abandoned) = match &record.state {
         RecordState::Completed {
             result,
             completed_at,
         } => (
             Some(canonical_json(result)),
             Some(to_sql_time("completed_at", *completed_at)?),
+            false,
         ),
-        RecordState::Reserved => (None, None),
+        RecordState::Reserved => (None, None, false),
+        RecordState::Abandoned => (None, None, true),
     };
     let reserved_at = to_sql_time("now", record.reserved_at)?;
+    let token = i64::try_from(record.token)
+        .map_err(|_| Error::invalid("token", record.token, "is past i64::MAX"))?;
     conn.prepare_cached(
         "INSERT OR REPLACE INTO idempotency \
-         (key, digest, reserved_at, result, completed_at, settled_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?5, ?3))",
+         (key, digest, reserved_at, result, completed_at, settled_at, token, abandoned) \
+         VALUES (?1, ?2, ?3, ?4, ?5, COALESCE(?5, ?3), ?6, ?7)",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -135,7 +147,9 @@ fn write(conn: &Connection, record: &IdempotencyRecord) -> Result<(), Error> {
             record.digest.to_string(),
             reserved_at,
             result,
-            completed_at
+            completed_at,
+            token,
+            abandoned
         ])
     })
     .map_err(storage)?;
@@ -170,6 +184,7 @@ impl IdempotencyStore for SqliteIdempotencyStore {
     fn finish(
         &mut self,
         key: &IdempotencyKey,
+        token: u64,
         result: &serde_json::Value,
         now: Timestamp,
     ) -> Result<(), Error> {
@@ -180,20 +195,19 @@ impl IdempotencyStore for SqliteIdempotencyStore {
         let mut record = select(&tx, key)?.ok_or_else(|| Error::UnknownKey {
             key: key.to_string(),
         })?;
-        record.finish(result.clone(), now)?;
+        record.finish(token, result.clone(), now)?;
         write(&tx, &record)?;
         tx.commit().map_err(storage)
     }
 
-    fn abandon(&mut self, key: &IdempotencyKey) -> Result<(), Error> {
+    fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(storage)?;
-        if let Some(record) = select(&tx, key)? {
-            record.check_abandon()?;
-            tx.execute("DELETE FROM idempotency WHERE key = ?1", [key.as_str()])
-                .map_err(storage)?;
+        if let Some(mut record) = select(&tx, key)? {
+            record.abandon(token)?;
+            write(&tx, &record)?;
         }
         tx.commit().map_err(storage)
     }

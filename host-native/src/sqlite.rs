@@ -16,6 +16,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../migrations/0003_timers.sql"),
+    include_str!("../migrations/0004_fencing_and_rejected_timers.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -479,14 +480,14 @@ fn complete_in(conn: &Connection, id: &CommandId, token: u64, now: i64) -> Resul
 }
 
 const TIMER_COLUMNS: &str = "timer_id, name, event_kind, event_payload, fire_at, available_at, \
-     status, created_at, processed_at";
+     status, created_at, processed_at, last_error";
 
 /// A `SELECT` of whole timer rows followed by `$rest`.
 macro_rules! select_timers {
     ($rest:literal) => {
         concat!(
             "SELECT timer_id, name, event_kind, event_payload, fire_at, available_at, status, \
-             created_at, processed_at FROM timers ",
+             created_at, processed_at, last_error FROM timers ",
             $rest
         )
     };
@@ -516,6 +517,7 @@ fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
         status: row.get_ref(6)?.as_str()?.parse().map_err(corrupt)?,
         created_at: read_time(row, 7)?,
         processed_at: read_optional_time(row, 8)?,
+        last_error: row.get(9)?,
     })
 }
 
@@ -540,7 +542,8 @@ fn to_sql_time_lossy(t: Timestamp) -> i64 {
 
 fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
     let sql = format!(
-        "INSERT INTO timers (workflow_id, {TIMER_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+        "INSERT INTO timers (workflow_id, {TIMER_COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
     );
     let processed_at = timer
         .processed_at
@@ -562,6 +565,7 @@ fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
                 timer.status.as_str(),
                 created_at,
                 processed_at,
+                timer.last_error,
             ])
         })
         .map_err(storage)?;
@@ -849,6 +853,35 @@ impl Store for SqliteStore {
         }
         tx.commit().map_err(storage)?;
         Ok(timers)
+    }
+
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let tx = self.write()?;
+        let mut timer = query_timers(&tx, SELECT_TIMER, [timer_id.to_string()])?
+            .pop()
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, now)?;
+        tx.prepare_cached(
+            "UPDATE timers SET status = ?2, processed_at = ?3, last_error = ?4 WHERE timer_id = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                timer_id.to_string(),
+                timer.status.as_str(),
+                to_sql_time_lossy(now),
+                timer.last_error
+            ])
+        })
+        .map_err(storage)?;
+        tx.commit().map_err(storage)
     }
 
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {

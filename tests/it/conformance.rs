@@ -75,7 +75,7 @@ impl IdempotencyHarness for MemoryIdempotencyHarness {
     type Store = MemoryIdempotencyStore;
 
     fn open(&mut self, policy: IdempotencyPolicy) -> MemoryIdempotencyStore {
-        MemoryIdempotencyStore::new(policy)
+        MemoryIdempotencyStore::new(policy).expect("a valid policy")
     }
 
     fn reopen(&mut self, store: MemoryIdempotencyStore) -> MemoryIdempotencyStore {

@@ -29,7 +29,7 @@ fn child_beginner() {
     for n in 0..KEYS {
         let key = IdempotencyKey::new(format!("k{n}")).unwrap();
         let answer = match store.begin(&key, digest, SystemClock.now()).unwrap() {
-            Begin::Fresh => "fresh",
+            Begin::Fresh { .. } => "fresh",
             Begin::InProgress { .. } => "in_progress",
             other => panic!("unexpected {other:?}"),
         };

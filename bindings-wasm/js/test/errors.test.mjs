@@ -82,12 +82,21 @@ test("receivers fold repeats, refuse changed parameters, and check retention aga
   assert.equal(effects, 1);
   const d2 = digest({ traveller: "Han Meimei", flight: "CA1405" }, intent);
   throwsCode(assert, () => receiver.run("trip-001:1:0", d2, book, 2), "IDEMPOTENCY_CONFLICT", "other parameters");
-  assert.deepEqual(receiver.begin("k", d1, 0), { outcome: "fresh" });
+  assert.deepEqual(receiver.begin("k", d1, 0), { outcome: "fresh", token: 1 });
   assert.equal(receiver.begin("k", d1, 10).outcome, "in_progress");
   throwsCode(assert, () => receiver.run("k", d1, book, 10), "IN_PROGRESS");
   assert.equal(receiver.begin("k", d2, 10).outcome, "conflict");
   assert.throws(() => receiver.run("x", d1, () => { throw new RangeError("no seat"); }, 0), RangeError);
-  assert.deepEqual(receiver.begin("x", d1, 0), { outcome: "fresh" }, "a failed effect released its key");
+  assert.deepEqual(receiver.begin("x", d1, 0), { outcome: "fresh", token: 2 }, "a failed effect released its key");
+  // A reservation taken over after its timeout fences the first holder off.
+  const taken = receiver.begin("k", d1, 60_000);
+  assert.equal(taken.outcome, "fresh");
+  throwsCode(assert, () => receiver.finish("k", 1, { reference: "late" }, 60_001), "STALE_RESERVATION");
+  throwsCode(assert, () => receiver.abandon("k", 1), "STALE_RESERVATION");
+  assert.equal(receiver.begin("k", d1, 60_002).outcome, "in_progress", "the stale abandon released nothing");
+  receiver.finish("k", taken.token, { reference: "BK-9" }, 60_003);
+  assert.deepEqual(receiver.begin("k", d1, 60_004), { outcome: "completed", result: { reference: "BK-9" } });
+  throwsCode(assert, () => new IdempotencyStore({ retention_ms: 10_000, reservation_timeout_ms: 60_000 }), "INVALID_INPUT");
   throwsCode(assert, () => checkRetention(60_000, { max_attempts: 10 }, 30_000, 0), "RETENTION_TOO_SHORT");
   checkRetention(7 * 24 * 3600 * 1000, { max_attempts: 10 }, 30_000, 24 * 3600 * 1000);
 });

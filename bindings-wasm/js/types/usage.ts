@@ -62,6 +62,9 @@ const answer: Begin = receiver.begin("trip-001:1:0", digest({ flight: "CA1405" }
 if (answer.outcome === "completed") {
   const result: Json = answer.result;
   void result;
+} else if (answer.outcome === "fresh") {
+  const token: number = answer.token;
+  receiver.finish("trip-001:1:0", token, { reference: "BK-1" });
 }
 const parts = parseCommandId(commandId("trip-001", 1, 0));
 expectType<Equal<typeof parts.event_seq, number>>();

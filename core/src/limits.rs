@@ -1,0 +1,240 @@
+//! Limits on every JSON value miniflow stores: payloads of events, commands and timers, and receivers'
+//! results (DESIGN rule 13).
+//!
+//! Every write path checks them (a commit, a receiver's `finish`, a snapshot, the JS bindings), so
+//! every value a store holds reads back: the deepest value a write accepts, wrapped in the few levels
+//! miniflow adds (a `timer_fired` event around its timer's payload, a snapshot around its rows), stays
+//! well inside what the JSON readers accept (128 levels). The checks walk the value without recursion,
+//! so no input of any depth overflows the stack.
+
+use std::io;
+
+use serde_json::Value;
+
+use crate::error::Error;
+
+/// The nesting and size limits of stored JSON values.
+///
+/// ```
+/// use miniflow_core::{json, JsonLimits};
+///
+/// let limits = JsonLimits::default();
+/// assert_eq!((limits.max_depth, limits.max_bytes), (64, 1 << 20));
+/// let mut deep = json!(1);
+/// for _ in 0..65 {
+///     deep = json!([deep]);
+/// }
+/// let err = limits.check("event.payload", &deep).unwrap_err();
+/// assert!(err.to_string().contains("event.payload"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonLimits {
+    /// The deepest nesting of arrays and objects: a scalar has depth 0, `[1]` depth 1. Default 64, at
+    /// most [`JsonLimits::MAX_DEPTH`].
+    pub max_depth: usize,
+    /// The longest canonical JSON text, in bytes. Default 1 MiB, at most [`JsonLimits::MAX_BYTES`].
+    pub max_bytes: usize,
+}
+
+impl Default for JsonLimits {
+    /// 64 levels, 1 MiB.
+    fn default() -> Self {
+        Self {
+            max_depth: 64,
+            max_bytes: 1 << 20,
+        }
+    }
+}
+
+impl JsonLimits {
+    /// The highest `max_depth` a configuration may set: deep enough for any sane payload, and far
+    /// enough under the readers' 128 levels for the levels miniflow wraps around a payload.
+    pub const MAX_DEPTH: usize = 100;
+    /// The highest `max_bytes` a configuration may set (64 MiB).
+    pub const MAX_BYTES: usize = 64 << 20;
+
+    /// Checks the limits themselves.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a zero limit or one above [`Self::MAX_DEPTH`] / [`Self::MAX_BYTES`].
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.max_depth == 0 || self.max_depth > Self::MAX_DEPTH {
+            return Err(Error::invalid(
+                "max_depth",
+                self.max_depth,
+                format!("must be 1 to {}", Self::MAX_DEPTH),
+            ));
+        }
+        if self.max_bytes == 0 || self.max_bytes > Self::MAX_BYTES {
+            return Err(Error::invalid(
+                "max_bytes",
+                self.max_bytes,
+                format!("must be 1 to {}", Self::MAX_BYTES),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks `value`, named `path` in the error (e.g. `commands[1].payload`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming `path` when the value nests deeper than `max_depth` or its
+    /// canonical text is longer than `max_bytes`.
+    pub fn check(&self, path: &str, value: &Value) -> Result<(), Error> {
+        let depth = depth(value, self.max_depth);
+        if depth > self.max_depth {
+            return Err(Error::InvalidInput {
+                field: "json value",
+                value: path.to_owned(),
+                reason: format!(
+                    "nests deeper than {} levels of arrays and objects",
+                    self.max_depth
+                ),
+            });
+        }
+        // Bounded recursion from here on: the depth is known to be small.
+        let mut counter = Counter {
+            bytes: 0,
+            max: self.max_bytes,
+        };
+        if serde_json::to_writer(&mut counter, value).is_err() || counter.bytes > self.max_bytes {
+            return Err(Error::InvalidInput {
+                field: "json value",
+                value: path.to_owned(),
+                reason: format!("is longer than {} bytes as JSON", self.max_bytes),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Checks `value` against the default limits.
+pub(crate) fn check_json(path: &str, value: &Value) -> Result<(), Error> {
+    JsonLimits::default().check(path, value)
+}
+
+/// The nesting depth of `value`, counting no further than `stop + 1`; without recursion.
+fn depth(value: &Value, stop: usize) -> usize {
+    let mut deepest = 0;
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, level)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        let level = level + 1;
+        deepest = deepest.max(level);
+        if deepest > stop {
+            return deepest;
+        }
+        stack.extend(children.map(|child| (child, level)));
+    }
+    deepest
+}
+
+/// Counts bytes written, failing once past `max`.
+struct Counter {
+    bytes: usize,
+    max: usize,
+}
+
+impl io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.bytes += buf.len();
+        if self.bytes > self.max {
+            return Err(io::Error::other("over the size limit"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn nested(levels: usize) -> Value {
+        // Built by hand: `json!` would serialize (recursively) a value passed to it.
+        let mut value = Value::String("leaf".into());
+        for i in 0..levels {
+            value = if i % 2 == 0 {
+                Value::Array(vec![value])
+            } else {
+                Value::Object([("k".to_owned(), value)].into_iter().collect())
+            };
+        }
+        value
+    }
+
+    /// Drops a deep value without recursion (serde_json's own drop recurses).
+    pub(crate) fn drop_deep(value: Value) {
+        let mut stack = vec![value];
+        while let Some(mut value) = stack.pop() {
+            match &mut value {
+                Value::Array(items) => stack.append(items),
+                Value::Object(map) => {
+                    let keys: Vec<String> = map.keys().cloned().collect();
+                    stack.extend(keys.iter().filter_map(|k| map.remove(k)));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn depth_counts_arrays_and_objects() {
+        assert_eq!(depth(&json!(1), 10), 0);
+        assert_eq!(depth(&json!([]), 10), 1);
+        assert_eq!(depth(&json!({ "a": [1, { "b": 2 }] }), 10), 3);
+        assert_eq!(depth(&nested(64), 100), 64);
+    }
+
+    #[test]
+    fn the_limits_accept_up_to_and_refuse_past_them_naming_the_path() {
+        let limits = JsonLimits::default();
+        assert!(limits.check("p", &nested(64)).is_ok());
+        let err = limits.check("commands[1].payload", &nested(65)).unwrap_err();
+        assert_eq!(err.code(), "INVALID_INPUT");
+        assert!(err.to_string().contains("commands[1].payload"), "{err}");
+        let big = json!("x".repeat(1 << 20));
+        let err = limits.check("event.payload", &big).unwrap_err();
+        assert!(err.to_string().contains("1048576 bytes"), "{err}");
+        assert!(limits.check("event.payload", &json!("x".repeat(1000))).is_ok());
+    }
+
+    #[test]
+    fn no_depth_overflows_the_stack() {
+        let deep = nested(200_000);
+        let err = JsonLimits::default().check("event.payload", &deep).unwrap_err();
+        assert!(err.to_string().contains("64 levels"), "{err}");
+        drop_deep(deep);
+    }
+
+    #[test]
+    fn limits_themselves_are_bounded() {
+        assert!(JsonLimits::default().validate().is_ok());
+        for bad in [
+            JsonLimits {
+                max_depth: 0,
+                ..JsonLimits::default()
+            },
+            JsonLimits {
+                max_depth: 101,
+                ..JsonLimits::default()
+            },
+            JsonLimits {
+                max_bytes: 0,
+                ..JsonLimits::default()
+            },
+        ] {
+            assert_eq!(bad.validate().unwrap_err().code(), "INVALID_INPUT");
+        }
+    }
+}
