@@ -77,7 +77,7 @@ export interface RetryPolicyInput {
 /** Where a failed command went. */
 export type Settled = { outcome: "retry_at"; at: number; backoff: number } | { outcome: "dead" };
 
-export type TimerStatus = "scheduled" | "fired" | "cancelled";
+export type TimerStatus = "scheduled" | "fired" | "cancelled" | "rejected";
 /** A stored timer and the event it commits when it fires. */
 export interface TimerRow {
   timer_id: string;
@@ -89,6 +89,8 @@ export interface TimerRow {
   status: TimerStatus;
   created_at: number;
   processed_at: number | null;
+  /** Why its workflow refused it (rejected timers). */
+  last_error: string | null;
 }
 
 /** What a commit wrote. */

@@ -39,9 +39,9 @@ use serde_json::json;
 
 use crate::{
     Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Digest, Engine, Error,
-    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RecordState, RetryPolicy,
-    Seq, Settled, Status, Store, Timer, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
-    COMMAND_FAILED, TIMER_FIRED,
+    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RecordState,
+    RetryPolicy, Seq, Settled, Status, Store, Timer, TimerId, TimerRow, TimerStatus, Timestamp,
+    Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
 };
 
 /// How the suite drives one backend.
@@ -1560,6 +1560,190 @@ pub fn failure_feedback_is_committed_exactly_once<H: Harness>(h: &mut H) {
         .contains("lease expired"));
 }
 
+/// `levels` nested arrays around `1`.
+fn nested(levels: usize) -> serde_json::Value {
+    (0..levels).fold(json!(1), |inner, _| json!([inner]))
+}
+
+/// Every JSON value a commit writes is checked against the limits (DESIGN rule 13): an event, command
+/// or timer payload past them is refused naming its path, and nothing is written; a value at the
+/// limits is written and reads back, after a reopen too.
+pub fn payloads_over_the_limits_are_refused_naming_their_path<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let deepest = nested(64);
+    let over = nested(65);
+    let cases = [
+        (
+            Event::new("e", over.clone()),
+            Decision::none(),
+            "event.payload",
+        ),
+        (
+            Event::new("e", json!({})),
+            Decision::new()
+                .command(Command::new("a", json!({})))
+                .command(Command::new("b", over.clone())),
+            "commands[1].payload",
+        ),
+        (
+            Event::new("e", json!({})),
+            Decision::new().timer(Timer::after("t", Duration::ZERO, over.clone())),
+            "timers[0].payload",
+        ),
+        (
+            Event::new("e", json!("x".repeat(1 << 20))),
+            Decision::none(),
+            "event.payload",
+        ),
+    ];
+    for (event, decision, path) in cases {
+        let err = Commit::new(wid("w"), Seq::ZERO, event, decision, T0).unwrap_err();
+        assert_eq!(err.code(), "INVALID_INPUT", "{path}: {err}");
+        assert!(err.to_string().contains(path), "{path}: {err}");
+    }
+    let engine = Engine::new(Saga);
+    let err = engine
+        .handle(&mut store, &wid("w"), Event::new("start", over), T0)
+        .unwrap_err();
+    assert!(err.to_string().contains("event.payload"), "{err}");
+    assert!(store.load(&wid("w")).unwrap().is_empty(), "nothing written");
+    assert!(store.pending(10).unwrap().is_empty());
+
+    // A timer's payload is stored inside its `timer_fired` event's payload, one level down.
+    let err = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        Decision::new().timer(Timer::after("t", Duration::ZERO, deepest.clone())),
+        T0,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("timers[0].payload"), "{err}");
+    let decision = Decision::new()
+        .command(Command::new("deep", deepest.clone()))
+        .timer(Timer::after("deep", Duration::ZERO, nested(63)));
+    let commit = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("e", deepest.clone()),
+        decision,
+        T0,
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let mut store = h.reopen(store);
+    assert_eq!(store.load(&wid("w")).unwrap()[0].payload, deepest);
+    let claimed = claim(&mut store, "w1", 10, 1_000, T0);
+    assert_eq!(claimed[0].payload, deepest, "claims read what was written");
+    let timers = store.claim_timers(10, Duration::from_secs(1), T0).unwrap();
+    assert_eq!(timers[0].event_payload["payload"], nested(63));
+    let fired = Engine::new(Saga)
+        .fire(&mut store, &timers[0], T0)
+        .unwrap()
+        .expect("a timer at the limit fires");
+    assert_eq!(fired.seq.get(), 2);
+}
+
+/// A heartbeat never shortens a lease: an `extend` from a clock behind the one that set the lease
+/// keeps the later expiry.
+pub fn extend_never_shortens_a_lease<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "w", &["x"]);
+    let d = claim(&mut store, "w1", 1, 10_000, T0);
+    let until = store
+        .extend(
+            &d[0].command_id,
+            d[0].token,
+            Duration::from_millis(1_000),
+            T0,
+        )
+        .unwrap();
+    assert_eq!(until, at(10_000), "a shorter extension keeps the lease");
+    let until = store
+        .extend(
+            &d[0].command_id,
+            d[0].token,
+            Duration::from_millis(1_000),
+            Timestamp::from_millis(0),
+        )
+        .unwrap();
+    assert_eq!(until, at(10_000), "a lagging clock keeps the lease");
+    assert!(claim(&mut store, "w2", 1, 1_000, at(9_999)).is_empty());
+    let until = store
+        .extend(
+            &d[0].command_id,
+            d[0].token,
+            Duration::from_millis(20_000),
+            T0,
+        )
+        .unwrap();
+    assert_eq!(until, at(20_000));
+}
+
+/// A workflow that refuses a timer's event ends the timer `rejected` with the reason: it is not taken
+/// again, its event is not written, and the firer gets the rejection. A timer is not fired before its
+/// time.
+pub fn rejected_timers_end_rejected_and_are_not_taken_again<H: Harness>(h: &mut H) {
+    struct Refuses;
+    impl Workflow for Refuses {
+        type State = ();
+        fn evolve(&self, _: &mut (), _: &EventRecord) {}
+        fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+            match event.kind.as_str() {
+                "start" => Decision::new()
+                    .timer(Timer::after("late", Duration::from_millis(100), json!({})))
+                    .timer(Timer::after("ok", Duration::from_millis(100), json!({}))),
+                TIMER_FIRED if event.payload["name"] == "late" => {
+                    Decision::reject("the order is already closed")
+                }
+                _ => Decision::none(),
+            }
+        }
+    }
+    let mut store = h.open();
+    let engine = Engine::new(Refuses);
+    engine
+        .handle(&mut store, &wid("o"), Event::new("start", json!({})), T0)
+        .unwrap();
+    let scheduled = store.timers(&wid("o")).unwrap();
+    let err = engine.fire(&mut store, &scheduled[0], at(99)).unwrap_err();
+    assert_eq!(err.code(), "INVALID_INPUT", "not due yet: {err}");
+    assert_eq!(kinds(&store, "o"), ["start"]);
+
+    let due = store
+        .claim_timers(10, Duration::from_millis(50), at(100))
+        .unwrap();
+    assert_eq!(due.len(), 2);
+    let err = engine.fire(&mut store, &due[0], at(100)).unwrap_err();
+    assert_eq!(err.code(), "REJECTED");
+    engine
+        .fire(&mut store, &due[1], at(100))
+        .unwrap()
+        .expect("the other timer fires");
+    let store = h.reopen(store);
+    let timers = store.timers(&wid("o")).unwrap();
+    assert_eq!(timers[0].status, TimerStatus::Rejected);
+    assert_eq!(
+        timers[0].last_error.as_deref(),
+        Some("the order is already closed")
+    );
+    assert_eq!(timers[0].processed_at, Some(at(100)));
+    assert_eq!(timers[1].status, TimerStatus::Fired);
+    let mut store = store;
+    assert!(
+        store
+            .claim_timers(10, Duration::from_millis(50), at(1_000_000))
+            .unwrap()
+            .is_empty(),
+        "a rejected timer is not taken again"
+    );
+    assert_eq!(kinds(&store, "o"), ["start", TIMER_FIRED]);
+    assert!(matches!(
+        store.reject_timer(&timers[1].timer_id, "again", at(200)),
+        Err(Error::TimerNotScheduled { .. })
+    ));
+}
+
 /// Expands to one `#[test]` per conformance case for the [`Harness`] built by `$harness`. A second
 /// argument replaces the test attribute, e.g. `#[wasm_bindgen_test::wasm_bindgen_test]` on wasm32.
 #[macro_export]
@@ -1595,6 +1779,9 @@ macro_rules! store_conformance_tests {
             cancelled_timers_never_fire,
             racing_firers_commit_one_event,
             failure_feedback_is_committed_exactly_once,
+            payloads_over_the_limits_are_refused_naming_their_path,
+            extend_never_shortens_a_lease,
+            rejected_timers_end_rejected_and_are_not_taken_again,
         );
     };
     (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {
@@ -1657,7 +1844,12 @@ pub fn first_begin_is_fresh_and_repeats_get_the_result<H: IdempotencyHarness>(h:
         Err(Error::UnknownKey { .. })
     ));
     store
-        .finish(&k, token, &json!({ "reference": "BK-1", "seats": [1, 2] }), at(5))
+        .finish(
+            &k,
+            token,
+            &json!({ "reference": "BK-1", "seats": [1, 2] }),
+            at(5),
+        )
         .unwrap();
     assert!(
         matches!(
@@ -1738,7 +1930,10 @@ pub fn reservations_block_then_can_be_taken_over<H: IdempotencyHarness>(h: &mut 
     );
     store.abandon(&k, second).unwrap();
     assert!(
-        matches!(store.abandon(&k, second), Err(Error::StaleReservation { .. })),
+        matches!(
+            store.abandon(&k, second),
+            Err(Error::StaleReservation { .. })
+        ),
         "abandoned once"
     );
     store.abandon(&key("never-begun"), 7).unwrap();
@@ -1746,7 +1941,10 @@ pub fn reservations_block_then_can_be_taken_over<H: IdempotencyHarness>(h: &mut 
     assert!(third > second, "tokens keep growing across an abandon");
     store.finish(&k, third, &json!("ok"), at(1_003)).unwrap();
     assert!(
-        matches!(store.abandon(&k, third), Err(Error::StaleReservation { .. })),
+        matches!(
+            store.abandon(&k, third),
+            Err(Error::StaleReservation { .. })
+        ),
         "a finished effect cannot be abandoned"
     );
 }

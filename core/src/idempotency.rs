@@ -377,9 +377,9 @@ impl IdempotencyRecord {
             };
             (Begin::Fresh { token }, Some(record))
         };
-        let Some(record) = existing.filter(|r| {
-            r.expires_at(policy) > now && !matches!(r.state, RecordState::Abandoned)
-        }) else {
+        let Some(record) = existing
+            .filter(|r| r.expires_at(policy) > now && !matches!(r.state, RecordState::Abandoned))
+        else {
             return reserve();
         };
         if record.digest != digest {

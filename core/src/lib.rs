@@ -94,7 +94,9 @@ pub use idempotency::{
 pub use limits::JsonLimits;
 pub use memory::MemoryStore;
 pub use model::{canonical_json, Command, Decision, Event, EventRecord, MAX_KIND_LEN};
-pub use outbox::{MAX_ERROR_LEN, ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status};
+pub use outbox::{
+    ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status, MAX_ERROR_LEN,
+};
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};
 pub use time::{Clock, ManualClock, Timestamp};

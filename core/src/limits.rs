@@ -200,19 +200,25 @@ mod tests {
     fn the_limits_accept_up_to_and_refuse_past_them_naming_the_path() {
         let limits = JsonLimits::default();
         assert!(limits.check("p", &nested(64)).is_ok());
-        let err = limits.check("commands[1].payload", &nested(65)).unwrap_err();
+        let err = limits
+            .check("commands[1].payload", &nested(65))
+            .unwrap_err();
         assert_eq!(err.code(), "INVALID_INPUT");
         assert!(err.to_string().contains("commands[1].payload"), "{err}");
         let big = json!("x".repeat(1 << 20));
         let err = limits.check("event.payload", &big).unwrap_err();
         assert!(err.to_string().contains("1048576 bytes"), "{err}");
-        assert!(limits.check("event.payload", &json!("x".repeat(1000))).is_ok());
+        assert!(limits
+            .check("event.payload", &json!("x".repeat(1000)))
+            .is_ok());
     }
 
     #[test]
     fn no_depth_overflows_the_stack() {
         let deep = nested(200_000);
-        let err = JsonLimits::default().check("event.payload", &deep).unwrap_err();
+        let err = JsonLimits::default()
+            .check("event.payload", &deep)
+            .unwrap_err();
         assert!(err.to_string().contains("64 levels"), "{err}");
         drop_deep(deep);
     }

@@ -479,6 +479,35 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_of_values_at_the_limits_read_back() {
+        let deepest = (0..crate::JsonLimits::default().max_depth)
+            .fold(json!(1), |inner, _| json!({ "k": inner }));
+        let one_less = deepest["k"].clone();
+        let decision = Decision::new()
+            .command(Command::new("c", deepest.clone()))
+            .timer(Timer::after("t", std::time::Duration::ZERO, one_less));
+        let now = Timestamp::from_millis(10);
+        let workflow = WorkflowId::new("deep").unwrap();
+        let commit = Commit::new(
+            workflow.clone(),
+            Seq::ZERO,
+            Event::new("e", deepest.clone()),
+            decision,
+            now,
+        )
+        .unwrap();
+        let mut store = MemoryStore::new();
+        store.append_with_commands(&commit).unwrap();
+        let copy = MemoryStore::from_snapshot(&store.export_snapshot()).unwrap();
+        assert_eq!(copy.load(&workflow).unwrap()[0].payload, deepest);
+        assert_eq!(copy.commands(&workflow).unwrap()[0].payload, deepest);
+        assert_eq!(
+            copy.timers(&workflow).unwrap(),
+            store.timers(&workflow).unwrap()
+        );
+    }
+
+    #[test]
     fn snapshots_round_trip_every_row_and_keep_working() {
         let mut store = MemoryStore::new();
         let engine = Engine::new(Busy);

@@ -120,10 +120,7 @@ impl Commit {
             self.limits
                 .check(&format!("commands[{i}].payload"), &command.payload)?;
         }
-        for (i, timer) in decision.timers.iter().enumerate() {
-            self.limits
-                .check(&format!("timers[{i}].payload"), &timer.payload)?;
-        }
+
         for name in decision
             .timers
             .iter()
@@ -153,6 +150,18 @@ impl Commit {
                 resolution: None,
             });
         }
+        let mut timers = Vec::with_capacity(decision.timers.len());
+        for (index, timer) in decision.timers.into_iter().enumerate() {
+            let path = format!("timers[{index}].payload");
+            let index = u32::try_from(index).map_err(|_| {
+                Error::invalid("decision.timers", index, "more than u32::MAX timers")
+            })?;
+            let id = TimerId::scheduled(self.workflow_id.clone(), seq, index)?;
+            let row = TimerRow::scheduled(id, timer, self.now);
+            // What is stored, and fired, is the `timer_fired` payload around the timer's own.
+            self.limits.check(&path, &row.event_payload)?;
+            timers.push(row);
+        }
         self.events.push(EventRecord {
             workflow_id: self.workflow_id.clone(),
             seq,
@@ -161,13 +170,7 @@ impl Commit {
             recorded_at: self.now,
         });
         self.commands.extend(commands);
-        for (index, timer) in decision.timers.into_iter().enumerate() {
-            let index = u32::try_from(index).map_err(|_| {
-                Error::invalid("decision.timers", index, "more than u32::MAX timers")
-            })?;
-            let id = TimerId::scheduled(self.workflow_id.clone(), seq, index)?;
-            self.timers.push(TimerRow::scheduled(id, timer, self.now));
-        }
+        self.timers.extend(timers);
         self.cancel_timers.extend(decision.cancel_timers);
         Ok(seq)
     }

@@ -66,7 +66,8 @@ pub struct Timer {
     pub name: String,
     /// When it fires.
     pub fire_at: FireAt,
-    /// Handed back in the `timer_fired` event.
+    /// Handed back in the `timer_fired` event, one level inside its payload (so it may nest one level
+    /// less than the [`crate::JsonLimits`] allow).
     pub payload: Value,
 }
 

@@ -100,3 +100,20 @@ test("receivers fold repeats, refuse changed parameters, and check retention aga
   throwsCode(assert, () => checkRetention(60_000, { max_attempts: 10 }, 30_000, 0), "RETENTION_TOO_SHORT");
   checkRetention(7 * 24 * 3600 * 1000, { max_attempts: 10 }, 30_000, 24 * 3600 * 1000);
 });
+
+test("payloads past the nesting and size limits are INVALID_INPUT naming their path; the store is unchanged", () => {
+  const nest = (levels) => { let v = 1; for (let i = 0; i < levels; i++) v = [v]; return v; };
+  const store = seeded();
+  const before = store.exportSnapshot();
+  const cases = [
+    [() => store.appendWithCommands("x", 0, { kind: "e", payload: nest(65) }, [], 0), "event.payload"],
+    [() => store.appendWithCommands("x", 0, { kind: "e" }, [{ kind: "a" }, { kind: "b", payload: nest(65) }], 0), "commands[1].payload"],
+    [() => store.appendWithCommands("x", 0, { kind: "e", payload: "x".repeat(1 << 20) }, [], 0), "event.payload"],
+    [() => store.appendWithCommands("x", 0, { kind: "e", payload: nest(200) }, [], 0), "event"],
+    [() => store.appendWithCommands("x", 0, { kind: "e", payload: nest(100_000) }, [], 0), "event"],
+  ];
+  for (const [call, path] of cases) throwsCode(assert, call, "INVALID_INPUT", path);
+  assert.equal(store.exportSnapshot(), before);
+  store.appendWithCommands("x", 0, { kind: "e", payload: nest(64) }, [{ kind: "a", payload: nest(64) }], 0);
+  assert.deepEqual(MemoryStore.fromSnapshot(store.exportSnapshot()).load("x")[0].payload, nest(64));
+});
