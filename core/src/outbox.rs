@@ -171,6 +171,16 @@ pub struct ClaimRequest {
 }
 
 impl ClaimRequest {
+    /// The longest lease a claim may ask for: 24 hours. A holder of long work extends its lease (a
+    /// heartbeat) instead; a longer lease only makes the commands of a crashed worker wait longer.
+    pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// The shortest lease a claim may ask for: 1 ms, the resolution of [`Timestamp`].
+    pub const MIN_LEASE_TTL: Duration = Duration::from_millis(1);
+
+    /// The most commands one claim may take: 1,000, so a claim stays one short transaction.
+    pub const MAX_LIMIT: usize = 1_000;
+
     /// Up to 1 command for `worker`, leased for 30 s, `DueFirst`, at most 10 attempts.
     pub fn new(worker: impl Into<String>) -> Self {
         Self {
@@ -182,14 +192,14 @@ impl ClaimRequest {
         }
     }
 
-    /// Takes up to `limit` commands.
+    /// Takes up to `limit` commands (1 to [`ClaimRequest::MAX_LIMIT`]).
     #[must_use]
     pub fn limit(mut self, limit: usize) -> Self {
         self.limit = limit;
         self
     }
 
-    /// Leases them for `ttl`.
+    /// Leases them for `ttl` ([`ClaimRequest::MIN_LEASE_TTL`] to [`ClaimRequest::MAX_LEASE_TTL`]).
     #[must_use]
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
@@ -210,11 +220,15 @@ impl ClaimRequest {
         self
     }
 
-    /// Checks the request.
+    /// Checks the request. Every store calls it before it claims, so a request out of bounds fails the
+    /// same way on every backend and writes nothing.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for an empty or over-long worker name or a zero lease TTL.
+    /// [`Error::InvalidInput`] naming the field and its value for a worker name that is empty, longer
+    /// than 128 bytes or holds a control character; a limit of 0 or above [`ClaimRequest::MAX_LIMIT`]
+    /// (1,000); a lease TTL shorter than [`ClaimRequest::MIN_LEASE_TTL`] (1 ms) or longer than
+    /// [`ClaimRequest::MAX_LEASE_TTL`] (24 h); `max_attempts` of 0.
     pub fn validate(&self) -> Result<(), Error> {
         if self.worker.is_empty() || self.worker.len() > 128 {
             return Err(Error::invalid(
@@ -223,11 +237,36 @@ impl ClaimRequest {
                 "must be 1 to 128 bytes",
             ));
         }
-        if self.lease_ttl.is_zero() {
+        if self.worker.chars().any(char::is_control) {
+            return Err(Error::invalid(
+                "worker",
+                &self.worker,
+                "must not contain control characters",
+            ));
+        }
+        if !(1..=Self::MAX_LIMIT).contains(&self.limit) {
+            return Err(Error::invalid(
+                "limit",
+                self.limit,
+                format!("must be 1 to {}", Self::MAX_LIMIT),
+            ));
+        }
+        if !(Self::MIN_LEASE_TTL..=Self::MAX_LEASE_TTL).contains(&self.lease_ttl) {
             return Err(Error::invalid(
                 "lease_ttl",
                 format!("{:?}", self.lease_ttl),
-                "must be longer than zero",
+                format!(
+                    "must be {:?} to {:?} (24 h); extend the lease for longer work",
+                    Self::MIN_LEASE_TTL,
+                    Self::MAX_LEASE_TTL
+                ),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(Error::invalid(
+                "max_attempts",
+                self.max_attempts,
+                "must be at least 1",
             ));
         }
         Ok(())
@@ -489,5 +528,67 @@ impl OutboxRow {
             status: self.status,
             operation,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused_field(request: &ClaimRequest) -> Option<&'static str> {
+        match request.validate() {
+            Ok(()) => None,
+            Err(Error::InvalidInput { field, .. }) => Some(field),
+            Err(other) => panic!("not InvalidInput: {other}"),
+        }
+    }
+
+    #[test]
+    fn claim_requests_out_of_bounds_are_refused_naming_the_field() {
+        let ok = ClaimRequest::new("worker-1");
+        assert_eq!(refused_field(&ok), None);
+        let edges = ok
+            .clone()
+            .limit(ClaimRequest::MAX_LIMIT)
+            .lease_ttl(ClaimRequest::MAX_LEASE_TTL);
+        assert_eq!(refused_field(&edges), None);
+        assert_eq!(
+            refused_field(&ok.clone().lease_ttl(ClaimRequest::MIN_LEASE_TTL)),
+            None
+        );
+        let mut no_attempts = ok.clone();
+        no_attempts.max_attempts = 0;
+        let cases = [
+            (ClaimRequest::new(""), "worker"),
+            (ClaimRequest::new("w".repeat(129)), "worker"),
+            (ClaimRequest::new("worker\n1"), "worker"),
+            (ClaimRequest::new("worker\u{7f}"), "worker"),
+            (ok.clone().limit(0), "limit"),
+            (ok.clone().limit(ClaimRequest::MAX_LIMIT + 1), "limit"),
+            (ok.clone().lease_ttl(Duration::ZERO), "lease_ttl"),
+            (
+                ok.clone().lease_ttl(Duration::from_micros(999)),
+                "lease_ttl",
+            ),
+            (ok.clone().lease_ttl(Duration::MAX), "lease_ttl"),
+            (
+                ok.clone()
+                    .lease_ttl(ClaimRequest::MAX_LEASE_TTL + Duration::from_millis(1)),
+                "lease_ttl",
+            ),
+            (no_attempts, "max_attempts"),
+        ];
+        for (request, field) in cases {
+            assert_eq!(refused_field(&request), Some(field), "{request:?}");
+        }
+        let message = ok
+            .lease_ttl(Duration::MAX)
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.contains("lease_ttl") && message.contains("86400s"),
+            "{message}"
+        );
     }
 }

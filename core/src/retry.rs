@@ -12,6 +12,11 @@ use crate::time::millis;
 /// shortened by up to `jitter` (a fraction from 0 to 1) by an amount derived from the command ID and
 /// the attempt, so every host computes the same delay and the delay never exceeds the cap.
 ///
+/// The builders keep what they are given; [`RetryPolicy::validate`] refuses values out of bounds
+/// (`initial_delay ≤ max_delay ≤` [`RetryPolicy::MAX_DELAY`], a finite `multiplier ≥ 1`, a `jitter`
+/// from 0 to 1), and the dispatcher refuses to start with such a policy. The arithmetic never trusts
+/// them either: a multiplier below 1 or NaN counts as 1, a jitter outside 0..=1 is clamped.
+///
 /// ```
 /// use std::time::Duration;
 /// use miniflow_core::{CommandId, RetryPolicy};
@@ -51,25 +56,27 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The delay after the first failed attempt.
+    /// The longest `max_delay` (and so `initial_delay`) [`RetryPolicy::validate`] accepts: 30 days. A
+    /// longer pause between two attempts is no retry policy, and a receiver would have to keep its
+    /// idempotency records for longer still (DESIGN rule 10).
+    pub const MAX_DELAY: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+    /// The delay after the first failed attempt (0 to `max_delay`; 0 retries at once).
     #[must_use]
     pub fn initial_delay(mut self, delay: Duration) -> Self {
         self.initial_delay = delay;
         self
     }
 
-    /// The growth of the delay per attempt (values below 1 are treated as 1).
+    /// The growth of the delay per attempt: a finite number, at least 1 ([`RetryPolicy::validate`]
+    /// refuses anything else; until then it counts as 1).
     #[must_use]
     pub fn multiplier(mut self, multiplier: f64) -> Self {
-        self.multiplier = if multiplier.is_finite() && multiplier >= 1.0 {
-            multiplier
-        } else {
-            1.0
-        };
+        self.multiplier = multiplier;
         self
     }
 
-    /// The longest delay.
+    /// The longest delay (`initial_delay` to [`RetryPolicy::MAX_DELAY`]).
     #[must_use]
     pub fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
@@ -84,13 +91,10 @@ impl RetryPolicy {
     }
 
     /// The largest fraction (0 to 1) by which a delay is shortened at random; 0 turns jitter off.
+    /// [`RetryPolicy::validate`] refuses other values; until then they are clamped (NaN counts as 0).
     #[must_use]
     pub fn jitter(mut self, fraction: f64) -> Self {
-        self.jitter = if fraction.is_finite() {
-            fraction.clamp(0.0, 1.0)
-        } else {
-            0.0
-        };
+        self.jitter = fraction;
         self
     }
 
@@ -103,8 +107,22 @@ impl RetryPolicy {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when `max_delay` is shorter than `initial_delay`.
+    /// [`Error::InvalidInput`] naming the field and its value when `initial_delay` or `max_delay` is
+    /// longer than [`RetryPolicy::MAX_DELAY`] (30 days), `max_delay` is shorter than `initial_delay`, the
+    /// multiplier is NaN, infinite or below 1, or the jitter is not a fraction from 0 to 1.
     pub fn validate(&self) -> Result<(), Error> {
+        for (field, delay) in [
+            ("retry_policy.initial_delay", self.initial_delay),
+            ("retry_policy.max_delay", self.max_delay),
+        ] {
+            if delay > Self::MAX_DELAY {
+                return Err(Error::invalid(
+                    field,
+                    format!("{delay:?}"),
+                    format!("must be at most {:?} (30 days)", Self::MAX_DELAY),
+                ));
+            }
+        }
         if self.max_delay < self.initial_delay {
             return Err(Error::invalid(
                 "retry_policy.max_delay",
@@ -112,7 +130,39 @@ impl RetryPolicy {
                 format!("is shorter than initial_delay {:?}", self.initial_delay),
             ));
         }
+        if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
+            return Err(Error::invalid(
+                "retry_policy.multiplier",
+                self.multiplier,
+                "must be a finite number of at least 1",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(Error::invalid(
+                "retry_policy.jitter",
+                self.jitter,
+                "must be a fraction from 0 to 1",
+            ));
+        }
         Ok(())
+    }
+
+    /// The multiplier as the arithmetic uses it: below 1, NaN or infinite counts as 1.
+    fn growth(&self) -> f64 {
+        if self.multiplier.is_finite() && self.multiplier >= 1.0 {
+            self.multiplier
+        } else {
+            1.0
+        }
+    }
+
+    /// The jitter as the arithmetic uses it: clamped to 0..=1, NaN counts as 0.
+    fn jitter_fraction(&self) -> f64 {
+        if self.jitter.is_nan() {
+            0.0
+        } else {
+            self.jitter.clamp(0.0, 1.0)
+        }
     }
 
     /// The delay before the next attempt after attempt number `attempt` (from 1) failed, without jitter.
@@ -123,7 +173,7 @@ impl RetryPolicy {
             if delay >= cap {
                 break;
             }
-            delay *= self.multiplier;
+            delay *= self.growth();
         }
         Duration::from_millis(delay.min(cap) as u64)
     }
@@ -133,7 +183,7 @@ impl RetryPolicy {
     pub fn backoff(&self, command_id: &CommandId, attempt: u32) -> Duration {
         let base = millis(self.base_backoff(attempt));
         let unit = jitter_unit(command_id, attempt);
-        let cut = (base as f64 * self.jitter * unit) as u64;
+        let cut = (base as f64 * self.jitter_fraction() * unit) as u64;
         Duration::from_millis(base - cut.min(base))
     }
 
@@ -212,6 +262,9 @@ mod tests {
             .max_attempts(0);
         assert_eq!(p.attempts_allowed(), 1);
         assert!(p.backoff(&id("w:1:0"), 1) <= p.base_backoff(1));
+        assert_eq!(p.base_backoff(5), p.base_backoff(1), "NaN grows like 1");
+        let shrinking = RetryPolicy::default().multiplier(0.5).jitter(f64::NAN);
+        assert_eq!(shrinking.backoff(&id("w:1:0"), 4), Duration::from_secs(1));
         let bad = RetryPolicy::default()
             .initial_delay(Duration::from_secs(10))
             .max_delay(Duration::from_secs(1));
@@ -220,5 +273,61 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("initial_delay"));
+    }
+
+    /// The field `validate` names for `policy`, or `None` when it passes.
+    fn refused_field(policy: &RetryPolicy) -> Option<&'static str> {
+        match policy.validate() {
+            Ok(()) => None,
+            Err(Error::InvalidInput { field, .. }) => Some(field),
+            Err(other) => panic!("not InvalidInput: {other}"),
+        }
+    }
+
+    #[test]
+    fn validate_refuses_delays_multipliers_and_jitter_out_of_bounds() {
+        let ok = RetryPolicy::default();
+        assert_eq!(refused_field(&ok), None);
+        assert_eq!(
+            refused_field(&ok.clone().initial_delay(Duration::ZERO)),
+            None
+        );
+        let longest = ok
+            .clone()
+            .initial_delay(RetryPolicy::MAX_DELAY)
+            .max_delay(RetryPolicy::MAX_DELAY)
+            .multiplier(1.0)
+            .jitter(1.0);
+        assert_eq!(refused_field(&longest), None);
+        let cases = [
+            (
+                ok.clone().max_delay(Duration::MAX),
+                "retry_policy.max_delay",
+            ),
+            (
+                ok.clone()
+                    .max_delay(RetryPolicy::MAX_DELAY + Duration::from_millis(1)),
+                "retry_policy.max_delay",
+            ),
+            (
+                ok.clone().initial_delay(Duration::MAX),
+                "retry_policy.initial_delay",
+            ),
+            (ok.clone().multiplier(0.5), "retry_policy.multiplier"),
+            (ok.clone().multiplier(-2.0), "retry_policy.multiplier"),
+            (ok.clone().multiplier(f64::NAN), "retry_policy.multiplier"),
+            (
+                ok.clone().multiplier(f64::INFINITY),
+                "retry_policy.multiplier",
+            ),
+            (ok.clone().jitter(1.5), "retry_policy.jitter"),
+            (ok.clone().jitter(-0.1), "retry_policy.jitter"),
+            (ok.clone().jitter(f64::NAN), "retry_policy.jitter"),
+        ];
+        for (policy, field) in cases {
+            assert_eq!(refused_field(&policy), Some(field), "{policy:?}");
+        }
+        let message = ok.multiplier(0.5).validate().unwrap_err().to_string();
+        assert!(message.contains("0.5"), "names the value: {message}");
     }
 }

@@ -4,11 +4,19 @@
 //! each, and settles them: completions are grouped into one durable transaction, failures go back with
 //! a backoff or become dead (DESIGN rules 7–9). A heartbeat thread extends the leases of long deliveries
 //! and notices a lost lease, whose result is then not written.
+//!
+//! Failures surface (DESIGN rule 19): a configuration out of bounds is refused when the dispatcher
+//! starts; a failed store operation is counted, passed to [`Dispatcher::on_error`], and backed off
+//! from (exponentially, capped) instead of retried in a tight loop; [`Dispatcher::run_until_idle`]
+//! returns it. A workflow that panics or rejects while a timer fires is counted and reported too.
 
+use std::any::Any;
 use std::collections::HashMap;
+use std::fmt::Debug;
+use std::ops::RangeInclusive;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -83,7 +91,8 @@ pub enum Settlement {
     /// The lease was lost (expired and taken over) before the result was written; the result was
     /// dropped and the new holder's delivery counts.
     LeaseLost,
-    /// Given back undelivered during shutdown.
+    /// Given back undelivered when the worker stopped: at shutdown, or when
+    /// [`Dispatcher::run_until_idle`] stops on a store error.
     Released,
 }
 
@@ -124,8 +133,17 @@ pub struct Stats {
     pub panics: u64,
     /// Timers (and failure feedback) whose event this dispatcher committed.
     pub timers_fired: u64,
-    /// Store operations that failed (the worker backs off and goes on).
+    /// Store operations that failed, the heartbeat's included. Each was passed to
+    /// [`Dispatcher::on_error`]; the worker backed off before it claimed again.
     pub store_errors: u64,
+    /// Timer firings whose event the workflow rejected ([`Error::Rejected`]); each was passed to
+    /// [`Dispatcher::on_error`]. The timer stays scheduled and is offered again when its take
+    /// (`lease_ttl`) runs out.
+    pub timers_rejected: u64,
+    /// Timer firings during which the workflow's `evolve` or `decide` panicked; each was passed to
+    /// [`Dispatcher::on_error`] as an [`Error::Rejected`]. Nothing was written; the timer stays
+    /// scheduled and is offered again when its take (`lease_ttl`) runs out.
+    pub timer_panics: u64,
 }
 
 impl std::ops::AddAssign for Stats {
@@ -139,11 +157,29 @@ impl std::ops::AddAssign for Stats {
         self.panics += o.panics;
         self.timers_fired += o.timers_fired;
         self.store_errors += o.store_errors;
+        self.timers_rejected += o.timers_rejected;
+        self.timer_panics += o.timer_panics;
     }
 }
 
 type Opener<S> = dyn Fn() -> Result<S, Error> + Send + Sync;
 type Observer = dyn Fn(&Delivery, &Settlement) + Send + Sync;
+type ErrorHook = dyn Fn(&Error) + Send + Sync;
+
+/// The most worker threads a dispatcher runs.
+const MAX_WORKERS: usize = 256;
+/// The shortest lease a dispatcher takes: its heartbeat ticks every quarter TTL, in whole milliseconds.
+const MIN_LEASE_TTL: Duration = Duration::from_millis(4);
+/// The bounds of the idle poll interval: 0 would spin, more than a minute leaves due work waiting.
+const POLL_INTERVAL: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(60);
+/// The longest a completion may wait for its acknowledgement.
+const MAX_ACK_DELAY: Duration = Duration::from_secs(60);
+/// Repeated store errors back off from the poll interval, doubling, up to this (or the poll interval,
+/// if longer).
+const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
+/// How many transient store errors ([`Error::Busy`], [`Error::Conflict`]) in a row a worker of
+/// `run_until_idle` sits out before it gives up and returns the last one.
+const TRANSIENT_ERRORS_TOLERATED: u32 = 8;
 
 /// Fires timers into workflows: an [`Engine`] with its workflow type erased.
 trait Firer<S>: Send + Sync {
@@ -196,6 +232,7 @@ pub struct Dispatcher<S> {
     handler: Arc<dyn Handler>,
     firer: Option<Arc<dyn Firer<S>>>,
     observer: Option<Arc<Observer>>,
+    on_error: Option<Arc<ErrorHook>>,
     clock: Arc<dyn Clock + Send + Sync>,
     config: Config,
 }
@@ -212,6 +249,50 @@ struct Config {
     ack_delay: Duration,
 }
 
+impl Config {
+    /// The claim each worker makes, for the worker named `worker`.
+    fn claim_request(&self, worker: String) -> ClaimRequest {
+        ClaimRequest::new(worker)
+            .limit(self.batch_size)
+            .lease_ttl(self.lease_ttl)
+            .order(self.order)
+            .retry_policy(&self.policy)
+    }
+
+    /// Refuses settings out of bounds, naming the setting and its value.
+    fn validate(&self) -> Result<(), Error> {
+        within("workers", self.workers, 1..=MAX_WORKERS)?;
+        within("batch_size", self.batch_size, 1..=ClaimRequest::MAX_LIMIT)?;
+        within(
+            "lease_ttl",
+            self.lease_ttl,
+            MIN_LEASE_TTL..=ClaimRequest::MAX_LEASE_TTL,
+        )?;
+        within("poll_interval", self.poll_interval, POLL_INTERVAL)?;
+        within("ack_delay", self.ack_delay, Duration::ZERO..=MAX_ACK_DELAY)?;
+        // The longest worker name, and every bound a store checks on a claim.
+        self.claim_request(format!("{}-{}", self.name, self.workers - 1))
+            .validate()?;
+        self.policy.validate()
+    }
+}
+
+/// [`Error::InvalidInput`] naming `field` unless `value` lies in `bounds`.
+fn within<T: PartialOrd + Debug>(
+    field: &'static str,
+    value: T,
+    bounds: RangeInclusive<T>,
+) -> Result<(), Error> {
+    if bounds.contains(&value) {
+        return Ok(());
+    }
+    Err(Error::invalid(
+        field,
+        format!("{value:?}"),
+        format!("must be {:?} to {:?}", bounds.start(), bounds.end()),
+    ))
+}
+
 impl Dispatcher<SqliteStore> {
     /// A dispatcher over the SQLite file at `path`: every worker opens its own connection.
     pub fn sqlite(path: impl Into<PathBuf>, handler: impl Handler) -> Self {
@@ -223,7 +304,11 @@ impl Dispatcher<SqliteStore> {
 impl<S: Store + 'static> Dispatcher<S> {
     /// A dispatcher whose workers each call `open` for a store of their own, with the defaults: 1
     /// worker, batches of 64, 30 s leases, [`RetryPolicy::default`], [`ClaimOrder::DueFirst`], polling
-    /// every 50 ms when idle, the system clock.
+    /// every 50 ms when idle, acks grouped for up to 10 ms, the system clock.
+    ///
+    /// The builder methods keep what they are given; [`Dispatcher::start`] and
+    /// [`Dispatcher::run_until_idle`] refuse a setting out of the bounds each method documents with
+    /// [`Error::InvalidInput`] naming the setting and its value, before any thread starts.
     pub fn new(
         open: impl Fn() -> Result<S, Error> + Send + Sync + 'static,
         handler: impl Handler,
@@ -233,6 +318,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             handler: Arc::new(handler),
             firer: None,
             observer: None,
+            on_error: None,
             clock: Arc::new(SystemClock),
             config: Config {
                 name: format!("worker-{}", std::process::id()),
@@ -256,28 +342,32 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
-    /// Runs `workers` worker threads (at least 1).
+    /// Runs `workers` worker threads: 1 to 256.
     #[must_use]
     pub fn workers(mut self, workers: usize) -> Self {
-        self.config.workers = workers.max(1);
+        self.config.workers = workers;
         self
     }
 
-    /// Claims up to `size` commands per transaction (at least 1).
+    /// Claims up to `size` commands per transaction: 1 to [`ClaimRequest::MAX_LIMIT`] (1,000).
     #[must_use]
     pub fn batch_size(mut self, size: usize) -> Self {
-        self.config.batch_size = size.max(1);
+        self.config.batch_size = size;
         self
     }
 
-    /// Leases each claimed command for `ttl`; the heartbeat extends it while the delivery runs.
+    /// Leases each claimed command (and takes each due timer) for `ttl`: 4 ms to
+    /// [`ClaimRequest::MAX_LEASE_TTL`] (24 h). The heartbeat extends the lease every quarter TTL while
+    /// the delivery runs, so the TTL need not cover the slowest delivery; it is how long the commands
+    /// of a crashed worker wait before another worker takes them over.
     #[must_use]
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl.max(Duration::from_millis(4));
+        self.config.lease_ttl = ttl;
         self
     }
 
-    /// Retries failures by `policy`.
+    /// Retries failures by `policy`, which must pass [`RetryPolicy::validate`] (delays up to 30 days,
+    /// a finite multiplier of at least 1, a jitter from 0 to 1).
     #[must_use]
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
         self.config.policy = policy;
@@ -291,22 +381,25 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
-    /// How long an idle worker waits before it looks for due commands again.
+    /// How long an idle worker waits before it looks for due commands again: 1 ms to 60 s. It is
+    /// also the first pause after a failed store operation (see [`Dispatcher::on_error`]).
     #[must_use]
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.config.poll_interval = interval;
         self
     }
 
-    /// The longest a completed delivery waits to be acknowledged together with the next ones. Larger
-    /// values group more acks per transaction; a completion is only reported once durable.
+    /// The longest a completed delivery waits to be acknowledged together with the next ones: 0 (each
+    /// on its own) to 60 s. Larger values group more acks per transaction; a completion is only
+    /// reported once durable.
     #[must_use]
     pub fn ack_delay(mut self, delay: Duration) -> Self {
         self.config.ack_delay = delay;
         self
     }
 
-    /// Names the workers `{name}-{n}` in their leases.
+    /// Names the workers `{name}-{n}` in their leases: each name must pass
+    /// [`ClaimRequest::validate`] (1 to 128 bytes, no control characters).
     #[must_use]
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.config.name = name.into();
@@ -330,69 +423,101 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
+    /// Calls `hook` with each error a worker or the heartbeat meets:
+    ///
+    /// - a failed store operation (opening a store, claiming, settling, extending a lease, firing a
+    ///   timer), also counted in [`Stats::store_errors`];
+    /// - a timer whose event its workflow rejected ([`Error::Rejected`], [`Stats::timers_rejected`]);
+    /// - a timer during whose firing the workflow panicked, reported as an [`Error::Rejected`] whose
+    ///   reason says so ([`Stats::timer_panics`]).
+    ///
+    /// After a failed store operation the worker pauses before it tries again: the poll interval,
+    /// doubling with each failure in a row, up to 5 s (or the poll interval, if longer). It runs on
+    /// the worker's thread in the middle of its loop: keep it cheap (log, count, send on a channel)
+    /// and do not panic in it.
+    #[must_use]
+    pub fn on_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.on_error = Some(Arc::new(hook));
+        self
+    }
+
     /// Runs the workers until none finds a claimable command, then returns what they did. Commands
-    /// waiting for a later retry time stay pending.
+    /// waiting for a later retry time stay pending, and so do timers whose firing panicked or was
+    /// rejected (counted in the stats) until their take runs out.
     ///
     /// # Errors
     ///
-    /// The first error of a worker that could not open its store.
+    /// - [`Error::InvalidInput`] naming the setting when the configuration is out of bounds; nothing
+    ///   is started.
+    /// - The first store error a worker stopped on: at once for any kind but [`Error::Busy`] and
+    ///   [`Error::Conflict`] (a full or failing disk, a corrupt row, a refused request: waiting does
+    ///   not fix them), or the 8th `Busy`/`Conflict` in a row, after backing off between them. The
+    ///   other workers then stop as at shutdown: each finishes the delivery in hand and gives back
+    ///   the rest of its batch.
     pub fn run_until_idle(&self) -> Result<Stats, Error> {
         let running = self.spawn(true)?;
         running.join_all()
     }
 
-    /// Starts the workers in the background until [`RunningDispatcher::shutdown`].
+    /// Starts the workers in the background until [`RunningDispatcher::shutdown`]. They ride out store
+    /// errors: each is reported to [`Dispatcher::on_error`] and counted, and the worker backs off
+    /// (up to 5 s between tries) until the store answers again.
     ///
     /// # Errors
     ///
-    /// When the first store cannot be opened.
+    /// [`Error::InvalidInput`] naming the setting when the configuration is out of bounds; the
+    /// store's error when the first store cannot be opened. Nothing is started then.
     pub fn start(self) -> Result<RunningDispatcher, Error> {
         self.spawn(false)
     }
 
     fn spawn(&self, until_idle: bool) -> Result<RunningDispatcher, Error> {
+        self.config.validate()?;
         // Open one store up front so a wrong path fails here, not in every thread.
         drop((self.open)()?);
-        let stop = Arc::new(AtomicBool::new(false));
-        let held = Arc::new(HeldLeases::default());
-        let workers = (0..self.config.workers)
-            .map(|n| {
-                let worker = Worker {
-                    name: format!("{}-{n}", self.config.name),
-                    open: self.open.clone(),
-                    handler: self.handler.clone(),
-                    firer: self.firer.clone(),
-                    observer: self.observer.clone(),
-                    clock: self.clock.clone(),
-                    config: self.config.clone(),
-                    stop: stop.clone(),
-                    held: held.clone(),
-                    until_idle,
-                };
-                std::thread::Builder::new()
-                    .name(worker.name.clone())
-                    .spawn(move || worker.run())
-                    .map_err(|e| Error::Storage(Box::new(e)))
-            })
-            .collect::<Result<Vec<_>, Error>>()?;
-        let heartbeat = {
-            let heartbeat = Heartbeat {
-                open: self.open.clone(),
-                clock: self.clock.clone(),
-                lease_ttl: self.config.lease_ttl,
-                held,
-                stop: stop.clone(),
-            };
-            std::thread::Builder::new()
-                .name(format!("{}-heartbeat", self.config.name))
-                .spawn(move || heartbeat.run())
-                .map_err(|e| Error::Storage(Box::new(e)))?
+        let mut running = RunningDispatcher {
+            stop: Arc::new(AtomicBool::new(false)),
+            workers: Vec::with_capacity(self.config.workers),
+            heartbeat: None,
+            heartbeat_errors: Arc::new(AtomicU64::new(0)),
         };
-        Ok(RunningDispatcher {
-            stop,
-            workers,
-            heartbeat: Some(heartbeat),
-        })
+        let held = Arc::new(HeldLeases::default());
+        // On an error the threads already started stop: dropping `running` sets `stop`.
+        for n in 0..self.config.workers {
+            let worker = Worker {
+                name: format!("{}-{n}", self.config.name),
+                open: self.open.clone(),
+                handler: self.handler.clone(),
+                firer: self.firer.clone(),
+                observer: self.observer.clone(),
+                on_error: self.on_error.clone(),
+                clock: self.clock.clone(),
+                config: self.config.clone(),
+                stop: running.stop.clone(),
+                held: held.clone(),
+                until_idle,
+            };
+            let thread = std::thread::Builder::new()
+                .name(worker.name.clone())
+                .spawn(move || worker.run())
+                .map_err(|e| Error::Storage(Box::new(e)))?;
+            running.workers.push(thread);
+        }
+        let heartbeat = Heartbeat {
+            open: self.open.clone(),
+            on_error: self.on_error.clone(),
+            errors: running.heartbeat_errors.clone(),
+            clock: self.clock.clone(),
+            lease_ttl: self.config.lease_ttl,
+            held,
+            stop: running.stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("{}-heartbeat", self.config.name))
+            .spawn(move || heartbeat.run())
+            .map_err(|e| Error::Storage(Box::new(e)))?;
+        running.heartbeat = Some(thread);
+        Ok(running)
     }
 }
 
@@ -401,6 +526,8 @@ pub struct RunningDispatcher {
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Result<Stats, Error>>>,
     heartbeat: Option<JoinHandle<()>>,
+    /// Store errors of the heartbeat, added to the workers' [`Stats::store_errors`].
+    heartbeat_errors: Arc<AtomicU64>,
 }
 
 /// How a shutdown went.
@@ -447,6 +574,7 @@ impl RunningDispatcher {
                 let _ = heartbeat.join();
             }
         }
+        shutdown.stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
         shutdown
     }
 
@@ -467,6 +595,7 @@ impl RunningDispatcher {
         if let Some(heartbeat) = self.heartbeat.take() {
             let _ = heartbeat.join();
         }
+        stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
         first_error.map_or(Ok(stats), Err)
     }
 }
@@ -519,6 +648,8 @@ impl HeldLeases {
 
 struct Heartbeat<S> {
     open: Arc<Opener<S>>,
+    on_error: Option<Arc<ErrorHook>>,
+    errors: Arc<AtomicU64>,
     clock: Arc<dyn Clock + Send + Sync>,
     lease_ttl: Duration,
     held: Arc<HeldLeases>,
@@ -528,8 +659,10 @@ struct Heartbeat<S> {
 impl<S: Store> Heartbeat<S> {
     /// Every quarter TTL, extends the leases that are past half their TTL; a stale one is marked lost.
     fn run(self) {
-        let Ok(mut store) = (self.open)() else { return };
         let tick = self.lease_ttl / 4;
+        let Some(mut store) = self.open_store(tick) else {
+            return;
+        };
         while !self.stop.load(Ordering::SeqCst) {
             sleep_unless(&self.stop, tick);
             let now = self.clock.now();
@@ -542,16 +675,44 @@ impl<S: Store> Heartbeat<S> {
                 .collect();
             for (id, token) in due {
                 let result = store.extend(&id, token, self.lease_ttl, now);
+                if let Err(error) = &result {
+                    if !matches!(error, Error::StaleLease { .. }) {
+                        // Try again next tick: the lease is still ours until it expires.
+                        self.failed(error);
+                        continue;
+                    }
+                }
                 let mut held = self.held.lock();
                 let Some(h) = held.get_mut(&id).filter(|h| h.token == token) else {
                     continue;
                 };
                 match result {
                     Ok(expires_at) => h.expires_at = expires_at,
-                    Err(Error::StaleLease { .. }) => h.lost = true,
-                    Err(_) => {} // try again next tick; the lease is still ours until it expires
+                    Err(_) => h.lost = true, // stale: another worker took it over
                 }
             }
+        }
+    }
+
+    /// Opens the heartbeat's store, reporting each failure and backing off, until it opens or the
+    /// dispatcher stops.
+    fn open_store(&self, tick: Duration) -> Option<S> {
+        let mut failures_in_a_row = 0;
+        while !self.stop.load(Ordering::SeqCst) {
+            match (self.open)() {
+                Ok(store) => return Some(store),
+                Err(error) => self.failed(&error),
+            }
+            failures_in_a_row += 1;
+            sleep_unless(&self.stop, error_backoff(tick, failures_in_a_row));
+        }
+        None
+    }
+
+    fn failed(&self, error: &Error) {
+        self.errors.fetch_add(1, Ordering::SeqCst);
+        if let Some(hook) = &self.on_error {
+            hook(error);
         }
     }
 }
@@ -568,12 +729,27 @@ fn sleep_unless(stop: &AtomicBool, total: Duration) {
     }
 }
 
+/// The pause after the `failures_in_a_row`-th failed store operation in a row (from 1): `base`,
+/// doubling per failure, capped at [`MAX_ERROR_BACKOFF`] (or `base`, if longer).
+fn error_backoff(base: Duration, failures_in_a_row: u32) -> Duration {
+    let doublings = failures_in_a_row.saturating_sub(1).min(20);
+    base.saturating_mul(1 << doublings)
+        .min(base.max(MAX_ERROR_BACKOFF))
+}
+
+/// Whether waiting may cure a store error: a lock held by another writer, or a lost race. Anything
+/// else (a failing disk, a corrupt row, a refused request, a newer schema) stays as it is.
+fn is_transient(error: &Error) -> bool {
+    matches!(error, Error::Busy(_) | Error::Conflict { .. })
+}
+
 struct Worker<S> {
     name: String,
     open: Arc<Opener<S>>,
     handler: Arc<dyn Handler>,
     firer: Option<Arc<dyn Firer<S>>>,
     observer: Option<Arc<Observer>>,
+    on_error: Option<Arc<ErrorHook>>,
     clock: Arc<dyn Clock + Send + Sync>,
     config: Config,
     stop: Arc<AtomicBool>,
@@ -581,22 +757,69 @@ struct Worker<S> {
     until_idle: bool,
 }
 
+/// What one worker did, and how its store operations are going.
+#[derive(Default)]
+struct Tally {
+    stats: Stats,
+    /// Store operations that failed in a row, since the last one that succeeded.
+    failures_in_a_row: u32,
+    /// The store error a worker of `run_until_idle` stops on.
+    fatal: Option<Error>,
+}
+
+impl Tally {
+    fn store_answered(&mut self) {
+        self.failures_in_a_row = 0;
+    }
+}
+
 impl<S: Store> Worker<S> {
     fn run(self) -> Result<Stats, Error> {
-        let mut store = (self.open)()?;
-        let mut stats = Stats::default();
-        let request = ClaimRequest::new(self.name.clone())
-            .limit(self.config.batch_size)
-            .lease_ttl(self.config.lease_ttl)
-            .order(self.config.order)
-            .retry_policy(&self.config.policy);
-        while !self.stop.load(Ordering::SeqCst) {
-            let fired = self.fire_due_timers(&mut store, &mut stats);
+        let mut tally = Tally::default();
+        if let Some(mut store) = self.open_store(&mut tally) {
+            self.work(&mut store, &mut tally);
+        }
+        match tally.fatal {
+            Some(error) => Err(error),
+            None => Ok(tally.stats),
+        }
+    }
+
+    /// Whether the worker is to stop: at shutdown, or on a store error it gives up on.
+    fn halted(&self, tally: &Tally) -> bool {
+        tally.fatal.is_some() || self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Opens the worker's store, backing off after each failure, until it opens or the worker halts.
+    fn open_store(&self, tally: &mut Tally) -> Option<S> {
+        while !self.halted(tally) {
+            match (self.open)() {
+                Ok(store) => {
+                    tally.store_answered();
+                    return Some(store);
+                }
+                Err(error) => self.store_failed(error, tally),
+            }
+            self.back_off(tally);
+        }
+        None
+    }
+
+    fn work(&self, store: &mut S, tally: &mut Tally) {
+        let request = self.config.claim_request(self.name.clone());
+        while !self.halted(tally) {
+            let fired = self.fire_due_timers(store, tally);
+            if self.halted(tally) {
+                break;
+            }
             let batch = match store.claim(&request, self.clock.now()) {
-                Ok(batch) => batch,
-                Err(_) => {
-                    stats.store_errors += 1;
-                    sleep_unless(&self.stop, self.config.poll_interval);
+                Ok(batch) => {
+                    tally.store_answered();
+                    batch
+                }
+                Err(error) => {
+                    self.store_failed(error, tally);
+                    self.back_off(tally);
                     continue;
                 }
             };
@@ -610,79 +833,176 @@ impl<S: Store> Worker<S> {
                 sleep_unless(&self.stop, self.config.poll_interval);
                 continue;
             }
-            stats.claimed += batch.len() as u64;
+            tally.stats.claimed += batch.len() as u64;
             self.held.hold(&batch);
-            self.deliver(&mut store, &batch, &mut stats);
+            self.deliver(store, &batch, tally);
         }
-        Ok(stats)
     }
 
-    /// Fires the due timers this worker can take; returns how many it took.
-    fn fire_due_timers(&self, store: &mut S, stats: &mut Stats) -> usize {
+    /// Pauses after a failed store operation, longer with each failure in a row.
+    fn back_off(&self, tally: &Tally) {
+        if !self.halted(tally) {
+            let pause = error_backoff(self.config.poll_interval, tally.failures_in_a_row);
+            sleep_unless(&self.stop, pause);
+        }
+    }
+
+    /// A store operation failed: counts and reports it, and decides whether the worker stops on it
+    /// (`run_until_idle` only; the other workers then stop too).
+    fn store_failed(&self, error: Error, tally: &mut Tally) {
+        tally.stats.store_errors += 1;
+        tally.failures_in_a_row += 1;
+        self.report_error(&error);
+        let give_up =
+            !is_transient(&error) || tally.failures_in_a_row >= TRANSIENT_ERRORS_TOLERATED;
+        if self.until_idle && give_up && tally.fatal.is_none() {
+            tally.fatal = Some(error);
+            self.stop.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn report_error(&self, error: &Error) {
+        if let Some(hook) = &self.on_error {
+            hook(error);
+        }
+    }
+
+    /// Fires the due timers this worker can take; returns how many events it committed.
+    fn fire_due_timers(&self, store: &mut S, tally: &mut Tally) -> usize {
         let Some(firer) = &self.firer else { return 0 };
         let timers = match store.claim_timers(
             self.config.batch_size,
             self.config.lease_ttl,
             self.clock.now(),
         ) {
-            Ok(timers) => timers,
-            Err(_) => {
-                stats.store_errors += 1;
+            Ok(timers) => {
+                tally.store_answered();
+                timers
+            }
+            Err(error) => {
+                self.store_failed(error, tally);
                 return 0;
             }
         };
+        let mut fired = 0;
         for timer in &timers {
-            if self.stop.load(Ordering::SeqCst) {
+            if self.halted(tally) {
                 break; // the rest are taken back when their take runs out
             }
-            match firer.fire(store, timer, self.clock.now()) {
-                Ok(Some(_)) => stats.timers_fired += 1,
-                Ok(None) => {} // fired by another worker, or cancelled
-                Err(_) => stats.store_errors += 1,
+            if self.fire(firer.as_ref(), store, timer, tally) {
+                fired += 1;
             }
         }
-        timers.len()
+        fired
+    }
+
+    /// Fires one timer, guarded against a workflow that panics; says whether its event was committed.
+    fn fire(
+        &self,
+        firer: &dyn Firer<S>,
+        store: &mut S,
+        timer: &TimerRow,
+        tally: &mut Tally,
+    ) -> bool {
+        let now = self.clock.now();
+        // A panic in `evolve` or `decide` comes before the commit: nothing was written.
+        match catch_unwind(AssertUnwindSafe(|| firer.fire(store, timer, now))) {
+            Ok(Ok(Some(_))) => {
+                tally.store_answered();
+                tally.stats.timers_fired += 1;
+                true
+            }
+            Ok(Ok(None)) => {
+                tally.store_answered(); // fired by another worker, or cancelled
+                false
+            }
+            Ok(Err(Error::Rejected { reason, .. })) => {
+                self.timer_rejected(store, timer, &reason, now, tally);
+                false
+            }
+            Ok(Err(error)) => {
+                self.store_failed(error, tally);
+                false
+            }
+            Err(panic) => {
+                self.timer_panicked(timer, &*panic, tally);
+                false
+            }
+        }
+    }
+
+    /// The one place a timer whose event its workflow rejected is handled: counted and reported. The
+    /// timer stays scheduled and is offered again when its take runs out; rejecting it for good
+    /// (recorded in the store, visible to operators) belongs here too, with `store` and `now`.
+    fn timer_rejected(
+        &self,
+        _store: &mut S,
+        timer: &TimerRow,
+        reason: &str,
+        _now: Timestamp,
+        tally: &mut Tally,
+    ) {
+        tally.stats.timers_rejected += 1;
+        self.report_error(&Error::Rejected {
+            workflow_id: timer.timer_id.workflow_id().clone(),
+            reason: format!("timer {}: {reason}", timer.timer_id),
+        });
+    }
+
+    /// A timer during whose firing the workflow panicked: nothing was written, the timer stays
+    /// scheduled and is offered again when its take runs out. Counted, and reported as a rejection.
+    fn timer_panicked(&self, timer: &TimerRow, panic: &(dyn Any + Send), tally: &mut Tally) {
+        tally.stats.timer_panics += 1;
+        self.report_error(&Error::Rejected {
+            workflow_id: timer.timer_id.workflow_id().clone(),
+            reason: format!(
+                "the workflow panicked firing timer {}: {}",
+                timer.timer_id,
+                panic_message(panic)
+            ),
+        });
     }
 
     /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`.
-    fn deliver(&self, store: &mut S, batch: &[Delivery], stats: &mut Stats) {
+    fn deliver(&self, store: &mut S, batch: &[Delivery], tally: &mut Tally) {
         let mut acks: Vec<&Delivery> = Vec::new();
         let mut since_flush = Instant::now();
         for (n, delivery) in batch.iter().enumerate() {
-            if self.stop.load(Ordering::SeqCst) {
-                self.flush(store, &mut acks, stats);
-                self.release(store, &batch[n..], stats);
+            if self.halted(tally) {
+                self.flush(store, &mut acks, tally);
+                self.release(store, &batch[n..], tally);
                 return;
             }
             let outcome = catch_unwind(AssertUnwindSafe(|| self.handler.handle(delivery)))
                 .unwrap_or_else(|panic| {
-                    stats.panics += 1;
+                    tally.stats.panics += 1;
                     Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
                 });
             if self.held.is_lost(&delivery.command_id) {
                 self.held.drop_lease(&delivery.command_id);
-                self.report(delivery, Settlement::LeaseLost, stats);
+                self.report(delivery, Settlement::LeaseLost, tally);
                 continue;
             }
             match outcome {
                 Outcome::Done => acks.push(delivery),
                 Outcome::Retry(error) => {
-                    self.fail(store, delivery, Failure::retryable(error), stats)
+                    self.fail(store, delivery, Failure::retryable(error), tally)
                 }
                 Outcome::Permanent(error) => {
-                    self.fail(store, delivery, Failure::permanent(error), stats)
+                    self.fail(store, delivery, Failure::permanent(error), tally)
                 }
             }
             if since_flush.elapsed() >= self.config.ack_delay {
-                self.flush(store, &mut acks, stats);
+                self.flush(store, &mut acks, tally);
                 since_flush = Instant::now();
             }
         }
-        self.flush(store, &mut acks, stats);
+        self.flush(store, &mut acks, tally);
     }
 
-    /// Completes `acks` in one durable transaction, then reports them.
-    fn flush(&self, store: &mut S, acks: &mut Vec<&Delivery>, stats: &mut Stats) {
+    /// Completes `acks` in one durable transaction, then reports them. An ack that did not land is a
+    /// store error: its lease expires and the command is delivered again.
+    fn flush(&self, store: &mut S, acks: &mut Vec<&Delivery>, tally: &mut Tally) {
         if acks.is_empty() {
             return;
         }
@@ -690,23 +1010,38 @@ impl<S: Store> Worker<S> {
             .iter()
             .map(|d| (d.command_id.clone(), d.token))
             .collect();
-        let results = store.complete_all(&batch, self.clock.now());
-        for (n, delivery) in acks.drain(..).enumerate() {
-            self.held.drop_lease(&delivery.command_id);
-            let settlement = match results.as_ref().map(|r| &r[n]) {
-                Ok(Ok(())) => Settlement::Completed,
-                Ok(Err(Error::StaleLease { .. })) => Settlement::LeaseLost,
-                // The ack did not land: the lease expires and the command is delivered again.
-                Ok(Err(_)) | Err(_) => {
-                    stats.store_errors += 1;
-                    continue;
+        let mut results = match store.complete_all(&batch, self.clock.now()) {
+            Ok(results) => {
+                tally.store_answered();
+                results.into_iter()
+            }
+            Err(error) => {
+                for delivery in acks.drain(..) {
+                    self.held.drop_lease(&delivery.command_id);
                 }
-            };
-            self.report(delivery, settlement, stats);
+                self.store_failed(error, tally);
+                return;
+            }
+        };
+        for delivery in acks.drain(..) {
+            self.held.drop_lease(&delivery.command_id);
+            match results.next() {
+                Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
+                Some(Err(Error::StaleLease { .. })) => {
+                    self.report(delivery, Settlement::LeaseLost, tally)
+                }
+                Some(Err(error)) => self.store_failed(error, tally),
+                None => self.store_failed(
+                    Error::Storage(
+                        format!("complete_all gave no result for {}", delivery.command_id).into(),
+                    ),
+                    tally,
+                ),
+            }
         }
     }
 
-    fn fail(&self, store: &mut S, delivery: &Delivery, failure: Failure, stats: &mut Stats) {
+    fn fail(&self, store: &mut S, delivery: &Delivery, failure: Failure, tally: &mut Tally) {
         let result = store.fail(
             &delivery.command_id,
             delivery.token,
@@ -725,26 +1060,25 @@ impl<S: Store> Worker<S> {
                 error: failure.error,
             },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
-            Err(_) => {
-                stats.store_errors += 1;
-                return;
-            }
+            Err(error) => return self.store_failed(error, tally),
         };
-        self.report(delivery, settlement, stats);
+        tally.store_answered();
+        self.report(delivery, settlement, tally);
     }
 
-    fn release(&self, store: &mut S, rest: &[Delivery], stats: &mut Stats) {
+    fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
         for delivery in rest {
             self.held.drop_lease(&delivery.command_id);
             match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
-                Ok(()) => self.report(delivery, Settlement::Released, stats),
+                Ok(()) => self.report(delivery, Settlement::Released, tally),
                 Err(Error::StaleLease { .. }) => {}
-                Err(_) => stats.store_errors += 1,
+                Err(error) => self.store_failed(error, tally),
             }
         }
     }
 
-    fn report(&self, delivery: &Delivery, settlement: Settlement, stats: &mut Stats) {
+    fn report(&self, delivery: &Delivery, settlement: Settlement, tally: &mut Tally) {
+        let stats = &mut tally.stats;
         match &settlement {
             Settlement::Completed => stats.completed += 1,
             Settlement::RetryAt { .. } => stats.retried += 1,
@@ -758,10 +1092,39 @@ impl<S: Store> Worker<S> {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+fn panic_message(panic: &(dyn Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_back_off_from_the_poll_interval_doubling_up_to_a_cap() {
+        let ms = Duration::from_millis;
+        let pauses: Vec<Duration> = (1..=6).map(|n| error_backoff(ms(50), n)).collect();
+        assert_eq!(
+            pauses,
+            [ms(50), ms(100), ms(200), ms(400), ms(800), ms(1600)]
+        );
+        assert_eq!(error_backoff(ms(50), 8), ms(5_000));
+        assert_eq!(error_backoff(ms(50), u32::MAX), ms(5_000));
+        assert_eq!(error_backoff(ms(1), 1), ms(1));
+        let slow = Duration::from_secs(60);
+        assert_eq!(error_backoff(slow, 1), slow, "never shorter than the poll");
+        assert_eq!(error_backoff(slow, 30), slow);
+    }
+
+    #[test]
+    fn only_busy_and_conflict_are_worth_waiting_for() {
+        assert!(is_transient(&Error::Busy("locked".into())));
+        assert!(!is_transient(&Error::Storage("disk full".into())));
+        assert!(!is_transient(&Error::Corrupt("bad row".into())));
+        assert!(!is_transient(&Error::invalid("lease_ttl", 0, "zero")));
+    }
 }

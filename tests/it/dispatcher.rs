@@ -1,14 +1,16 @@
-//! The dispatcher in one process: outcomes, panics, heartbeats, lost leases, shutdown, strict order.
+//! The dispatcher in one process: outcomes, panics, heartbeats, lost leases, shutdown, strict order,
+//! configuration bounds, failing stores, and timers whose workflow panics or rejects.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use miniflow::{
-    json, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Delivery, Dispatcher, Event,
-    ManualClock, Outcome, RetryPolicy, Seq, Settlement, SqliteStore, Status, Store, Timestamp,
-    WorkflowId,
+    json, Ack, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
+    Dispatcher, Engine, Error, Event, EventRecord, Failure, ManualClock, MemoryStore, OutboxRow,
+    Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer, TimerRow,
+    TimerStatus, Timestamp, Workflow, WorkflowId, TIMER_FIRED,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -366,4 +368,620 @@ fn a_dispatcher_with_a_workflow_fires_due_timers_and_delivers_what_they_decide()
         miniflow::TimerStatus::Fired
     );
     assert_eq!(with.run_until_idle().unwrap().timers_fired, 0, "fired once");
+}
+
+/// Runs `f` on a thread of its own and fails the test if it does not finish within `secs` seconds: a
+/// dispatcher that spins must fail the test, not hang it.
+fn finishes_within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("did not return within {secs} s"))
+}
+
+/// The field of an [`Error::InvalidInput`], or what else came back.
+fn refused_field<T: std::fmt::Debug>(result: Result<T, Error>) -> String {
+    match result {
+        Err(Error::InvalidInput { field, .. }) => field.to_owned(),
+        other => format!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn settings_out_of_bounds_are_refused_naming_them_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 1)]);
+    let opened = Arc::new(AtomicU32::new(0));
+    let dispatcher = || {
+        let (path, opened) = (path.clone(), opened.clone());
+        Dispatcher::new(
+            move || {
+                opened.fetch_add(1, Ordering::SeqCst);
+                SqliteStore::open(&path)
+            },
+            |_: &Delivery| Outcome::Done,
+        )
+    };
+    type Setting = fn(Dispatcher<SqliteStore>) -> Dispatcher<SqliteStore>;
+    let cases: Vec<(Setting, &str)> = vec![
+        (|d| d.lease_ttl(Duration::MAX), "lease_ttl"),
+        (
+            |d| d.lease_ttl(Duration::from_secs(24 * 3600 + 1)),
+            "lease_ttl",
+        ),
+        (|d| d.lease_ttl(Duration::ZERO), "lease_ttl"),
+        (|d| d.lease_ttl(Duration::from_millis(3)), "lease_ttl"),
+        (|d| d.workers(0), "workers"),
+        (|d| d.workers(257), "workers"),
+        (|d| d.batch_size(0), "batch_size"),
+        (|d| d.batch_size(1_001), "batch_size"),
+        (|d| d.poll_interval(Duration::ZERO), "poll_interval"),
+        (
+            |d| d.poll_interval(Duration::from_secs(61)),
+            "poll_interval",
+        ),
+        (|d| d.ack_delay(Duration::from_secs(61)), "ack_delay"),
+        (|d| d.name("night\nshift"), "worker"),
+        (|d| d.name("w".repeat(130)), "worker"),
+        (
+            |d| d.retry_policy(RetryPolicy::default().multiplier(f64::NAN)),
+            "retry_policy.multiplier",
+        ),
+        (
+            |d| d.retry_policy(RetryPolicy::default().multiplier(0.5)),
+            "retry_policy.multiplier",
+        ),
+        (
+            |d| d.retry_policy(RetryPolicy::default().max_delay(Duration::MAX)),
+            "retry_policy.max_delay",
+        ),
+        (
+            |d| d.retry_policy(RetryPolicy::default().initial_delay(Duration::from_secs(3600))),
+            "retry_policy.max_delay",
+        ),
+    ];
+    for (setting, field) in cases {
+        assert_eq!(refused_field(setting(dispatcher()).run_until_idle()), field);
+        assert_eq!(
+            refused_field(setting(dispatcher()).start().map(drop)),
+            field
+        );
+    }
+    assert_eq!(opened.load(Ordering::SeqCst), 0, "no store was opened");
+    let error = dispatcher()
+        .lease_ttl(Duration::MAX)
+        .run_until_idle()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("lease_ttl") && error.contains("18446744073709551615"),
+        "names the setting and its value: {error}"
+    );
+    let edges = dispatcher()
+        .workers(256)
+        .batch_size(1_000)
+        .lease_ttl(Duration::from_secs(24 * 3600))
+        .poll_interval(Duration::from_millis(1))
+        .ack_delay(Duration::ZERO);
+    assert_eq!(
+        edges.run_until_idle().unwrap().completed,
+        1,
+        "the bounds are inclusive"
+    );
+}
+
+#[test]
+fn every_store_refuses_a_claim_out_of_bounds_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut sqlite = seed(&dir.path().join("flow.db"), &[("w", 1)]);
+    let mut memory = MemoryStore::new();
+    let commit = Commit::new(
+        WorkflowId::new("w").unwrap(),
+        Seq::ZERO,
+        Event::new("start", json!({})),
+        vec![Command::new("deliver", json!({}))].into(),
+        T0,
+    )
+    .unwrap();
+    memory.append_with_commands(&commit).unwrap();
+    let requests = [
+        (
+            ClaimRequest::new("w1").lease_ttl(Duration::MAX),
+            "lease_ttl",
+        ),
+        (ClaimRequest::new("w1").limit(0), "limit"),
+        (ClaimRequest::new("w1").limit(usize::MAX), "limit"),
+        (ClaimRequest::new("night\u{1b}[2Jshift"), "worker"),
+    ];
+    let stores: [&mut dyn Store; 2] = [&mut sqlite, &mut memory];
+    for store in stores {
+        for (request, field) in &requests {
+            assert_eq!(refused_field(store.claim(request, T0)), *field);
+        }
+        let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+        assert_eq!((row.status, row.attempts), (Status::Pending, 0));
+    }
+}
+
+/// What a [`Flaky`] store is told to do, shared with the test.
+#[derive(Default)]
+struct Faults {
+    /// `claim` calls so far.
+    claims: AtomicU32,
+    /// The next this many claims fail (`u32::MAX`: every one).
+    failing_claims: AtomicU32,
+    /// The next this many `complete_all` calls fail (`u32::MAX`: every one).
+    failing_completes: AtomicU32,
+    /// Fail with [`Error::Busy`] instead of [`Error::Storage`].
+    busy: AtomicBool,
+}
+
+impl Faults {
+    fn fail_claims(&self, times: u32) {
+        self.failing_claims.store(times, Ordering::SeqCst);
+    }
+
+    fn claims(&self) -> u32 {
+        self.claims.load(Ordering::SeqCst)
+    }
+
+    /// The error for this call, if `counter` says it fails.
+    fn fault(&self, counter: &AtomicU32) -> Option<Error> {
+        let failing = counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {
+                0 => None,
+                u32::MAX => Some(n),
+                n => Some(n - 1),
+            })
+            .is_ok();
+        failing.then(|| {
+            if self.busy.load(Ordering::SeqCst) {
+                Error::Busy("database is locked".into())
+            } else {
+                Error::Storage("disk I/O error".into())
+            }
+        })
+    }
+}
+
+/// A SQLite store whose claims and acks fail when its [`Faults`] say so.
+struct Flaky {
+    inner: SqliteStore,
+    faults: Arc<Faults>,
+}
+
+impl Flaky {
+    /// A dispatcher over `path` whose stores fail as `faults` say.
+    fn dispatcher(
+        path: &Path,
+        faults: &Arc<Faults>,
+        handler: impl miniflow::Handler,
+    ) -> Dispatcher<Flaky> {
+        let (path, faults) = (path.to_path_buf(), faults.clone());
+        Dispatcher::new(
+            move || {
+                Ok(Flaky {
+                    inner: SqliteStore::open(&path)?,
+                    faults: faults.clone(),
+                })
+            },
+            handler,
+        )
+    }
+}
+
+impl Store for Flaky {
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        self.inner.load(workflow_id)
+    }
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        self.inner.append_with_commands(commit)
+    }
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.inner.pending(limit)
+    }
+    fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+        self.inner.command(command_id)
+    }
+    fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        self.inner.commands(workflow_id)
+    }
+    fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.inner.mark_done(command_id, now)
+    }
+    fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
+        self.faults.claims.fetch_add(1, Ordering::SeqCst);
+        match self.faults.fault(&self.faults.failing_claims) {
+            Some(error) => Err(error),
+            None => self.inner.claim(request, now),
+        }
+    }
+    fn extend(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
+        self.inner.extend(command_id, token, ttl, now)
+    }
+    fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.inner.release(command_id, token, now)
+    }
+    fn complete(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.inner.complete(command_id, token, now)
+    }
+    fn complete_all(
+        &mut self,
+        acks: &[Ack],
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        match self.faults.fault(&self.faults.failing_completes) {
+            Some(error) => Err(error),
+            None => self.inner.complete_all(acks, now),
+        }
+    }
+    fn fail(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        self.inner.fail(command_id, token, failure, policy, now)
+    }
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        self.inner.purge_done(older_than, now, batch)
+    }
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        self.inner.claim_timers(limit, lease_ttl, now)
+    }
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        self.inner.timers(workflow_id)
+    }
+    fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.inner.dead_letters(limit)
+    }
+    fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.inner.retry(command_id, now)
+    }
+    fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
+        self.inner.resolve(command_id, note, now)
+    }
+}
+
+/// An `on_error` hook that keeps what it is given, as text.
+fn error_log() -> (
+    Arc<Mutex<Vec<String>>>,
+    impl Fn(&Error) + Send + Sync + 'static,
+) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let keep = log.clone();
+    (log, move |e: &Error| {
+        keep.lock().unwrap().push(e.to_string())
+    })
+}
+
+#[test]
+fn run_until_idle_returns_a_storage_error_at_once_and_reports_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 3)]);
+    let faults = Arc::new(Faults::default());
+    faults.fail_claims(u32::MAX); // a full disk, a corrupt row: every claim fails
+    let (errors, on_error) = error_log();
+    let dispatcher = Flaky::dispatcher(&path, &faults, |_: &Delivery| Outcome::Done)
+        .workers(2)
+        .on_error(on_error);
+    let result = finishes_within(10, move || dispatcher.run_until_idle());
+    assert!(matches!(result, Err(Error::Storage(_))), "{result:?}");
+    let claims = faults.claims();
+    assert!(
+        (1..=2).contains(&claims),
+        "one failed claim per worker, not a loop: {claims}"
+    );
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), claims as usize, "each failure reported once");
+    assert!(
+        errors.iter().all(|e| e.contains("disk I/O error")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn run_until_idle_backs_off_on_a_busy_store_then_gives_up_returning_busy() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 1)]);
+    let faults = Arc::new(Faults::default());
+    faults.busy.store(true, Ordering::SeqCst);
+    faults.fail_claims(u32::MAX);
+    let (errors, on_error) = error_log();
+    let dispatcher = Flaky::dispatcher(&path, &faults, |_: &Delivery| Outcome::Done)
+        .poll_interval(Duration::from_millis(1))
+        .on_error(on_error);
+    let started = Instant::now();
+    let result = finishes_within(30, move || dispatcher.run_until_idle());
+    let elapsed = started.elapsed();
+    assert!(matches!(result, Err(Error::Busy(_))), "{result:?}");
+    assert_eq!(faults.claims(), 8, "gives up after 8 busy claims in a row");
+    assert_eq!(errors.lock().unwrap().len(), 8);
+    // Pauses of 1, 2, 4 … 64 ms between the 8 tries: a tight loop would be done in a few ms.
+    assert!(
+        elapsed >= Duration::from_millis(127),
+        "backed off: {elapsed:?}"
+    );
+}
+
+#[test]
+fn a_store_that_recovers_is_ridden_out_and_its_errors_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 5)]);
+    let faults = Arc::new(Faults::default());
+    faults.busy.store(true, Ordering::SeqCst);
+    faults.fail_claims(5);
+    let (errors, on_error) = error_log();
+    let stats = Flaky::dispatcher(&path, &faults, |_: &Delivery| Outcome::Done)
+        .poll_interval(Duration::from_millis(1))
+        .on_error(on_error)
+        .run_until_idle()
+        .unwrap();
+    assert_eq!((stats.store_errors, stats.completed), (5, 5));
+    assert_eq!(errors.lock().unwrap().len(), 5);
+}
+
+#[test]
+fn run_until_idle_returns_an_ack_that_cannot_be_written_and_the_command_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 3)]);
+    let faults = Arc::new(Faults::default());
+    faults.failing_completes.store(u32::MAX, Ordering::SeqCst);
+    let clock = Arc::new(ManualClock::new(T0));
+    let calls = Arc::new(AtomicU32::new(0));
+    let counter = calls.clone();
+    let settled = Arc::new(Mutex::new(Vec::new()));
+    let record = settled.clone();
+    let dispatcher = Flaky::dispatcher(&path, &faults, move |_: &Delivery| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Outcome::Done
+    })
+    .clock(clock.clone())
+    .batch_size(3)
+    .ack_delay(Duration::ZERO)
+    .on_settled(move |d, s| {
+        record
+            .lock()
+            .unwrap()
+            .push((d.command_id.to_string(), s.clone()))
+    });
+    let result = dispatcher.run_until_idle();
+    assert!(matches!(result, Err(Error::Storage(_))), "{result:?}");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "stops after the first lost ack"
+    );
+    assert_eq!(
+        *settled.lock().unwrap(),
+        [
+            ("w:1:1".to_owned(), Settlement::Released),
+            ("w:1:2".to_owned(), Settlement::Released)
+        ],
+        "the rest of the batch is given back undelivered"
+    );
+    let rows = store.pending(10).unwrap();
+    assert_eq!(
+        rows[0].status,
+        Status::Leased,
+        "its lease runs out, then it is delivered again"
+    );
+    assert!(
+        rows[1..]
+            .iter()
+            .all(|r| r.status == Status::Pending && r.attempts == 0),
+        "{rows:?}"
+    );
+}
+
+#[test]
+fn a_started_dispatcher_backs_off_from_a_failing_store_reports_it_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 1)]);
+    let faults = Arc::new(Faults::default());
+    faults.fail_claims(u32::MAX);
+    let (error_tx, error_rx) = mpsc::channel();
+    let error_tx = Mutex::new(error_tx);
+    let (done_tx, done_rx) = mpsc::channel();
+    let done_tx = Mutex::new(done_tx);
+    let running = Flaky::dispatcher(&path, &faults, |_: &Delivery| Outcome::Done)
+        .poll_interval(Duration::from_millis(2))
+        .on_error(move |e| {
+            let _ = error_tx
+                .lock()
+                .unwrap()
+                .send((Instant::now(), e.to_string()));
+        })
+        .on_settled(move |d, s| {
+            let _ = done_tx
+                .lock()
+                .unwrap()
+                .send((d.command_id.to_string(), s.clone()));
+        })
+        .start()
+        .unwrap();
+    let reported: Vec<(Instant, String)> = (0..6)
+        .map(|_| error_rx.recv_timeout(Duration::from_secs(10)).unwrap())
+        .collect();
+    assert!(reported.iter().all(|(_, e)| e.contains("disk I/O error")));
+    let spread = reported[5].0 - reported[0].0;
+    // Pauses of 2, 4, 8, 16, 32 ms between the first six tries; a fixed 2 ms pause would take 10 ms.
+    assert!(
+        spread >= Duration::from_millis(62),
+        "backed off: {spread:?}"
+    );
+    faults.fail_claims(0); // the disk has room again
+    let (id, settlement) = done_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!((id.as_str(), settlement), ("w:1:0", Settlement::Completed));
+    let shutdown = running.shutdown(Duration::from_secs(5));
+    assert!(
+        shutdown.errors.is_empty(),
+        "a started dispatcher rides errors out"
+    );
+    assert_eq!(shutdown.stats.completed, 1);
+    assert_eq!(
+        shutdown.stats.store_errors,
+        6 + error_rx.try_iter().count() as u64,
+        "every store error counted and reported"
+    );
+}
+
+/// Starts with a command and a timer due in 10 s; misbehaves when the timer fires, as `mode` says:
+/// 0 behaves (the timer decides a `wake` command), 1 panics in `decide`, 2 panics in `evolve`,
+/// 3 rejects the event.
+struct Fragile {
+    mode: Arc<AtomicU8>,
+}
+
+impl Workflow for Fragile {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), event: &EventRecord) {
+        if self.mode.load(Ordering::SeqCst) == 2 && event.kind == "start" {
+            panic!("evolve cannot read the start event");
+        }
+    }
+
+    fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+        match (event.kind.as_str(), self.mode.load(Ordering::SeqCst)) {
+            ("start", _) => Decision::new()
+                .command(Command::new("greet", json!({})))
+                .timer(Timer::after("alarm", Duration::from_secs(10), json!({}))),
+            (TIMER_FIRED, 1) => panic!("decide is not ready for alarms"),
+            (TIMER_FIRED, 3) => Decision::reject("alarms are switched off"),
+            (TIMER_FIRED, _) => Decision::new().command(Command::new("wake", json!({}))),
+            _ => Decision::none(),
+        }
+    }
+}
+
+#[test]
+fn a_timer_whose_workflow_panics_stays_scheduled_is_reported_and_the_worker_goes_on() {
+    for (mode, place) in [(1, "decide"), (2, "evolve")] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flow.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        let fragile = Arc::new(AtomicU8::new(0));
+        let id = WorkflowId::new("fragile").unwrap();
+        let engine = || {
+            Engine::new(Fragile {
+                mode: fragile.clone(),
+            })
+        };
+        engine()
+            .handle(&mut store, &id, Event::new("start", json!({})), T0)
+            .unwrap();
+        let clock = Arc::new(ManualClock::new(T0 + Duration::from_secs(10)));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let dispatcher = || {
+            let errors = errors.clone();
+            Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+                .workflow(engine())
+                .clock(clock.clone())
+                .lease_ttl(Duration::from_secs(30))
+                .on_error(move |e: &Error| errors.lock().unwrap().push(e.to_string()))
+        };
+
+        fragile.store(mode, Ordering::SeqCst);
+        let first = dispatcher();
+        let stats = finishes_within(10, move || first.run_until_idle()).unwrap();
+        assert_eq!(
+            (stats.timer_panics, stats.timers_fired, stats.completed),
+            (1, 0, 1),
+            "{place}: the panic is counted and the worker delivers the rest"
+        );
+        let reported = errors.lock().unwrap().clone();
+        assert_eq!(reported.len(), 1, "{reported:?}");
+        assert!(
+            reported[0].contains("panicked") && reported[0].contains("fragile:1:t0"),
+            "names the timer: {reported:?}"
+        );
+        let timer = &store.timers(&id).unwrap()[0];
+        assert_eq!(
+            timer.status,
+            TimerStatus::Scheduled,
+            "{place}: nothing written"
+        );
+
+        let again = dispatcher().run_until_idle().unwrap();
+        assert_eq!(
+            again.timer_panics, 0,
+            "{place}: not retried before its take runs out"
+        );
+
+        fragile.store(0, Ordering::SeqCst); // fixed and redeployed
+        clock.advance(Duration::from_secs(30));
+        let fixed = dispatcher().run_until_idle().unwrap();
+        assert_eq!((fixed.timers_fired, fixed.completed), (1, 1), "{place}");
+        assert_eq!(store.timers(&id).unwrap()[0].status, TimerStatus::Fired);
+    }
+}
+
+#[test]
+fn a_rejected_timer_event_is_counted_and_reported_each_time_it_is_offered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let mode = Arc::new(AtomicU8::new(3));
+    let id = WorkflowId::new("fragile").unwrap();
+    Engine::new(Fragile { mode: mode.clone() })
+        .handle(&mut store, &id, Event::new("start", json!({})), T0)
+        .unwrap();
+    let clock = Arc::new(ManualClock::new(T0 + Duration::from_secs(10)));
+    let (errors, on_error) = error_log();
+    let dispatcher = Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+        .workflow(Engine::new(Fragile { mode }))
+        .clock(clock.clone())
+        .lease_ttl(Duration::from_secs(30))
+        .on_error(on_error);
+    let first = dispatcher.run_until_idle().unwrap();
+    assert_eq!(
+        (
+            first.timers_rejected,
+            first.timers_fired,
+            first.store_errors
+        ),
+        (1, 0, 0)
+    );
+    clock.advance(Duration::from_secs(30));
+    let second = dispatcher.run_until_idle().unwrap();
+    assert_eq!(second.timers_rejected, 1);
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), 2);
+    assert!(
+        errors[0].contains("fragile:1:t0") && errors[0].contains("alarms are switched off"),
+        "{errors:?}"
+    );
+    assert_eq!(store.timers(&id).unwrap()[0].status, TimerStatus::Scheduled);
 }
