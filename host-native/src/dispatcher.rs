@@ -917,7 +917,7 @@ impl<S: Store> Worker<S> {
                 false
             }
             Ok(Err(Error::Rejected { reason, .. })) => {
-                self.timer_rejected(store, timer, &reason, now, tally);
+                self.timer_rejected(timer, &reason, tally);
                 false
             }
             Ok(Err(error)) => {
@@ -931,17 +931,10 @@ impl<S: Store> Worker<S> {
         }
     }
 
-    /// The one place a timer whose event its workflow rejected is handled: counted and reported. The
-    /// timer stays scheduled and is offered again when its take runs out; rejecting it for good
-    /// (recorded in the store, visible to operators) belongs here too, with `store` and `now`.
-    fn timer_rejected(
-        &self,
-        _store: &mut S,
-        timer: &TimerRow,
-        reason: &str,
-        _now: Timestamp,
-        tally: &mut Tally,
-    ) {
+    /// The one place a timer whose event its workflow rejected is handled: counted and reported.
+    /// [`Engine::fire`] has already ended the timer `rejected` with the reason, in the store, so it is
+    /// not offered again and operators see why (`Store::timers`).
+    fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
         tally.stats.timers_rejected += 1;
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use miniflow::{
     json, Ack, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
     Dispatcher, Engine, Error, Event, EventRecord, Failure, ManualClock, MemoryStore, OutboxRow,
-    Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer, TimerRow,
-    TimerStatus, Timestamp, Workflow, WorkflowId, TIMER_FIRED,
+    Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer, TimerId,
+    TimerRow, TimerStatus, Timestamp, Workflow, WorkflowId, TIMER_FIRED,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -655,6 +655,9 @@ impl Store for Flaky {
     ) -> Result<Vec<TimerRow>, Error> {
         self.inner.claim_timers(limit, lease_ttl, now)
     }
+    fn reject_timer(&mut self, id: &TimerId, reason: &str, now: Timestamp) -> Result<(), Error> {
+        self.inner.reject_timer(id, reason, now)
+    }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         self.inner.timers(workflow_id)
     }
@@ -949,7 +952,7 @@ fn a_timer_whose_workflow_panics_stays_scheduled_is_reported_and_the_worker_goes
 }
 
 #[test]
-fn a_rejected_timer_event_is_counted_and_reported_each_time_it_is_offered() {
+fn a_rejected_timer_ends_rejected_is_reported_once_and_not_offered_again() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("flow.db");
     let mut store = SqliteStore::open(&path).unwrap();
@@ -976,12 +979,20 @@ fn a_rejected_timer_event_is_counted_and_reported_each_time_it_is_offered() {
     );
     clock.advance(Duration::from_secs(30));
     let second = dispatcher.run_until_idle().unwrap();
-    assert_eq!(second.timers_rejected, 1);
+    assert_eq!(
+        second.timers_rejected, 0,
+        "a rejected timer is not offered again"
+    );
     let errors = errors.lock().unwrap();
-    assert_eq!(errors.len(), 2);
+    assert_eq!(errors.len(), 1);
     assert!(
         errors[0].contains("fragile:1:t0") && errors[0].contains("alarms are switched off"),
         "{errors:?}"
     );
-    assert_eq!(store.timers(&id).unwrap()[0].status, TimerStatus::Scheduled);
+    let timer = &store.timers(&id).unwrap()[0];
+    assert_eq!(timer.status, TimerStatus::Rejected);
+    assert!(timer
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("alarms are switched off")));
 }
