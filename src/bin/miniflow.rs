@@ -3,20 +3,35 @@
 //! ```text
 //! miniflow pending flow.db            # unfinished commands, in delivery order
 //! miniflow dead flow.db               # dead letters with their last error
-//! miniflow show flow.db trip-001:1:0  # one command, every column
+//! miniflow show flow.db trip-001:1:0  # one command, every column (--raw: as stored)
 //! miniflow events flow.db trip-001    # a workflow's event log
 //! miniflow retry flow.db trip-001:1:2
 //! miniflow resolve flow.db trip-001:1:2 --note "refunded by phone"
-//! miniflow purge-done flow.db --older-than 30d
+//! miniflow purge-done flow.db --older-than 30d [--dry-run]
+//! miniflow migrate flow.db            # upgrade a store written by an older miniflow
 //! ```
 //!
 //! Add `--json` for one JSON value per line instead of a table.
+//!
+//! The read commands open the store read-only and change nothing (no pragma, no migration, no new
+//! store). The write commands refuse a path that holds no miniflow store of this version instead of
+//! creating or upgrading one; `migrate` is the only command that upgrades.
+//!
+//! Exit status: 0 on success (also when the reader of the output goes away, as with `| head`), 1 on
+//! an error, and 1 after printing everything readable when some rows could not be read.
 
-use std::path::PathBuf;
+use std::borrow::Cow;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
-use miniflow::{Clock, CommandId, OutboxRow, SqliteStore, Store, SystemClock, WorkflowId};
+use miniflow::{
+    Clock, CommandId, Error, EventRecord, OutboxRow, Seq, SqliteStore, Status, Store, SystemClock,
+    TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId, COMMAND_FAILED, SCHEMA_VERSION,
+};
+use rusqlite::types::ValueRef;
 
 #[derive(Parser)]
 #[command(
@@ -56,6 +71,9 @@ enum Action {
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
         command_id: String,
+        /// Print the columns as stored, also for a row miniflow cannot read.
+        #[arg(long)]
+        raw: bool,
     },
     /// A workflow's events, in seq order.
     Events {
@@ -65,11 +83,17 @@ enum Action {
         workflow_id: String,
     },
     /// Puts a dead command back to pending, with a fresh set of attempts.
+    ///
+    /// Refuses when its workflow already received the `command_failed` event of this death (it may
+    /// have compensated; a retry sends the command again), unless `--force`.
     Retry {
         /// The store's SQLite file.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
         command_id: String,
+        /// Retry even though the workflow already received `command_failed`.
+        #[arg(long)]
+        force: bool,
     },
     /// Closes a dead command by hand; its workflow receives a `command_resolved` event.
     Resolve {
@@ -85,134 +109,692 @@ enum Action {
     PurgeDone {
         /// The store's SQLite file.
         db: PathBuf,
-        /// The retention period, e.g. `30d`, `12h`.
-        #[arg(long, value_parser = humantime::parse_duration)]
-        older_than: std::time::Duration,
+        /// The retention period with its unit, e.g. `30d`, `12h`, `90m`, `45s`.
+        #[arg(long, value_parser = retention)]
+        older_than: Duration,
+        /// Print how many would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Upgrades a store written by an older miniflow to this version's schema.
+    ///
+    /// Older versions of miniflow refuse the store afterwards: upgrade every service that opens it.
+    Migrate {
+        /// The store's SQLite file.
+        db: PathBuf,
     },
 }
 
-fn open(db: &PathBuf) -> Result<SqliteStore, String> {
-    if !db.exists() {
-        return Err(format!("no store at {}", db.display()));
-    }
-    SqliteStore::open(db).map_err(|e| format!("cannot open {}: {e}", db.display()))
+/// Why the tool stops early.
+enum Stop {
+    /// What went wrong, for the operator.
+    Failed(String),
+    /// Writing the output failed; a closed pipe (`| head`) ends the tool quietly.
+    Output(io::Error),
 }
 
-fn table(rows: &[OutboxRow], json: bool) -> Result<(), String> {
-    if json {
-        for row in rows {
-            println!("{}", serde_json::to_string(row).map_err(|e| e.to_string())?);
+impl From<io::Error> for Stop {
+    fn from(e: io::Error) -> Self {
+        Stop::Output(e)
+    }
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Self {
+        Stop::Failed(e.to_string())
+    }
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Self {
+        Stop::Failed(message)
+    }
+}
+
+type Done = Result<(), Stop>;
+
+/// Parses `--older-than`: a number with its unit. A bare number is refused rather than guessed at.
+fn retention(text: &str) -> Result<Duration, String> {
+    let hint = "write e.g. 30d, 12h, 90m or 45s";
+    if !text.is_empty() && text.trim().bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{text:?} has no unit; {hint}"));
+    }
+    humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e}); {hint}"))
+}
+
+/// Opens the store to read it: nothing in or beside the file changes, and a path without a miniflow
+/// store of this version is refused.
+fn open_to_read(db: &Path) -> Result<SqliteStore, Stop> {
+    Ok(SqliteStore::open_read_only(db)?)
+}
+
+/// Opens the store to change it. It must already be a store of this version: a write command never
+/// turns a missing, empty or foreign file into a store, nor upgrades an older one (`migrate` does).
+fn open_to_write(db: &Path) -> Result<SqliteStore, Stop> {
+    drop(open_to_read(db)?);
+    SqliteStore::open(db)
+        .map_err(|e| Stop::Failed(format!("cannot open {} for writing: {e}", db.display())))
+}
+
+/// Whether a character is shown escaped in a table: control characters (which move the cursor,
+/// recolour the terminal or start a new line) and the invisible marks that reorder text on screen.
+fn hidden(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `text` for a table cell: every [`hidden`] character escaped (`\n`, `\u{1b}`), so a field cannot
+/// forge a row or take over the terminal.
+fn cell(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(hidden) {
+        return Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
         }
-        return Ok(());
     }
-    println!(
-        "{:<40} {:<16} {:<8} {:>8}  last error",
-        "command", "kind", "status", "attempts"
-    );
-    for row in rows {
-        let error = row.last_error.as_deref().unwrap_or("-");
-        println!(
-            "{:<40} {:<16} {:<8} {:>8}  {error}",
-            row.command_id.to_string(),
-            row.kind,
-            row.status.to_string(),
-            row.attempts
-        );
+    Cow::Owned(shown)
+}
+
+/// Pretty JSON for a person: serde_json escapes the C0 controls; the other [`hidden`] characters
+/// (which can only be inside strings) become `\uXXXX` escapes too, so the text means the same JSON.
+fn pretty_json(text: serde_json::Result<String>) -> Result<String, Stop> {
+    let text = text.map_err(|e| e.to_string())?;
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        if hidden(c) && c > '\u{7e}' {
+            shown.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            shown.push(c);
+        }
     }
-    println!(
-        "({} command{})",
-        rows.len(),
-        if rows.len() == 1 { "" } else { "s" }
-    );
+    Ok(shown)
+}
+
+/// Prints one JSON value (from `serde_json::to_string`) on its own line.
+fn json_line(out: &mut impl Write, text: serde_json::Result<String>) -> Done {
+    let text = text.map_err(|e| e.to_string())?;
+    writeln!(out, "{text}")?;
     Ok(())
 }
 
-fn command_id(text: &str) -> Result<CommandId, String> {
-    text.parse().map_err(|e: miniflow::Error| e.to_string())
+fn plural(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
 
-fn run(cli: Cli) -> Result<(), String> {
-    let now = SystemClock.now();
-    let fail = |e: miniflow::Error| e.to_string();
-    match cli.command {
-        Action::Pending { db, limit } => table(&open(&db)?.pending(limit).map_err(fail)?, cli.json),
-        Action::Dead { db, limit } => {
-            table(&open(&db)?.dead_letters(limit).map_err(fail)?, cli.json)
+/// A row the store holds but cannot read (edited by hand, or damaged).
+struct Unreadable {
+    /// Its ID as stored (`workflow_id:event_seq:idx`).
+    command_id: String,
+    /// Its stored status.
+    status: String,
+    /// Why it cannot be read.
+    error: String,
+}
+
+/// Prints the rows that read, then the ones that do not in their own section; with unreadable rows
+/// the tool ends with status 1 after printing everything.
+fn print_rows(
+    out: &mut impl Write,
+    rows: &[OutboxRow],
+    unreadable: &[Unreadable],
+    json: bool,
+) -> Done {
+    if json {
+        for row in rows {
+            json_line(out, serde_json::to_string(row))?;
         }
-        Action::Show { db, command_id: id } => {
-            let id = command_id(&id)?;
-            let row = open(&db)?
-                .command(&id)
-                .map_err(fail)?
-                .ok_or_else(|| format!("unknown command {id}"))?;
-            let text = if cli.json {
-                serde_json::to_string(&row)
-            } else {
-                serde_json::to_string_pretty(&row)
-            };
-            println!("{}", text.map_err(|e| e.to_string())?);
+    } else {
+        writeln!(
+            out,
+            "{:<40} {:<16} {:<8} {:>8}  last error",
+            "command", "kind", "status", "attempts"
+        )?;
+        for row in rows {
+            writeln!(
+                out,
+                "{:<40} {:<16} {:<8} {:>8}  {}",
+                cell(&row.command_id.to_string()),
+                cell(&row.kind),
+                row.status.to_string(),
+                row.attempts,
+                cell(row.last_error.as_deref().unwrap_or("-")),
+            )?;
+        }
+        writeln!(out, "({})", plural(rows.len(), "command"))?;
+        if !unreadable.is_empty() {
+            writeln!(out)?;
+        }
+    }
+    print_unreadable(out, unreadable, json)
+}
+
+/// The unreadable section: one JSON value `{"unreadable": {…}}` per row, or a table of its own. Ends
+/// the tool with status 1 when there is any.
+fn print_unreadable(out: &mut impl Write, unreadable: &[Unreadable], json: bool) -> Done {
+    if unreadable.is_empty() {
+        return Ok(());
+    }
+    if json {
+        for row in unreadable {
+            let report = serde_json::json!({ "unreadable": {
+                "command_id": row.command_id,
+                "status": row.status,
+                "error": row.error,
+            }});
+            json_line(out, serde_json::to_string(&report))?;
+        }
+    } else {
+        writeln!(
+            out,
+            "unreadable ({}; `miniflow show --raw DB ID` prints what is stored):",
+            plural(unreadable.len(), "command")
+        )?;
+        writeln!(out, "{:<40} {:<8}  error", "command", "status")?;
+        for row in unreadable {
+            writeln!(
+                out,
+                "{:<40} {:<8}  {}",
+                cell(&row.command_id),
+                cell(&row.status),
+                cell(&row.error)
+            )?;
+        }
+    }
+    Err(Stop::Failed(format!(
+        "{} could not be read (listed as unreadable); `miniflow show --raw DB ID` prints what \
+         is stored",
+        plural(unreadable.len(), "command")
+    )))
+}
+
+/// The outbox rows a listing selects, in its order: the same rows as [`Store::pending`] and
+/// [`Store::dead_letters`], read one by one when reading them together fails.
+#[derive(Clone, Copy)]
+enum Listing {
+    Pending,
+    Dead,
+}
+
+impl Listing {
+    fn read(self, store: &SqliteStore, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        match self {
+            Listing::Pending => store.pending(limit),
+            Listing::Dead => store.dead_letters(limit),
+        }
+    }
+
+    /// Whether the listing holds `row` (read after its key, so it may have moved on since).
+    fn holds(self, row: &OutboxRow) -> bool {
+        match self {
+            Listing::Pending => row.processed_at.is_none(),
+            Listing::Dead => row.status == Status::Dead,
+        }
+    }
+
+    /// The keys of the listed rows, selected as the store selects the rows.
+    fn keys_sql(self) -> &'static str {
+        match self {
+            Listing::Pending => {
+                "SELECT command_id, status FROM outbox WHERE processed_at IS NULL \
+                 ORDER BY workflow_id, event_seq, idx LIMIT ?1"
+            }
+            Listing::Dead => {
+                "SELECT command_id, status FROM outbox WHERE status = 'dead' \
+                 ORDER BY workflow_id, event_seq, idx LIMIT ?1"
+            }
+        }
+    }
+}
+
+/// The rows of `listing`, and the ones among them that cannot be read. An unreadable row does not
+/// hide the others: when reading them together fails, they are read one at a time.
+fn list(
+    store: &SqliteStore,
+    listing: Listing,
+    limit: usize,
+) -> Result<(Vec<OutboxRow>, Vec<Unreadable>), Stop> {
+    match listing.read(store, limit) {
+        Ok(rows) => return Ok((rows, Vec::new())),
+        Err(Error::Corrupt(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let keys: Vec<(String, String)> = store
+        .connection()
+        .prepare(listing.keys_sql())
+        .and_then(|mut stmt| {
+            stmt.query_map([limit], |row| {
+                Ok((text(row.get_ref(0)?), text(row.get_ref(1)?)))
+            })?
+            .collect()
+        })
+        .map_err(|e| format!("cannot read the outbox: {e}"))?;
+    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
+    for (command_id, status) in keys {
+        let read = command_id
+            .parse::<CommandId>()
+            .and_then(|id| store.command(&id));
+        match read {
+            Ok(Some(row)) if listing.holds(&row) => rows.push(row),
+            Ok(_) => {} // settled or gone since the keys were read
+            Err(e) => unreadable.push(Unreadable {
+                command_id,
+                status,
+                error: e.to_string(),
+            }),
+        }
+    }
+    Ok((rows, unreadable))
+}
+
+/// A stored value as text: text as it is, numbers in decimal, blobs in hex, NULL as `NULL`.
+fn text(value: ValueRef<'_>) -> String {
+    match value {
+        ValueRef::Null => "NULL".to_owned(),
+        ValueRef::Integer(i) => i.to_string(),
+        ValueRef::Real(f) => f.to_string(),
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned(),
+        ValueRef::Blob(b) => blob(b),
+    }
+}
+
+fn blob(bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("x'{hex}'")
+}
+
+/// A stored value as JSON: numbers as numbers, text as a string, blobs as `x'…'` strings.
+fn raw_json(value: ValueRef<'_>) -> serde_json::Value {
+    match value {
+        ValueRef::Null => serde_json::Value::Null,
+        ValueRef::Integer(i) => i.into(),
+        ValueRef::Real(f) => f.into(),
+        ValueRef::Text(t) => String::from_utf8_lossy(t).into_owned().into(),
+        ValueRef::Blob(b) => blob(b).into(),
+    }
+}
+
+/// Every stored column of one outbox row, by name, as stored. `id` need not be a valid command ID:
+/// the row is then looked up by its stored `command_id` text.
+fn raw_row(
+    store: &SqliteStore,
+    id: &str,
+) -> Result<Option<Vec<(String, serde_json::Value)>>, Stop> {
+    let by_key = "SELECT * FROM outbox WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3";
+    let by_text = "SELECT * FROM outbox WHERE command_id = ?1";
+    let conn = store.connection();
+    let read = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+        let mut stmt = conn.prepare(sql)?;
+        let names: Vec<String> = stmt.column_names().into_iter().map(str::to_owned).collect();
+        let mut rows = stmt.query(params)?;
+        let Some(row) = rows.next()? else {
+            return Ok(None);
+        };
+        let mut columns = Vec::with_capacity(names.len());
+        for (i, name) in names.into_iter().enumerate() {
+            columns.push((name, raw_json(row.get_ref(i)?)));
+        }
+        Ok(Some(columns))
+    };
+    let found = match id.parse::<CommandId>() {
+        Ok(key) => read(
+            by_key,
+            &[
+                &key.workflow_id().as_str(),
+                &i64::try_from(key.event_seq().get()).unwrap_or(i64::MAX),
+                &i64::from(key.index()),
+            ],
+        ),
+        Err(_) => Ok(None),
+    };
+    // A key stored in another shape (e.g. a seq stored as text) is found by its text.
+    let found = match found {
+        Ok(None) => read(by_text, &[&id]),
+        other => other,
+    };
+    found.map_err(|e: rusqlite::Error| Stop::Failed(format!("cannot read command {id:?}: {e}")))
+}
+
+fn show_raw(out: &mut impl Write, store: &SqliteStore, id: &str, json: bool) -> Done {
+    let columns = raw_row(store, id)?.ok_or_else(|| format!("unknown command {id}"))?;
+    if json {
+        let object: serde_json::Map<String, serde_json::Value> = columns.into_iter().collect();
+        return json_line(out, serde_json::to_string(&object));
+    }
+    for (name, value) in columns {
+        writeln!(out, "{name:<16} {}", cell(&text_of(&value)))?;
+    }
+    Ok(())
+}
+
+fn show(out: &mut impl Write, store: &SqliteStore, id: &str, json: bool) -> Done {
+    let command_id: CommandId = id.parse()?;
+    match store.command(&command_id) {
+        Ok(Some(row)) if json => json_line(out, serde_json::to_string(&row)),
+        Ok(Some(row)) => {
+            writeln!(out, "{}", pretty_json(serde_json::to_string_pretty(&row))?)?;
             Ok(())
+        }
+        Ok(None) => Err(Stop::Failed(format!("unknown command {command_id}"))),
+        Err(Error::Corrupt(what)) => {
+            let status = raw_row(store, id)?
+                .and_then(|columns| columns.into_iter().find(|(name, _)| name == "status"))
+                .map_or_else(|| "?".to_owned(), |(_, value)| text_of(&value));
+            let row = Unreadable {
+                command_id: command_id.to_string(),
+                status,
+                error: Error::Corrupt(what).to_string(),
+            };
+            print_unreadable(out, &[row], json)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A value of [`raw_row`] as text, as [`text`] shows it.
+fn text_of(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "NULL".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// A workflow's events; when one cannot be read, the others are still printed and the unreadable
+/// ones are listed after them.
+fn events(out: &mut impl Write, store: &SqliteStore, workflow_id: &WorkflowId, json: bool) -> Done {
+    let (records, unreadable) = match store.load(workflow_id) {
+        Ok(records) => (records, Vec::new()),
+        Err(Error::Corrupt(_)) => events_one_by_one(store, workflow_id)?,
+        Err(e) => return Err(e.into()),
+    };
+    for event in &records {
+        if json {
+            json_line(out, serde_json::to_string(event))?;
+        } else {
+            writeln!(
+                out,
+                "{:>4} {:<24} {}",
+                event.seq,
+                cell(&event.kind),
+                cell(&miniflow::canonical_json(&event.payload))
+            )?;
+        }
+    }
+    for event in &unreadable {
+        if json {
+            let report =
+                serde_json::json!({ "unreadable": { "seq": event.seq, "error": event.error } });
+            json_line(out, serde_json::to_string(&report))?;
+        } else {
+            writeln!(
+                out,
+                "{:>4} unreadable: {}",
+                cell(&event.seq),
+                cell(&event.error)
+            )?;
+        }
+    }
+    if unreadable.is_empty() {
+        return Ok(());
+    }
+    Err(Stop::Failed(format!(
+        "{} of {workflow_id} could not be read (listed as unreadable)",
+        plural(unreadable.len(), "event")
+    )))
+}
+
+/// An event the store holds but cannot read: its stored seq, and why.
+struct UnreadableEvent {
+    seq: String,
+    error: String,
+}
+
+/// An event row as stored: seq, kind, payload, recorded_at.
+type StoredEvent = [rusqlite::types::Value; 4];
+
+/// Reads a workflow's events one by one, keeping the ones that read.
+fn events_one_by_one(
+    store: &SqliteStore,
+    workflow_id: &WorkflowId,
+) -> Result<(Vec<EventRecord>, Vec<UnreadableEvent>), Stop> {
+    let stored: Vec<StoredEvent> = store
+        .connection()
+        .prepare(
+            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map([workflow_id.as_str()], |row| {
+                Ok([row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?])
+            })?
+            .collect()
+        })
+        .map_err(|e| format!("cannot read the events of {workflow_id}: {e}"))?;
+    let (mut records, mut unreadable) = (Vec::new(), Vec::new());
+    for columns in &stored {
+        match decode_event(workflow_id, columns) {
+            Ok(record) => records.push(record),
+            Err(error) => unreadable.push(UnreadableEvent {
+                seq: text((&columns[0]).into()),
+                error: format!("corrupt store: {error}"),
+            }),
+        }
+    }
+    Ok((records, unreadable))
+}
+
+/// An [`EventRecord`] from its stored columns, or what is wrong with them.
+fn decode_event(
+    workflow_id: &WorkflowId,
+    [seq, kind, payload, recorded_at]: &StoredEvent,
+) -> Result<EventRecord, String> {
+    use rusqlite::types::Value;
+    let number = |value: &Value, what: &str| match value {
+        Value::Integer(i) => u64::try_from(*i).map_err(|_| format!("{what} {i} is negative")),
+        other => Err(format!("{what} {} is not a number", text(other.into()))),
+    };
+    let text_in = |value: &Value, what: &str| match value {
+        Value::Text(t) => Ok(t.clone()),
+        other => Err(format!("{what} {} is not text", text(other.into()))),
+    };
+    Ok(EventRecord {
+        workflow_id: workflow_id.clone(),
+        seq: Seq::new(number(seq, "seq")?).map_err(|e| e.to_string())?,
+        kind: text_in(kind, "kind")?,
+        payload: serde_json::from_str(&text_in(payload, "payload")?)
+            .map_err(|e| format!("payload is not JSON: {e}"))?,
+        recorded_at: Timestamp::from_millis(number(recorded_at, "recorded_at")?),
+    })
+}
+
+/// The `command_failed` feedback of the command's current death, when it already reached its
+/// workflow: the timer `{command_id}:failed{manual_retries + 1}` has fired.
+fn failure_already_delivered(
+    store: &SqliteStore,
+    id: &CommandId,
+) -> Result<Option<TimerRow>, Stop> {
+    let Some(row) = store.command(id)? else {
+        return Ok(None);
+    };
+    if row.status != Status::Dead {
+        return Ok(None);
+    }
+    let feedback = TimerId::failure(id.clone(), row.manual_retries + 1);
+    Ok(store
+        .timers(id.workflow_id())?
+        .into_iter()
+        .find(|timer| timer.timer_id == feedback && timer.status == TimerStatus::Fired))
+}
+
+fn when(t: Timestamp) -> String {
+    let at = UNIX_EPOCH + Duration::from_millis(t.as_millis());
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+fn retry(out: &mut impl Write, db: &Path, id: &str, force: bool, now: Timestamp) -> Done {
+    let id: CommandId = id.parse()?;
+    let mut store = open_to_write(db)?;
+    if !force {
+        if let Some(timer) = failure_already_delivered(&store, &id)? {
+            let fired = timer
+                .processed_at
+                .map(|t| format!(" at {}", when(t)))
+                .unwrap_or_default();
+            return Err(Stop::Failed(format!(
+                "not retrying {id}: its workflow {} already received {COMMAND_FAILED} for it \
+                 (feedback {} fired{fired}) and may have compensated; a retry sends the command \
+                 again. Add --force to retry anyway",
+                id.workflow_id(),
+                timer.timer_id,
+            )));
+        }
+    }
+    store.retry(&id, now)?;
+    writeln!(out, "{id}: back to pending")?;
+    Ok(())
+}
+
+fn purge_done(
+    out: &mut impl Write,
+    db: &Path,
+    older_than: Duration,
+    dry_run: bool,
+    now: Timestamp,
+) -> Done {
+    let period = humantime::format_duration(older_than);
+    if dry_run {
+        let store = open_to_read(db)?;
+        // The rows `Store::purge_done` deletes (`OutboxRow::is_purgeable`): done, processed at least
+        // `older_than` ago.
+        let count: i64 = match now.checked_sub(older_than) {
+            None => 0,
+            Some(cutoff) => store
+                .connection()
+                .query_row(
+                    "SELECT COUNT(*) FROM outbox WHERE status = 'done' AND processed_at <= ?1",
+                    [i64::try_from(cutoff.as_millis()).unwrap_or(i64::MAX)],
+                    |row| row.get(0),
+                )
+                .map_err(|e| format!("cannot count the done commands: {e}"))?,
+        };
+        let count = usize::try_from(count).unwrap_or(0);
+        writeln!(
+            out,
+            "would purge {} processed more than {period} ago; nothing was changed (dry run)",
+            plural(count, "done command")
+        )?;
+        return Ok(());
+    }
+    let mut store = open_to_write(db)?;
+    let mut purged = 0;
+    loop {
+        let batch = store.purge_done(older_than, now, 1_000)?;
+        purged += batch;
+        if batch < 1_000 {
+            break;
+        }
+    }
+    writeln!(
+        out,
+        "purged {} processed more than {period} ago",
+        plural(purged, "done command")
+    )?;
+    Ok(())
+}
+
+fn migrate(out: &mut impl Write, db: &Path) -> Done {
+    let found = SqliteStore::migrate(db)?;
+    if found == SCHEMA_VERSION {
+        writeln!(
+            out,
+            "{}: already at schema version {SCHEMA_VERSION}; nothing to do",
+            db.display()
+        )?;
+    } else {
+        writeln!(
+            out,
+            "{}: upgraded from schema version {found} to {SCHEMA_VERSION}; older versions of \
+             miniflow now refuse it",
+            db.display()
+        )?;
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, out: &mut impl Write) -> Done {
+    let now = SystemClock.now();
+    let json = cli.json;
+    match cli.command {
+        Action::Pending { db, limit } => {
+            let (rows, unreadable) = list(&open_to_read(&db)?, Listing::Pending, limit)?;
+            print_rows(out, &rows, &unreadable, json)
+        }
+        Action::Dead { db, limit } => {
+            let (rows, unreadable) = list(&open_to_read(&db)?, Listing::Dead, limit)?;
+            print_rows(out, &rows, &unreadable, json)
+        }
+        Action::Show {
+            db,
+            command_id,
+            raw,
+        } => {
+            let store = open_to_read(&db)?;
+            if raw {
+                show_raw(out, &store, &command_id, json)
+            } else {
+                show(out, &store, &command_id, json)
+            }
         }
         Action::Events { db, workflow_id } => {
-            let id = WorkflowId::new(workflow_id).map_err(fail)?;
-            for event in open(&db)?.load(&id).map_err(fail)? {
-                if cli.json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&event).map_err(|e| e.to_string())?
-                    );
-                } else {
-                    println!(
-                        "{:>4} {:<24} {}",
-                        event.seq,
-                        event.kind,
-                        miniflow::canonical_json(&event.payload)
-                    );
-                }
-            }
-            Ok(())
+            let workflow_id = WorkflowId::new(workflow_id)?;
+            events(out, &open_to_read(&db)?, &workflow_id, json)
         }
-        Action::Retry { db, command_id: id } => {
-            let id = command_id(&id)?;
-            open(&db)?.retry(&id, now).map_err(fail)?;
-            println!("{id}: back to pending");
-            Ok(())
-        }
+        Action::Retry {
+            db,
+            command_id,
+            force,
+        } => retry(out, &db, &command_id, force, now),
         Action::Resolve {
             db,
-            command_id: id,
+            command_id,
             note,
         } => {
-            let id = command_id(&id)?;
-            open(&db)?.resolve(&id, &note, now).map_err(fail)?;
-            println!("{id}: resolved by hand");
+            let id: CommandId = command_id.parse()?;
+            open_to_write(&db)?.resolve(&id, &note, now)?;
+            writeln!(out, "{id}: resolved by hand")?;
             Ok(())
         }
-        Action::PurgeDone { db, older_than } => {
-            let mut store = open(&db)?;
-            let mut purged = 0;
-            loop {
-                let batch = store.purge_done(older_than, now, 1_000).map_err(fail)?;
-                purged += batch;
-                if batch < 1_000 {
-                    break;
-                }
-            }
-            println!(
-                "purged {purged} done command{}",
-                if purged == 1 { "" } else { "s" }
-            );
-            Ok(())
-        }
+        Action::PurgeDone {
+            db,
+            older_than,
+            dry_run,
+        } => purge_done(out, &db, older_than, dry_run, now),
+        Action::Migrate { db } => migrate(out, &db),
     }
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(message) => {
-            eprintln!("miniflow: {message}");
-            ExitCode::FAILURE
-        }
-    }
+    let cli = Cli::parse();
+    let mut out = BufWriter::new(io::stdout().lock());
+    let stop = match run(cli, &mut out).and_then(|()| Ok(out.flush()?)) {
+        Ok(()) => return ExitCode::SUCCESS,
+        Err(stop) => stop,
+    };
+    let message = match stop {
+        // The reader went away (`miniflow pending db | head -1`): there is no one left to tell.
+        Stop::Output(e) if e.kind() == io::ErrorKind::BrokenPipe => return ExitCode::SUCCESS,
+        Stop::Output(e) => format!("cannot write the output: {e}"),
+        Stop::Failed(message) => match out.flush() {
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => return ExitCode::FAILURE,
+            _ => message,
+        },
+    };
+    // Nothing sensible is left to do when stderr is gone too.
+    let _ = writeln!(io::stderr(), "miniflow: {message}");
+    ExitCode::FAILURE
 }

@@ -1,24 +1,67 @@
 //! The `miniflow` command-line tool, run as an operator runs it.
 #![cfg(feature = "cli")]
 
-use std::path::Path;
-use std::process::Command as Process;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
 
 use miniflow::{
-    json, ClaimRequest, Command, Commit, Decision, Event, Failure, RetryPolicy, Seq, SqliteStore,
-    Status, Store, Timestamp, WorkflowId,
+    json, ClaimRequest, Clock, Command, Commit, Decision, Engine, Event, EventRecord, Failure,
+    RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Store, Synchronous, SystemClock,
+    Timestamp, Workflow, WorkflowId,
 };
 
 fn miniflow(args: &[&str]) -> (bool, String, String) {
-    let out = Process::new(env!("CARGO_BIN_EXE_miniflow"))
-        .args(args)
-        .output()
-        .expect("run miniflow");
+    miniflow_in(None, args)
+}
+
+/// Runs the tool, in `cwd` when given.
+fn miniflow_in(cwd: Option<&Path>, args: &[&str]) -> (bool, String, String) {
+    let mut process = Process::new(env!("CARGO_BIN_EXE_miniflow"));
+    if let Some(cwd) = cwd {
+        process.current_dir(cwd);
+    }
+    let out = process.args(args).output().expect("run miniflow");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Every file in `dir` with its bytes: what a read must leave exactly as it was.
+fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let entry = entry.unwrap();
+            let bytes = std::fs::read(entry.path()).unwrap_or_default();
+            (entry.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn user_version(path: &Path) -> i64 {
+    rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .unwrap()
+}
+
+/// A store as the first release of miniflow wrote it: schema version 1 only.
+fn version_1_store(path: &Path) {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch(include_str!("../../host-native/migrations/0001_init.sql"))
+        .unwrap();
+    conn.execute_batch(
+        "PRAGMA user_version = 1;
+         INSERT INTO events VALUES ('trip-001', 1, 'trip_requested', '{}', 1);
+         INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at,
+             created_at) VALUES ('trip-001', 1, 0, 'lock_budget', '{}', 'pending', 1, 1);",
+    )
+    .unwrap();
 }
 
 /// A store with `trip-001:1:0` done, `trip-001:1:1` dead and `trip-001:1:2` pending.
@@ -175,4 +218,558 @@ fn bad_input_gets_a_clear_error_and_a_failing_exit_code() {
     );
     let (ok, out, _) = miniflow(&["purge-done", db.to_str().unwrap(), "--older-than", "0s"]);
     assert!(ok && out.contains("purged 1 done command"), "{out}");
+}
+
+const READS: [&str; 4] = ["pending", "dead", "show", "events"];
+
+/// The arguments of every command that takes a store, on `db`.
+fn every_command(db: &str) -> Vec<Vec<&str>> {
+    vec![
+        vec!["pending", db],
+        vec!["dead", db],
+        vec!["show", db, "trip-001:1:0"],
+        vec!["show", db, "--raw", "trip-001:1:0"],
+        vec!["events", db, "trip-001"],
+        vec!["purge-done", db, "--older-than", "0s", "--dry-run"],
+        vec!["retry", db, "trip-001:1:0"],
+        vec!["resolve", db, "trip-001:1:0", "--note", "n"],
+        vec!["purge-done", db, "--older-than", "0s"],
+    ]
+}
+
+#[test]
+fn no_command_turns_what_is_not_a_store_into_one_or_touches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("empty.db"), b"").unwrap();
+    std::fs::write(path("notes.txt"), "plain text, not a database: ".repeat(8)).unwrap();
+    rusqlite::Connection::open(path("foreign.db"))
+        .unwrap()
+        .execute_batch(
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY); INSERT INTO accounts VALUES (7);",
+        )
+        .unwrap();
+    rusqlite::Connection::open(path("future.db"))
+        .unwrap()
+        .execute_batch("CREATE TABLE later (x); PRAGMA user_version = 99;")
+        .unwrap();
+    version_1_store(&path("v1.db"));
+    let before = snapshot(dir.path());
+
+    for (name, says) in [
+        (
+            "missing.db",
+            "no store at this path: the file does not exist",
+        ),
+        ("empty.db", "is an empty file, not a miniflow store"),
+        (
+            "notes.txt",
+            "is not a SQLite database, so not a miniflow store",
+        ),
+        (
+            "foreign.db",
+            "is a SQLite database but not a miniflow store (user_version 0, tables: accounts)",
+        ),
+        (
+            "future.db",
+            "schema version 99, this miniflow supports up to 3: upgrade miniflow",
+        ),
+        (
+            "v1.db",
+            "is a miniflow store of schema version 1, older than version 3",
+        ),
+    ] {
+        let db = path(name);
+        for args in every_command(db.to_str().unwrap()) {
+            let (ok, out, err) = miniflow(&args);
+            assert!(!ok, "{args:?} succeeded: {out}");
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+    }
+    let (_, _, err) = miniflow(&["pending", path("v1.db").to_str().unwrap()]);
+    assert!(
+        err.contains(&format!(
+            "upgrade it first with `miniflow migrate {}`",
+            path("v1.db").display()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        snapshot(dir.path()),
+        before,
+        "a command changed a file that is not a store"
+    );
+    assert_eq!(user_version(&path("v1.db")), 1);
+}
+
+#[test]
+fn reading_a_store_changes_nothing_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    drop(seeded(&db));
+    let stored = std::fs::read(&db).unwrap();
+    let db_arg = db.to_str().unwrap();
+    for read in READS {
+        let args = match read {
+            "show" => vec![read, db_arg, "trip-001:1:1"],
+            "events" => vec![read, db_arg, "trip-001"],
+            _ => vec![read, db_arg],
+        };
+        let (ok, out, err) = miniflow(&args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            out.contains("trip-001") || out.contains("trip_requested"),
+            "{out}"
+        );
+    }
+    let (ok, out, _) = miniflow(&["purge-done", db_arg, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        stored,
+        "a read wrote the store"
+    );
+    // SQLite reads a WAL store through a -shm index and an (empty) -wal log beside it.
+    for (name, bytes) in snapshot(dir.path()) {
+        match name.as_str() {
+            "flow.db" | "flow.db-shm" => {}
+            "flow.db-wal" => assert!(bytes.is_empty(), "a read wrote to the log"),
+            other => panic!("a read left {other} beside the store"),
+        }
+    }
+    let store = SqliteStore::open(&db).unwrap();
+    assert!(store
+        .command(&"trip-001:1:0".parse().unwrap())
+        .unwrap()
+        .is_some());
+}
+
+#[test]
+fn migrate_upgrades_an_older_store_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = dir.path().join("v1.db");
+    version_1_store(&v1);
+    let v1_arg = v1.to_str().unwrap();
+
+    let (ok, out, err) = miniflow(&["migrate", v1_arg]);
+    assert!(ok, "{err}");
+    assert!(out.contains("upgraded from schema version 1 to 3"), "{out}");
+    assert_eq!(user_version(&v1), 3);
+    let (ok, out, err) = miniflow(&["pending", v1_arg]);
+    assert!(ok && out.contains("trip-001:1:0"), "{out}{err}");
+    let (ok, out, _) = miniflow(&["migrate", v1_arg]);
+    assert!(ok && out.contains("already at schema version 3"), "{out}");
+
+    let foreign = dir.path().join("foreign.db");
+    rusqlite::Connection::open(&foreign)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (id)")
+        .unwrap();
+    let bytes = std::fs::read(&foreign).unwrap();
+    let (ok, _, err) = miniflow(&["migrate", foreign.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a miniflow store"), "{err}");
+    assert_eq!(std::fs::read(&foreign).unwrap(), bytes);
+    let missing = dir.path().join("missing.db");
+    let (ok, _, err) = miniflow(&["migrate", missing.to_str().unwrap()]);
+    assert!(!ok && err.contains("does not exist"), "{err}");
+    assert!(!missing.exists());
+}
+
+#[test]
+fn a_path_starting_with_file_names_a_file_not_a_uri() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(seeded(&dir.path().join("file:flow.db")));
+    let cwd = Some(dir.path());
+
+    let (ok, out, err) = miniflow_in(cwd, &["dead", "file:flow.db"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("trip-001:1:1") && out.contains("(1 command)"),
+        "{out}"
+    );
+    let (ok, out, err) = miniflow_in(cwd, &["retry", "file:flow.db", "trip-001:1:1"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, _) = miniflow_in(cwd, &["dead", "file:flow.db"]);
+    assert!(ok && out.contains("(0 commands)"), "{out}");
+    let names: Vec<String> = snapshot(dir.path())
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert!(
+        names.iter().all(|name| name.starts_with("file:flow.db")),
+        "SQLite opened another file: {names:?}"
+    );
+}
+
+#[test]
+fn purge_done_wants_a_unit_and_a_dry_run_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    drop(seeded(&db));
+    let db_arg = db.to_str().unwrap();
+
+    for bare in ["0", "30"] {
+        let (ok, _, err) = miniflow(&["purge-done", db_arg, "--older-than", bare]);
+        assert!(!ok, "--older-than {bare} was taken");
+        assert!(err.contains(&format!("\"{bare}\" has no unit")), "{err}");
+    }
+    let (ok, _, err) = miniflow(&["purge-done", db_arg, "--older-than", "3 fortnights"]);
+    assert!(
+        !ok && err.contains("\"3 fortnights\" is not a duration"),
+        "{err}"
+    );
+
+    let stored = std::fs::read(&db).unwrap();
+    for period in ["30d", "12h", "90m", "45s", "0s"] {
+        let (ok, out, err) = miniflow(&["purge-done", db_arg, "--older-than", period, "--dry-run"]);
+        assert!(ok, "{period}: {err}");
+        assert!(
+            out.contains("would purge 1 done command processed more than"),
+            "{out}"
+        );
+    }
+    let (ok, out, _) = miniflow(&[
+        "purge-done",
+        db_arg,
+        "--older-than",
+        "1000years",
+        "--dry-run",
+    ]);
+    assert!(ok && out.contains("would purge 0 done commands"), "{out}");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        stored,
+        "a dry run wrote the store"
+    );
+
+    let (ok, out, _) = miniflow(&["purge-done", db_arg, "--older-than", "30d"]);
+    assert!(ok && out.contains("purged 1 done command"), "{out}");
+    let store = SqliteStore::open(&db).unwrap();
+    assert!(store
+        .command(&"trip-001:1:0".parse().unwrap())
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn tables_escape_control_characters_and_json_keeps_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&db).unwrap();
+    let error =
+        "\u{1b}[2J\u{1b}[31mboom\u{1b}[0m\ntrip-999:1:0   book_hotel   dead   1  all fine\r\u{9b}";
+    let commit = Commit::new(
+        WorkflowId::new("trip-001").unwrap(),
+        Seq::ZERO,
+        Event::new(
+            "trip_requested",
+            json!({ "note": "a\u{9b}b\u{202e}c\u{7f}" }),
+        ),
+        Decision::new().command(Command::new("book_hotel", json!({}))),
+        Timestamp::from_millis(1),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let claimed = store
+        .claim(&ClaimRequest::new("w"), Timestamp::from_millis(2))
+        .unwrap();
+    store
+        .fail(
+            &claimed[0].command_id,
+            claimed[0].token,
+            &Failure::permanent(error),
+            &RetryPolicy::default(),
+            Timestamp::from_millis(3),
+        )
+        .unwrap();
+    let db_arg = db.to_str().unwrap();
+    let raw = |out: &str| {
+        out.chars()
+            .any(|c| c.is_control() && c != '\n' || c == '\u{202e}')
+    };
+
+    let (ok, out, _) = miniflow(&["dead", db_arg]);
+    assert!(ok);
+    assert!(!raw(&out), "raw control characters in the table: {out:?}");
+    assert_eq!(out.lines().count(), 3, "a field forged a row: {out}");
+    assert!(
+        out.contains(r"\u{1b}[2J\u{1b}[31mboom\u{1b}[0m\ntrip-999:1:0   book_hotel   dead   1  all fine\r\u{9b}"),
+        "{out}"
+    );
+    let (ok, out, _) = miniflow(&["events", db_arg, "trip-001"]);
+    assert!(ok && !raw(&out), "{out:?}");
+    assert!(out.contains(r"a\u{9b}b\u{202e}c\u{7f}"), "{out}");
+    let (ok, out, _) = miniflow(&["show", db_arg, "trip-001:1:0"]);
+    assert!(ok && !raw(&out), "{out:?}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["last_error"], error, "the pretty JSON means the same");
+    let (ok, out, _) = miniflow(&["show", db_arg, "--raw", "trip-001:1:0"]);
+    assert!(ok && !raw(&out), "{out:?}");
+
+    let (ok, out, _) = miniflow(&["dead", db_arg, "--json"]);
+    assert!(ok);
+    let row: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert_eq!(row["last_error"], error, "JSON output is exact");
+    let (ok, out, _) = miniflow(&["events", db_arg, "trip-001", "--json"]);
+    let event: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert!(ok);
+    assert_eq!(event["payload"]["note"], "a\u{9b}b\u{202e}c\u{7f}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_listing_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let options = SqliteOptions {
+        synchronous: Synchronous::Normal,
+        ..SqliteOptions::default()
+    };
+    let mut store = SqliteStore::open_with(&db, &options).unwrap();
+    let mut decision = Decision::new();
+    for i in 0..3_000 {
+        decision = decision.command(Command::new("lock_budget", json!({ "i": i })));
+    }
+    let commit = Commit::new(
+        WorkflowId::new("trip-001").unwrap(),
+        Seq::ZERO,
+        Event::new("trip_requested", json!({})),
+        decision,
+        Timestamp::from_millis(1),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    drop(store);
+
+    for format in [None, Some("--json")] {
+        let mut args = vec!["pending", db.to_str().unwrap(), "--limit", "5000"];
+        args.extend(format);
+        let mut child = Process::new(env!("CARGO_BIN_EXE_miniflow"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut first = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut first)
+            .unwrap();
+        assert!(!first.is_empty());
+        // The reader is gone: the tool writes into a closed pipe.
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.is_empty(), "{args:?} complained: {err}");
+        assert!(
+            out.status.success() || out.status.signal() == Some(13),
+            "{args:?}: {:?}",
+            out.status
+        );
+    }
+}
+
+/// A workflow that takes every event and decides nothing.
+struct Quiet;
+
+impl Workflow for Quiet {
+    type State = ();
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+    fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+        Decision::new()
+    }
+}
+
+/// Fires every due timer of `store` (the failure feedback of dead commands) into its workflow.
+fn deliver_feedback(store: &mut SqliteStore, now: Timestamp) -> usize {
+    let timers = store
+        .claim_timers(10, std::time::Duration::from_secs(30), now)
+        .unwrap();
+    for timer in &timers {
+        Engine::new(Quiet).fire(store, timer, now).unwrap();
+    }
+    timers.len()
+}
+
+#[test]
+fn retry_refuses_a_command_whose_failure_its_workflow_already_received() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let mut store = seeded(&db);
+    let db_arg = db.to_str().unwrap();
+    let id = "trip-001:1:1".parse().unwrap();
+    assert_eq!(deliver_feedback(&mut store, SystemClock.now()), 1);
+
+    let (ok, out, err) = miniflow(&["retry", db_arg, "trip-001:1:1"]);
+    assert!(!ok, "{out}");
+    for says in [
+        "not retrying trip-001:1:1: its workflow trip-001 already received command_failed",
+        "feedback trip-001:1:1:failed1 fired at",
+        "may have compensated; a retry sends the command again",
+        "--force",
+    ] {
+        assert!(err.contains(says), "{err}");
+    }
+    assert_eq!(store.command(&id).unwrap().unwrap().status, Status::Dead);
+
+    let (ok, out, err) = miniflow(&["retry", db_arg, "trip-001:1:1", "--force"]);
+    assert!(ok && out.contains("back to pending"), "{err}");
+    let row = store.command(&id).unwrap().unwrap();
+    assert_eq!((row.status, row.manual_retries), (Status::Pending, 1));
+
+    // It dies again: its new feedback has not reached the workflow yet, so a retry goes ahead.
+    let now = SystemClock.now();
+    let claimed = store.claim(&ClaimRequest::new("w").limit(5), now).unwrap();
+    let again = claimed.iter().find(|d| d.command_id == id).unwrap();
+    store
+        .fail(
+            &id,
+            again.token,
+            &Failure::permanent("no"),
+            &RetryPolicy::default(),
+            now,
+        )
+        .unwrap();
+    let (ok, _, err) = miniflow(&["retry", db_arg, "trip-001:1:1"]);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn unreadable_rows_are_listed_apart_and_shown_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let mut store = seeded(&db);
+    for seq in [0, 1] {
+        let commit = Commit::new(
+            WorkflowId::new("trip-002").unwrap(),
+            Seq::new(seq).unwrap(),
+            Event::new("trip_requested", json!({ "n": seq })),
+            Decision::new().command(Command::new("lock_budget", json!({}))),
+            Timestamp::from_millis(5),
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+    }
+    store
+        .connection()
+        .execute_batch(
+            "UPDATE outbox SET payload = 'not json {' WHERE workflow_id = 'trip-001' AND idx = 2;
+             UPDATE outbox SET created_at = -5 WHERE workflow_id = 'trip-001' AND idx = 1;
+             UPDATE events SET payload = '{' WHERE workflow_id = 'trip-002' AND seq = 1;",
+        )
+        .unwrap();
+    drop(store);
+    let db_arg = db.to_str().unwrap();
+
+    let (ok, out, err) = miniflow(&["pending", db_arg]);
+    assert!(!ok, "unreadable rows end the tool with a failing status");
+    assert!(err.contains("1 command could not be read"), "{err}");
+    let (listed, unreadable) = out.split_once("unreadable (1 command;").expect(&out);
+    assert!(
+        listed.contains("trip-002:1:0")
+            && listed.contains("trip-002:2:0")
+            && listed.contains("(2 commands)"),
+        "{out}"
+    );
+    assert!(!listed.contains("trip-001:1:2"), "{out}");
+    assert!(
+        unreadable.contains("trip-001:1:2")
+            && unreadable.contains("pending")
+            && unreadable.contains("corrupt store: payload is not JSON"),
+        "{out}"
+    );
+
+    let (ok, out, _) = miniflow(&["pending", db_arg, "--json"]);
+    assert!(!ok);
+    let lines: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(lines[0]["command_id"], "trip-002:1:0");
+    assert_eq!(lines[2]["unreadable"]["command_id"], "trip-001:1:2");
+    assert_eq!(lines[2]["unreadable"]["status"], "pending");
+
+    let (ok, out, _) = miniflow(&["dead", db_arg]);
+    assert!(!ok);
+    assert!(
+        out.contains("(0 commands)")
+            && out.contains("trip-001:1:1")
+            && out.contains("negative time"),
+        "{out}"
+    );
+
+    let (ok, out, err) = miniflow(&["show", db_arg, "trip-001:1:2"]);
+    assert!(!ok && err.contains("show --raw"), "{err}");
+    assert!(
+        out.contains("trip-001:1:2") && out.contains("payload is not JSON"),
+        "{out}"
+    );
+    let (ok, out, err) = miniflow(&["show", db_arg, "--raw", "trip-001:1:2"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("payload") && l.ends_with(" not json {")),
+        "{out}"
+    );
+    let (ok, out, _) = miniflow(&["show", db_arg, "--raw", "trip-001:1:2", "--json"]);
+    let stored: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert!(ok);
+    assert_eq!(
+        (&stored["payload"], &stored["status"]),
+        (&json!("not json {"), &json!("pending"))
+    );
+
+    let (ok, out, err) = miniflow(&["events", db_arg, "trip-002"]);
+    assert!(
+        !ok && err.contains("1 event of trip-002 could not be read"),
+        "{err}"
+    );
+    assert!(
+        out.contains("2 trip_requested           {\"n\":1}"),
+        "{out}"
+    );
+    assert!(
+        out.contains("1 unreadable: corrupt store: payload is not JSON"),
+        "{out}"
+    );
+}
+
+/// A store on a read-only file system, as a backup is often mounted, can be read. Needs a private
+/// mount namespace (`unshare -m`, as root); skipped where there is none.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_store_on_a_read_only_mount_can_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (files, mount) = (dir.path().join("files"), dir.path().join("mount"));
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::create_dir_all(&mount).unwrap();
+    drop(seeded(&files.join("flow.db")));
+    let script = r#"mount --bind "$1" "$2" && mount -o remount,bind,ro "$2" || exit 77
+        touch "$2/probe" 2>/dev/null && exit 77
+        exec "$3" dead "$2/flow.db""#;
+    let out = Process::new("unshare")
+        .args(["-m", "sh", "-c", script, "sh"])
+        .args([
+            &files,
+            &mount,
+            &PathBuf::from(env!("CARGO_BIN_EXE_miniflow")),
+        ])
+        .output();
+    let out = match out {
+        Ok(out) if out.status.code() != Some(77) => out,
+        _ => return eprintln!("skipped: no read-only mount here"),
+    };
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    if stderr.contains("unshare:") {
+        return eprintln!("skipped: {stderr}");
+    }
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("trip-001:1:1") && stdout.contains("422 no such hotel"),
+        "{stdout}"
+    );
 }
