@@ -525,6 +525,54 @@ mod opening_tests {
         conn.execute_batch("PRAGMA user_version = 1").unwrap();
     }
 
+    #[test]
+    fn a_version_3_store_keeps_its_timers_and_reservations_through_the_upgrade() {
+        use miniflow_core::{Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v3.db");
+        let conn = Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..3] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 3;
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5);
+             INSERT INTO timers VALUES ('w:1:t0', 'w', 'deadline', 'timer_fired',
+                 '{\"name\":\"deadline\",\"payload\":{},\"timer_id\":\"w:1:t0\"}', 50, 50,
+                 'scheduled', 5, NULL);
+             INSERT INTO timers VALUES ('w:1:t1', 'w', 'gone', 'timer_fired', '{}', 50, 50,
+                 'cancelled', 5, 7);
+             INSERT INTO idempotency VALUES ('k', '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a',
+                 10, NULL, NULL, 10);",
+        )
+        .unwrap();
+        drop(conn);
+
+        let store = SqliteStore::open(&path).unwrap();
+        let timers = store.timers(&WorkflowId::new("w").unwrap()).unwrap();
+        let states: Vec<_> = timers.iter().map(|t| (t.name.as_str(), t.status)).collect();
+        assert_eq!(
+            states,
+            [
+                ("deadline", miniflow_core::TimerStatus::Scheduled),
+                ("gone", miniflow_core::TimerStatus::Cancelled)
+            ]
+        );
+        drop(store);
+        let policy = IdempotencyPolicy {
+            retention: Duration::from_secs(3600),
+            reservation_timeout: Duration::from_millis(100),
+        };
+        let mut keys = crate::SqliteIdempotencyStore::open(&path, policy).unwrap();
+        let key = IdempotencyKey::new("k").unwrap();
+        assert_eq!(keys.record(&key).unwrap().unwrap().token, 0);
+        let digest = Digest::of(&serde_json::json!({}));
+        let answer = keys
+            .begin(&key, digest, Timestamp::from_millis(500))
+            .unwrap();
+        assert_eq!(answer, miniflow_core::Begin::Fresh { token: 500 });
+    }
+
     fn refusal(path: &Path) -> String {
         match SqliteStore::open_read_only(path) {
             Err(e @ Error::InvalidInput { .. }) => e.to_string(),
@@ -574,7 +622,7 @@ mod opening_tests {
         tables.sort();
         listed.sort_unstable();
         assert_eq!(tables, listed);
-        assert_eq!(TABLES.iter().map(|(_, v)| *v).max(), Some(SCHEMA_VERSION));
+        assert!(TABLES.iter().all(|(_, v)| (1..=SCHEMA_VERSION).contains(v)));
     }
 
     #[test]
@@ -621,11 +669,13 @@ mod opening_tests {
                 "lookalike.db",
                 "not a miniflow store (user_version 0, tables: events, outbox)",
             ),
-            ("v1.db", "schema version 1, older than version 3"),
         ] {
             let err = refusal(&path(name));
             assert!(err.contains(says), "{name}: {err}");
         }
+        let err = refusal(&path("v1.db"));
+        let says = format!("schema version 1, older than version {SCHEMA_VERSION}");
+        assert!(err.contains(&says), "v1.db: {err}");
         assert!(refusal(&path("v1.db"))
             .contains(&format!("`miniflow migrate {}`", path("v1.db").display())));
         assert!(refusal(dir.path()).contains("is a directory"));

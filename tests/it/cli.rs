@@ -8,7 +8,7 @@ use std::process::{Command as Process, Stdio};
 use miniflow::{
     json, ClaimRequest, Clock, Command, Commit, Decision, Engine, Event, EventRecord, Failure,
     RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Store, Synchronous, SystemClock,
-    Timestamp, Workflow, WorkflowId,
+    Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
 };
 
 fn miniflow(args: &[&str]) -> (bool, String, String) {
@@ -272,11 +272,11 @@ fn no_command_turns_what_is_not_a_store_into_one_or_touches_it() {
         ),
         (
             "future.db",
-            "schema version 99, this miniflow supports up to 3: upgrade miniflow",
+            &format!("schema version 99, this miniflow supports up to {SCHEMA_VERSION}: upgrade miniflow"),
         ),
         (
             "v1.db",
-            "is a miniflow store of schema version 1, older than version 3",
+            &format!("is a miniflow store of schema version 1, older than version {SCHEMA_VERSION}"),
         ),
     ] {
         let db = path(name);
@@ -353,12 +353,14 @@ fn migrate_upgrades_an_older_store_and_nothing_else() {
 
     let (ok, out, err) = miniflow(&["migrate", v1_arg]);
     assert!(ok, "{err}");
-    assert!(out.contains("upgraded from schema version 1 to 3"), "{out}");
-    assert_eq!(user_version(&v1), 3);
+    let says = format!("upgraded from schema version 1 to {SCHEMA_VERSION}");
+    assert!(out.contains(&says), "{out}");
+    assert_eq!(user_version(&v1), SCHEMA_VERSION);
     let (ok, out, err) = miniflow(&["pending", v1_arg]);
     assert!(ok && out.contains("trip-001:1:0"), "{out}{err}");
     let (ok, out, _) = miniflow(&["migrate", v1_arg]);
-    assert!(ok && out.contains("already at schema version 3"), "{out}");
+    let says = format!("already at schema version {SCHEMA_VERSION}");
+    assert!(ok && out.contains(&says), "{out}");
 
     let foreign = dir.path().join("foreign.db");
     rusqlite::Connection::open(&foreign)
