@@ -68,6 +68,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod builtin;
 mod engine;
 mod error;
 mod id;
@@ -100,10 +101,11 @@ pub use outbox::{
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};
 pub use time::{Clock, ManualClock, Timestamp};
-pub use timer::{
-    feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus, COMMAND_FAILED,
-    COMMAND_RESOLVED, TIMER_FIRED,
+pub use builtin::{
+    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
+    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
 };
+pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 
 /// Re-exported so users name JSON payloads without adding `serde_json` themselves.
 pub use serde_json::{json, Value};

@@ -25,19 +25,17 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::builtin::{
+    to_payload, CommandFailed, CommandResolved, TimerFired, COMMAND_FAILED, COMMAND_RESOLVED,
+    TIMER_FIRED,
+};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::outbox::{OutboxRow, Status};
 use crate::time::Timestamp;
 
-/// The kind of the event a user timer commits when it fires.
-pub const TIMER_FIRED: &str = "timer_fired";
-/// The kind of the event committed when a command becomes dead.
-pub const COMMAND_FAILED: &str = "command_failed";
-/// The kind of the event committed when a dead command is resolved by hand.
-pub const COMMAND_RESOLVED: &str = "command_resolved";
 
 /// When a timer fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -349,8 +347,11 @@ impl TimerRow {
             FireAt::After(delay) => now + delay,
             FireAt::At(at) => at,
         };
-        let event_payload =
-            json!({ "timer_id": id.to_string(), "name": timer.name, "payload": timer.payload });
+        let event_payload = to_payload(&TimerFired {
+            timer_id: id.to_string(),
+            name: timer.name.clone(),
+            payload: timer.payload,
+        });
         Self::new(id, timer.name, TIMER_FIRED, event_payload, fire_at, now)
     }
 
@@ -442,17 +443,21 @@ pub fn feedback(before: Status, after: &OutboxRow, now: Timestamp) -> Option<Tim
         (from, Status::Dead) if from != Status::Dead => (
             TimerId::failure(id.clone(), after.manual_retries + 1),
             COMMAND_FAILED,
-            json!({
-                "command_id": id.to_string(),
-                "kind": after.kind,
-                "error": after.last_error,
-                "attempts": after.attempts,
+            to_payload(&CommandFailed {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                error: after.last_error.clone(),
+                attempts: after.attempts,
             }),
         ),
         (Status::Dead, Status::Done) => (
             TimerId::resolution(id.clone()),
             COMMAND_RESOLVED,
-            json!({ "command_id": id.to_string(), "kind": after.kind, "note": after.resolution }),
+            to_payload(&CommandResolved {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                note: after.resolution.clone(),
+            }),
         ),
         _ => return None,
     };
