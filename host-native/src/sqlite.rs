@@ -1,5 +1,6 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -254,14 +255,18 @@ const SELECT_PENDING: &str =
 const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+/// A claim reads its candidates in pages, in claim order, each page after the key `(?3, ?4, ?5, ?6)` of
+/// the last candidate it looked at (see [`claim_in`]).
 const CLAIM_DUE_FIRST: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
 const ANY_COMMAND_DUE: &str =
     "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
 const CLAIM_STRICT: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
          AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
@@ -608,6 +613,70 @@ fn schedule_feedback(
     }
 }
 
+/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
+/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`]).
+///
+/// A lease that ran out on its last allowed attempt is buried on the way and does not count towards the
+/// limit, so the claim reads on, a page of what it still needs at a time, after the last candidate it
+/// looked at.
+fn claim_in(
+    tx: &Transaction<'_>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, Error> {
+    let sql = match request.order {
+        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
+        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
+    };
+    let now_sql = to_sql_time("now", now)?;
+    let mut after: (i64, String, i64, i64) = (i64::MIN, String::new(), i64::MIN, i64::MIN);
+    // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
+    // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
+    // candidate when the claim began, so neither is taken now.
+    let mut seen: HashSet<CommandId> = HashSet::new();
+    let mut seen_workflows: HashSet<WorkflowId> = HashSet::new();
+    let mut deliveries = Vec::new();
+    while deliveries.len() < request.limit {
+        let wanted = request.limit - deliveries.len();
+        let (a, w, s, i) = &after;
+        let page = query_rows(tx, sql, params![now_sql, limit(wanted), a, w, s, i])?;
+        let full_page = page.len() == wanted;
+        for mut row in page {
+            let (w, s, i) = id_params(&row.command_id);
+            after = (
+                to_sql_time("available_at", row.available_at)?,
+                w.to_owned(),
+                s,
+                i,
+            );
+            let first_look = match request.order {
+                ClaimOrder::DueFirst => seen.insert(row.command_id.clone()),
+                ClaimOrder::StrictPerWorkflow => {
+                    seen_workflows.insert(row.command_id.workflow_id().clone())
+                }
+            };
+            if !first_look {
+                continue;
+            }
+            let before = row.status;
+            match row.claim(request, now) {
+                Some(delivery) => {
+                    write_lease(tx, &row)?;
+                    deliveries.push(delivery);
+                }
+                None => {
+                    write_row(tx, &row)?;
+                    schedule_feedback(tx, before, &row, now)?;
+                }
+            }
+        }
+        if !full_page {
+            break;
+        }
+    }
+    Ok(deliveries)
+}
+
 impl Store for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         let mut stmt = self
@@ -716,33 +785,11 @@ impl Store for SqliteStore {
 
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        let sql = match request.order {
-            ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
-            ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-        };
         if !self.any_due(ANY_COMMAND_DUE, now)? {
             return Ok(Vec::new());
         }
         let tx = self.write()?;
-        let rows = query_rows(
-            &tx,
-            sql,
-            params![to_sql_time("now", now)?, limit(request.limit)],
-        )?;
-        let mut deliveries = Vec::with_capacity(rows.len());
-        for mut row in rows {
-            let before = row.status;
-            match row.claim(request, now) {
-                Some(delivery) => {
-                    write_lease(&tx, &row)?;
-                    deliveries.push(delivery);
-                }
-                None => {
-                    write_row(&tx, &row)?;
-                    schedule_feedback(&tx, before, &row, now)?;
-                }
-            }
-        }
+        let deliveries = claim_in(&tx, request, now)?;
         tx.commit().map_err(storage)?;
         Ok(deliveries)
     }
