@@ -506,9 +506,11 @@ const ANY_TIMER_DUE: &str =
 const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
 const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
      WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
+/// The oldest done rows first (the order of `outbox_done`, whose entries end with the primary key).
 const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
      (SELECT workflow_id, event_seq, idx FROM outbox \
-      WHERE status = 'done' AND processed_at <= ?1 LIMIT ?2)";
+      WHERE status = 'done' AND processed_at <= ?1 \
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
 
 fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
     Ok(TimerRow {
