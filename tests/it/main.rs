@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod crash;
 mod delivery;
+mod differential;
 mod dispatcher;
 mod examples;
 mod receiver;
