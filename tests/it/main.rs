@@ -11,3 +11,4 @@ mod dispatcher;
 mod examples;
 mod receiver;
 mod sqlite;
+mod unreadable;
