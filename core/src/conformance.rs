@@ -904,6 +904,75 @@ pub fn permanent_failures_and_exhausted_leases_are_dead<H: Harness>(h: &mut H) {
     assert_eq!(dead, ["w:1:0", "w:1:1"]);
 }
 
+/// A claim buries the exhausted leases it meets on the way (each with its feedback) and still hands out
+/// up to `limit` commands: the burials do not use up the limit, in either order.
+pub fn burials_do_not_use_up_the_claim_limit<H: Harness>(h: &mut H) {
+    for order in [ClaimOrder::DueFirst, ClaimOrder::StrictPerWorkflow] {
+        let mut store = h.open();
+        let last_attempt = RetryPolicy::default().max_attempts(1);
+        // A worker that crashes on the first command of three workflows, on its only allowed attempt.
+        for w in ["a", "b", "c"] {
+            append(&mut store, w, &["crashy"]);
+        }
+        let crashing = ClaimRequest::new("crashing")
+            .limit(3)
+            .lease_ttl(Duration::from_millis(100))
+            .order(order)
+            .retry_policy(&last_attempt);
+        assert_eq!(store.claim(&crashing, T0).unwrap().len(), 3);
+        // Work due after those leases ran out, so the exhausted leases come first in claim order.
+        let later = Commit::new(
+            wid("d"),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            commands(&["x", "y"]),
+            at(200),
+        )
+        .unwrap();
+        store.append_with_commands(&later).unwrap();
+        let request = ClaimRequest::new("w")
+            .limit(2)
+            .lease_ttl(Duration::from_millis(1_000))
+            .order(order)
+            .retry_policy(&last_attempt);
+        let got: Vec<String> = store
+            .claim(&request, at(300))
+            .unwrap()
+            .iter()
+            .map(|d| d.command_id.to_string())
+            .collect();
+        let expected: &[&str] = match order {
+            ClaimOrder::DueFirst => &["d:1:0", "d:1:1"],
+            // d:1:1 waits for d:1:0.
+            ClaimOrder::StrictPerWorkflow => &["d:1:0"],
+        };
+        assert_eq!(got, expected, "{order:?}");
+        let dead: Vec<String> = store
+            .dead_letters(10)
+            .unwrap()
+            .iter()
+            .map(|r| r.command_id.to_string())
+            .collect();
+        assert_eq!(dead, ["a:1:0", "b:1:0", "c:1:0"], "{order:?}");
+        for w in ["a", "b", "c"] {
+            let row = store.command(&cid(&format!("{w}:1:0"))).unwrap().unwrap();
+            assert!(row.last_error.unwrap().contains("lease expired"));
+            assert_eq!(row.processed_at, Some(at(300)));
+            let feedback: Vec<String> = store
+                .timers(&wid(w))
+                .unwrap()
+                .into_iter()
+                .map(|t| t.event_kind)
+                .collect();
+            assert_eq!(
+                feedback,
+                [COMMAND_FAILED],
+                "{order:?}: one feedback per burial"
+            );
+        }
+    }
+}
+
 /// `retry` and `resolve` of a dead command are recorded; a live command can be neither retried nor
 /// resolved; a dead command is never marked done as if it succeeded.
 pub fn retry_and_resolve_dead_commands<H: Harness>(h: &mut H) {
@@ -1769,6 +1838,7 @@ macro_rules! store_conformance_tests {
             late_ack_without_takeover_completes_and_extend_works,
             backoff_follows_the_policy_then_dead,
             permanent_failures_and_exhausted_leases_are_dead,
+            burials_do_not_use_up_the_claim_limit,
             retry_and_resolve_dead_commands,
             strict_order_holds_back_later_commands,
             complete_all_settles_each_ack,

@@ -85,6 +85,10 @@ mod timer;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use builtin::{
+    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
+    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
+};
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
@@ -101,10 +105,6 @@ pub use outbox::{
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};
 pub use time::{Clock, ManualClock, Timestamp};
-pub use builtin::{
-    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
-    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
-};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 
 /// Re-exported so users name JSON payloads without adding `serde_json` themselves.

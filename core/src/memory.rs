@@ -375,10 +375,16 @@ impl Store for MemoryStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        let purgeable: Vec<CommandId> = self
+        // The oldest first, then by command ID: the order a store indexed on `processed_at` reads.
+        let mut purgeable: Vec<&OutboxRow> = self
             .outbox
             .values()
             .filter(|row| row.is_purgeable(older_than, now))
+            .collect();
+        purgeable
+            .sort_by(|a, b| (a.processed_at, &a.command_id).cmp(&(b.processed_at, &b.command_id)));
+        let purgeable: Vec<CommandId> = purgeable
+            .into_iter()
             .take(batch)
             .map(|row| row.command_id.clone())
             .collect();

@@ -36,7 +36,6 @@ use crate::id::{CommandId, Seq, WorkflowId};
 use crate::outbox::{OutboxRow, Status};
 use crate::time::Timestamp;
 
-
 /// When a timer fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

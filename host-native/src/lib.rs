@@ -44,4 +44,6 @@ pub use dispatcher::{
     Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown, Stats,
 };
 pub use idempotency::SqliteIdempotencyStore;
-pub use sqlite::{SqliteOptions, SqliteStore, Synchronous, SCHEMA_VERSION};
+pub use sqlite::{
+    Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand, SCHEMA_VERSION,
+};

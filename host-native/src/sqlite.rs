@@ -1,6 +1,7 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,6 +11,7 @@ use miniflow_core::{
     EventRecord, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Status, Store, TimerId,
     TimerRow, Timestamp, WorkflowId,
 };
+use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
 use rusqlite_migration::{Migrations, M};
 
@@ -789,27 +791,266 @@ macro_rules! select_rows {
     };
 }
 
+/// `LIMIT -1`: no limit, for queries whose reader stops by itself.
+const NO_LIMIT: i64 = -1;
 const SELECT_ONE: &str = select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
 const SELECT_PENDING: &str =
     select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1");
 const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+/// A claim reads its candidates in pages, in claim order, each page after the key `(?3, ?4, ?5, ?6)` of
+/// the last candidate it looked at (see [`claim_in`]).
 const CLAIM_DUE_FIRST: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
 const ANY_COMMAND_DUE: &str =
     "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
 const CLAIM_STRICT: &str = select_rows!(
     "WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
          AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
 
-fn corrupt(what: impl std::fmt::Display) -> rusqlite::Error {
-    rusqlite::Error::ToSqlConversionFailure(what.to_string().into())
+/// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
+/// wrote that this one cannot parse): its column, and why.
+#[derive(Debug)]
+struct Unreadable {
+    column: String,
+    reason: String,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "column {} {}", self.column, self.reason)
+    }
+}
+
+impl std::error::Error for Unreadable {}
+
+fn column_name(row: &Row<'_>, column: usize) -> String {
+    row.as_ref()
+        .column_name(column)
+        .map_or_else(|_| format!("#{column}"), str::to_owned)
+}
+
+/// The read error for a value in `column` of `row` that cannot be read, and why.
+fn unreadable(row: &Row<'_>, column: usize, reason: impl std::fmt::Display) -> rusqlite::Error {
+    rusqlite::Error::ToSqlConversionFailure(Box::new(Unreadable {
+        column: column_name(row, column),
+        reason: reason.to_string(),
+    }))
+}
+
+/// Whether the error of reading `row` is a stored value that cannot be read (and which), or a driver
+/// failure (returned as it is).
+fn unreadable_value(row: &Row<'_>, e: rusqlite::Error) -> Result<Unreadable, rusqlite::Error> {
+    let at = |column: usize, reason: String| Unreadable {
+        column: column_name(row, column),
+        reason,
+    };
+    match e {
+        rusqlite::Error::ToSqlConversionFailure(inner) => inner
+            .downcast::<Unreadable>()
+            .map(|why| *why)
+            .map_err(rusqlite::Error::ToSqlConversionFailure),
+        rusqlite::Error::FromSqlConversionFailure(column, _, why) => {
+            Ok(at(column, format!("cannot be read: {why}")))
+        }
+        rusqlite::Error::InvalidColumnType(column, _, found) => {
+            Ok(at(column, format!("holds a value of type {found}")))
+        }
+        rusqlite::Error::IntegralValueOutOfRange(column, value) => {
+            Ok(at(column, format!("holds {value}, out of range")))
+        }
+        rusqlite::Error::Utf8Error(column, why) => Ok(at(column, format!("is not UTF-8: {why}"))),
+        other => Err(other),
+    }
+}
+
+/// A row a query found but cannot read whole: which row (e.g. `command w:1:0`), and why.
+#[derive(Debug)]
+struct UnreadableRow {
+    row: String,
+    why: Unreadable,
+}
+
+impl UnreadableRow {
+    fn into_error(self) -> Error {
+        Error::Corrupt(format!("{}: {}", self.row, self.why))
+    }
+}
+
+/// Steps through the rows `sql` selects: `visit` gets each one read by `read`, or, for a row holding a
+/// value that cannot be read, the [`UnreadableRow`] that `name` names; it says whether to go on.
+fn each_row<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+    name: impl Fn(&Row<'_>) -> String,
+    mut visit: impl FnMut(Result<T, UnreadableRow>) -> Result<bool, Error>,
+) -> Result<(), Error> {
+    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
+    let mut rows = stmt.query(params).map_err(storage)?;
+    while let Some(row) = rows.next().map_err(storage)? {
+        let item = match read(row) {
+            Ok(value) => Ok(value),
+            Err(e) => Err(UnreadableRow {
+                row: name(row),
+                why: unreadable_value(row, e).map_err(storage)?,
+            }),
+        };
+        if !visit(item)? {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Every row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and its column.
+fn read_all<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+    name: impl Fn(&Row<'_>) -> String,
+) -> Result<Vec<T>, Error> {
+    let mut out = Vec::new();
+    each_row(conn, sql, params, read, name, |item| {
+        out.push(item.map_err(UnreadableRow::into_error)?);
+        Ok(true)
+    })?;
+    Ok(out)
+}
+
+/// Up to `limit` rows of `sql` that can be read, skipping those that cannot: one damaged row must not
+/// hide every other (DESIGN rule 13). `sql` takes no limit of its own (`LIMIT -1`).
+fn read_readable<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+    limit: usize,
+) -> Result<Vec<T>, Error> {
+    let skip = |_: &Row<'_>| None;
+    Ok(read_listing(conn, sql, params, read, skip, limit)?.0)
+}
+
+/// Up to `limit` rows of `sql`, the ones that read and the ones that do not. `name` names an
+/// unreadable row to report it (counted in `limit`), or returns `None` to skip it (not counted).
+fn read_listing<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    read: impl Fn(&Row<'_>) -> rusqlite::Result<T>,
+    name: impl Fn(&Row<'_>) -> Option<UnreadableCommand>,
+    limit: usize,
+) -> Result<(Vec<T>, Vec<UnreadableCommand>), Error> {
+    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
+    if limit == 0 {
+        return Ok((rows, unreadable));
+    }
+    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
+    let mut cursor = stmt.query(params).map_err(storage)?;
+    while let Some(row) = cursor.next().map_err(storage)? {
+        match read(row) {
+            Ok(value) => rows.push(value),
+            Err(e) => {
+                let why = unreadable_value(row, e).map_err(storage)?;
+                if let Some(named) = name(row) {
+                    unreadable.push(UnreadableCommand {
+                        error: why.to_string(),
+                        ..named
+                    });
+                }
+            }
+        }
+        if rows.len() + unreadable.len() >= limit {
+            break;
+        }
+    }
+    Ok((rows, unreadable))
+}
+
+/// An outbox row that a listing found but cannot read (a damaged file, or a value an older version
+/// wrote): what is known of it, as stored, and why it cannot be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct UnreadableCommand {
+    /// Its ID as stored (`workflow_id:event_seq:idx`).
+    pub command_id: String,
+    /// Its stored status.
+    pub status: String,
+    /// Why it cannot be read, naming the column.
+    pub error: String,
+}
+
+/// The raw ID and status of an outbox row, whatever the rest of it holds.
+fn name_unreadable(row: &Row<'_>) -> Option<UnreadableCommand> {
+    let raw = |column: usize| match row.get_ref(column) {
+        Ok(ValueRef::Text(t)) => String::from_utf8_lossy(t).into_owned(),
+        Ok(ValueRef::Integer(i)) => i.to_string(),
+        Ok(other) => format!("{other:?}"),
+        Err(e) => format!("({e})"),
+    };
+    Some(UnreadableCommand {
+        command_id: format!(
+            "{}:{}:{}",
+            raw(col::WORKFLOW_ID),
+            raw(col::EVENT_SEQ),
+            raw(col::IDX)
+        ),
+        status: raw(col::STATUS),
+        error: String::new(),
+    })
+}
+
+/// What an operator's listing shows: the rows that read, and apart from them the ones that do not.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Listing {
+    /// The rows that read, in the listing's order.
+    pub rows: Vec<OutboxRow>,
+    /// The rows among the first `limit` that cannot be read.
+    pub unreadable: Vec<UnreadableCommand>,
+}
+
+impl SqliteStore {
+    /// As [`Store::pending`], with the unreadable rows among the first `limit` reported apart instead
+    /// of skipped (for operators' tools).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the file cannot be read at all.
+    pub fn pending_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_PENDING, limit)
+    }
+
+    /// As [`Store::dead_letters`], with the unreadable rows among the first `limit` reported apart.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the file cannot be read at all.
+    pub fn dead_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_DEAD, limit)
+    }
+
+    fn listing(&self, sql: &str, limit: usize) -> Result<Listing, Error> {
+        let (rows, unreadable) = read_listing(
+            &self.conn,
+            sql,
+            [NO_LIMIT],
+            read_outbox_row,
+            name_unreadable,
+            limit,
+        )?;
+        Ok(Listing { rows, unreadable })
+    }
 }
 
 /// Column positions of [`row_columns!`].
@@ -832,11 +1073,17 @@ mod col {
     pub const RESOLUTION: usize = 15;
 }
 
+fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
+    row.get_ref(column)?
+        .as_str()
+        .map_err(|e| unreadable(row, column, format!("is not text: {e}")))
+}
+
 fn read_time(row: &Row<'_>, column: usize) -> rusqlite::Result<Timestamp> {
     let millis: i64 = row.get(column)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)
-        .map_err(|_| corrupt(format!("negative time {millis} in column {column}")))
+        .map_err(|_| unreadable(row, column, format!("holds the negative time {millis}")))
 }
 
 fn read_optional_time(row: &Row<'_>, column: usize) -> rusqlite::Result<Option<Timestamp>> {
@@ -847,15 +1094,37 @@ fn read_optional_time(row: &Row<'_>, column: usize) -> rusqlite::Result<Option<T
 }
 
 fn read_json(row: &Row<'_>, column: usize) -> rusqlite::Result<serde_json::Value> {
-    let text = row.get_ref(column)?.as_str()?;
-    serde_json::from_str(text).map_err(|e| corrupt(format!("payload is not JSON: {e}")))
+    serde_json::from_str(read_text(row, column)?)
+        .map_err(|e| unreadable(row, column, format!("cannot be read as JSON: {e}")))
 }
 
 fn read_command_id(row: &Row<'_>) -> rusqlite::Result<CommandId> {
-    let workflow_id = WorkflowId::new(row.get::<_, String>(col::WORKFLOW_ID)?).map_err(corrupt)?;
+    let workflow_id = WorkflowId::new(read_text(row, col::WORKFLOW_ID)?)
+        .map_err(|e| unreadable(row, col::WORKFLOW_ID, e))?;
     let seq = u64::try_from(row.get::<_, i64>(col::EVENT_SEQ)?).unwrap_or(u64::MAX);
+    let seq = Seq::new(seq).map_err(|e| unreadable(row, col::EVENT_SEQ, e))?;
     let index = u32::try_from(row.get::<_, i64>(col::IDX)?).unwrap_or(u32::MAX);
-    CommandId::new(workflow_id, Seq::new(seq).map_err(corrupt)?, index).map_err(corrupt)
+    CommandId::new(workflow_id, seq, index).map_err(|e| unreadable(row, col::IDX, e))
+}
+
+/// What `column` holds, whatever it is: for messages about a row that cannot be read.
+fn raw_text(row: &Row<'_>, column: usize) -> String {
+    match row.get_ref(column) {
+        Ok(ValueRef::Text(text)) => String::from_utf8_lossy(text).into_owned(),
+        Ok(ValueRef::Integer(n)) => n.to_string(),
+        Ok(other) => format!("{other:?}"),
+        Err(_) => "?".to_owned(),
+    }
+}
+
+/// The command ID an outbox row's key columns spell, whatever they hold.
+fn raw_command_id(row: &Row<'_>) -> String {
+    format!(
+        "command {}:{}:{}",
+        raw_text(row, col::WORKFLOW_ID),
+        raw_text(row, col::EVENT_SEQ),
+        raw_text(row, col::IDX)
+    )
 }
 
 fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
@@ -871,11 +1140,9 @@ fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
         command_id: read_command_id(row)?,
         kind: row.get(col::KIND)?,
         payload: read_json(row, col::PAYLOAD)?,
-        status: row
-            .get_ref(col::STATUS)?
-            .as_str()?
+        status: read_text(row, col::STATUS)?
             .parse()
-            .map_err(corrupt)?,
+            .map_err(|e| unreadable(row, col::STATUS, e))?,
         attempts: row.get(col::ATTEMPTS)?,
         last_error: row.get(col::LAST_ERROR)?,
         available_at: read_time(row, col::AVAILABLE_AT)?,
@@ -887,27 +1154,14 @@ fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
     })
 }
 
-/// Turns a driver error of a read into a miniflow error: unreadable data is [`Error::Corrupt`].
-fn read_error(e: rusqlite::Error) -> Error {
-    match e {
-        rusqlite::Error::ToSqlConversionFailure(what) => Error::Corrupt(what.to_string()),
-        rusqlite::Error::FromSqlConversionFailure(_, _, what) => Error::Corrupt(what.to_string()),
-        other => storage(other),
-    }
-}
-
+/// Every outbox row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming the command and
+/// the column.
 fn query_rows(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<OutboxRow>, Error> {
-    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
-    let rows = stmt
-        .query_map(params, read_outbox_row)
-        .map_err(storage)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(read_error)?;
-    Ok(rows)
+    read_all(conn, sql, params, read_outbox_row, raw_command_id)
 }
 
 fn id_params(id: &CommandId) -> (&str, i64, i64) {
@@ -1042,37 +1296,39 @@ const ANY_TIMER_DUE: &str =
 const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
 const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
      WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
+/// The oldest done rows first (the order of `outbox_done`, whose entries end with the primary key).
 const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
      (SELECT workflow_id, event_seq, idx FROM outbox \
-      WHERE status = 'done' AND processed_at <= ?1 LIMIT ?2)";
+      WHERE status = 'done' AND processed_at <= ?1 \
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
 
 fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
+    let parse_status = |text: &str| text.parse().map_err(|e| unreadable(row, 6, e));
     Ok(TimerRow {
-        timer_id: row.get_ref(0)?.as_str()?.parse().map_err(corrupt)?,
+        timer_id: read_text(row, 0)?
+            .parse()
+            .map_err(|e| unreadable(row, 0, e))?,
         name: row.get(1)?,
         event_kind: row.get(2)?,
         event_payload: read_json(row, 3)?,
         fire_at: read_time(row, 4)?,
         available_at: read_time(row, 5)?,
-        status: row.get_ref(6)?.as_str()?.parse().map_err(corrupt)?,
+        status: parse_status(read_text(row, 6)?)?,
         created_at: read_time(row, 7)?,
         processed_at: read_optional_time(row, 8)?,
         last_error: row.get(9)?,
     })
 }
 
+/// Every timer `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and the column.
 fn query_timers(
     conn: &Connection,
     sql: &str,
     params: impl rusqlite::Params,
 ) -> Result<Vec<TimerRow>, Error> {
-    let mut stmt = conn.prepare_cached(sql).map_err(storage)?;
-    let rows = stmt
-        .query_map(params, read_timer)
-        .map_err(storage)?
-        .collect::<rusqlite::Result<Vec<_>>>()
-        .map_err(read_error)?;
-    Ok(rows)
+    read_all(conn, sql, params, read_timer, |row| {
+        format!("timer {}", raw_text(row, 0))
+    })
 }
 
 /// Times come from `Timestamp`s already checked on the way in; clamp rather than fail.
@@ -1152,33 +1408,220 @@ fn schedule_feedback(
     }
 }
 
+/// A command a claim looked at: its key in claim order, and its row, or what the claim needs to bury
+/// a row that cannot be read.
+struct Candidate {
+    /// `(available_at, workflow_id, event_seq, idx)` as stored.
+    key: [SqlValue; 4],
+    row: Result<OutboxRow, Unclaimable>,
+}
+
+/// A candidate that cannot be read: why, and what could be read of it (see [`salvage`]).
+struct Unclaimable {
+    why: UnreadableRow,
+    salvaged: Option<OutboxRow>,
+}
+
+impl Candidate {
+    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        let key = [
+            col::AVAILABLE_AT,
+            col::WORKFLOW_ID,
+            col::EVENT_SEQ,
+            col::IDX,
+        ]
+        .map(|column| row.get::<_, SqlValue>(column).unwrap_or(SqlValue::Null));
+        let row = match read_outbox_row(row) {
+            Ok(outbox_row) => Ok(outbox_row),
+            Err(e) => Err(Unclaimable {
+                why: UnreadableRow {
+                    row: raw_command_id(row),
+                    why: unreadable_value(row, e)?,
+                },
+                salvaged: salvage(row),
+            }),
+        };
+        Ok(Self { key, row })
+    }
+
+    /// The command and its workflow as stored, to recognise a candidate seen before.
+    fn identity(&self) -> (String, String) {
+        let [_, workflow_id, event_seq, idx] = &self.key;
+        let workflow_id = match workflow_id {
+            SqlValue::Text(text) => text.clone(),
+            other => format!("{other:?}"),
+        };
+        (format!("{workflow_id}:{event_seq:?}:{idx:?}"), workflow_id)
+    }
+}
+
+/// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
+/// that read, a null payload, and empty values for the others; `None` when its key columns do not
+/// spell a command ID (then there is no workflow to tell).
+fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
+    Some(OutboxRow {
+        command_id: read_command_id(row).ok()?,
+        kind: row.get(col::KIND).unwrap_or_default(),
+        payload: serde_json::Value::Null,
+        status: read_text(row, col::STATUS)
+            .ok()
+            .and_then(|status| status.parse().ok())
+            .unwrap_or(Status::Pending),
+        attempts: row.get(col::ATTEMPTS).unwrap_or_default(),
+        last_error: None,
+        available_at: read_time(row, col::AVAILABLE_AT).unwrap_or_default(),
+        lease: None,
+        created_at: read_time(row, col::CREATED_AT).unwrap_or_default(),
+        processed_at: None,
+        manual_retries: row.get(col::MANUAL_RETRIES).unwrap_or_default(),
+        resolution: None,
+    })
+}
+
+/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
+/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`]).
+///
+/// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
+/// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
+/// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
+/// candidate it looked at.
+fn claim_in(
+    tx: &Transaction<'_>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, Error> {
+    let sql = match request.order {
+        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
+        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
+    };
+    let now_sql = to_sql_time("now", now)?;
+    let mut after = [
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Text(String::new()),
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Integer(i64::MIN),
+    ];
+    // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
+    // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
+    // candidate when the claim began, so neither is taken now.
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen_workflows: HashSet<String> = HashSet::new();
+    let mut deliveries = Vec::new();
+    while deliveries.len() < request.limit {
+        let wanted = request.limit - deliveries.len();
+        let mut page = Vec::with_capacity(wanted);
+        let [a, w, s, i] = &after;
+        each_row(
+            tx,
+            sql,
+            params![now_sql, limit(wanted), a, w, s, i],
+            Candidate::read,
+            |_| String::new(),
+            |candidate| {
+                page.push(candidate.map_err(UnreadableRow::into_error)?);
+                Ok(true)
+            },
+        )?;
+        let full_page = page.len() == wanted;
+        for candidate in page {
+            let (command, workflow) = candidate.identity();
+            after = candidate.key;
+            let first_look = match request.order {
+                ClaimOrder::DueFirst => seen.insert(command),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+            };
+            if !first_look {
+                continue;
+            }
+            match candidate.row {
+                Ok(mut row) => {
+                    let before = row.status;
+                    match row.claim(request, now) {
+                        Some(delivery) => {
+                            write_lease(tx, &row)?;
+                            deliveries.push(delivery);
+                        }
+                        None => {
+                            write_row(tx, &row)?;
+                            schedule_feedback(tx, before, &row, now)?;
+                        }
+                    }
+                }
+                Err(unclaimable) => bury_unreadable(tx, &after, unclaimable, now)?,
+            }
+        }
+        if !full_page {
+            break;
+        }
+    }
+    Ok(deliveries)
+}
+
+/// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no
+/// other delivery (DESIGN rule 13): dead, `last_error` naming the column and the reason, processed at
+/// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
+/// that could be read. Its other columns stay as they are, for whoever repairs it.
+fn bury_unreadable(
+    tx: &Transaction<'_>,
+    key: &[SqlValue; 4],
+    unclaimable: Unclaimable,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let reason = format!(
+        "the stored command could not be read: {}",
+        unclaimable.why.why
+    );
+    let [_, workflow_id, event_seq, idx] = key;
+    let processed_at = to_sql_time("now", now)?;
+    tx.prepare_cached(
+        "UPDATE outbox SET status = 'dead', last_error = ?4, processed_at = ?5 \
+         WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+    )
+    .and_then(|mut stmt| stmt.execute(params![workflow_id, event_seq, idx, reason, processed_at]))
+    .map_err(storage)?;
+    let Some(mut row) = unclaimable.salvaged else {
+        return Ok(());
+    };
+    let before = row.status;
+    row.status = Status::Dead;
+    row.last_error = Some(reason);
+    row.processed_at = Some(now);
+    match feedback(before, &row, now) {
+        // A count of manual retries that could not be read may name a failure already reported.
+        Some(timer) if !timer_exists(tx, &timer.timer_id)? => insert_timer(tx, &timer),
+        _ => Ok(()),
+    }
+}
+
+fn timer_exists(conn: &Connection, timer_id: &TimerId) -> Result<bool, Error> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = ?1)")
+        .and_then(|mut stmt| stmt.query_row([timer_id.to_string()], |row| row.get(0)))
+        .map_err(storage)
+}
+
 impl Store for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
-        let mut stmt = self
-            .conn
-            .prepare_cached(
-                "SELECT seq, kind, payload, recorded_at FROM events \
-                 WHERE workflow_id = ?1 ORDER BY seq",
-            )
-            .map_err(storage)?;
-        let rows = stmt
-            .query_map([workflow_id.as_str()], |row| {
-                let seq: i64 = row.get(0)?;
-                Ok(EventRecord {
-                    workflow_id: workflow_id.clone(),
-                    seq: u64::try_from(seq)
-                        .ok()
-                        .and_then(|s| Seq::new(s).ok())
-                        .ok_or_else(|| corrupt(format!("event seq {seq} out of range")))?,
-                    kind: row.get(1)?,
-                    payload: read_json(row, 2)?,
-                    recorded_at: read_time(row, 3)?,
-                })
+        let read = |row: &Row<'_>| {
+            let seq: i64 = row.get(0)?;
+            Ok(EventRecord {
+                workflow_id: workflow_id.clone(),
+                seq: u64::try_from(seq)
+                    .ok()
+                    .and_then(|s| Seq::new(s).ok())
+                    .ok_or_else(|| unreadable(row, 0, format!("holds {seq}, out of range")))?,
+                kind: row.get(1)?,
+                payload: read_json(row, 2)?,
+                recorded_at: read_time(row, 3)?,
             })
-            .map_err(storage)?
-            .collect::<rusqlite::Result<Vec<_>>>()
-            .map_err(read_error)?;
-        Ok(rows)
+        };
+        let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
+        read_all(
+            &self.conn,
+            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
+            [workflow_id.as_str()],
+            read,
+            name,
+        )
     }
 
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
@@ -1242,8 +1685,15 @@ impl Store for SqliteStore {
         tx.commit().map_err(storage)
     }
 
+    /// Skips rows that cannot be read (DESIGN rule 13): a claim buries them when they are due.
     fn pending(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
-        query_rows(&self.conn, SELECT_PENDING, [limit(limit_rows)])
+        read_readable(
+            &self.conn,
+            SELECT_PENDING,
+            [NO_LIMIT],
+            read_outbox_row,
+            limit_rows,
+        )
     }
 
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
@@ -1260,33 +1710,11 @@ impl Store for SqliteStore {
 
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        let sql = match request.order {
-            ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
-            ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-        };
         if !self.any_due(ANY_COMMAND_DUE, now)? {
             return Ok(Vec::new());
         }
         let tx = self.write()?;
-        let rows = query_rows(
-            &tx,
-            sql,
-            params![to_sql_time("now", now)?, limit(request.limit)],
-        )?;
-        let mut deliveries = Vec::with_capacity(rows.len());
-        for mut row in rows {
-            let before = row.status;
-            match row.claim(request, now) {
-                Some(delivery) => {
-                    write_lease(&tx, &row)?;
-                    deliveries.push(delivery);
-                }
-                None => {
-                    write_row(&tx, &row)?;
-                    schedule_feedback(&tx, before, &row, now)?;
-                }
-            }
-        }
+        let deliveries = claim_in(&tx, request, now)?;
         tx.commit().map_err(storage)?;
         Ok(deliveries)
     }
@@ -1428,8 +1856,15 @@ impl Store for SqliteStore {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
     }
 
+    /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
-        query_rows(&self.conn, SELECT_DEAD, [limit(limit_rows)])
+        read_readable(
+            &self.conn,
+            SELECT_DEAD,
+            [NO_LIMIT],
+            read_outbox_row,
+            limit_rows,
+        )
     }
 
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {

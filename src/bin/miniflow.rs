@@ -312,84 +312,34 @@ fn print_unreadable(out: &mut impl Write, unreadable: &[Unreadable], json: bool)
     )))
 }
 
-/// The outbox rows a listing selects, in its order: the same rows as [`Store::pending`] and
-/// [`Store::dead_letters`], read one by one when reading them together fails.
+/// Which outbox rows a listing selects.
 #[derive(Clone, Copy)]
 enum Listing {
     Pending,
     Dead,
 }
 
-impl Listing {
-    fn read(self, store: &SqliteStore, limit: usize) -> Result<Vec<OutboxRow>, Error> {
-        match self {
-            Listing::Pending => store.pending(limit),
-            Listing::Dead => store.dead_letters(limit),
-        }
-    }
-
-    /// Whether the listing holds `row` (read after its key, so it may have moved on since).
-    fn holds(self, row: &OutboxRow) -> bool {
-        match self {
-            Listing::Pending => row.processed_at.is_none(),
-            Listing::Dead => row.status == Status::Dead,
-        }
-    }
-
-    /// The keys of the listed rows, selected as the store selects the rows.
-    fn keys_sql(self) -> &'static str {
-        match self {
-            Listing::Pending => {
-                "SELECT command_id, status FROM outbox WHERE processed_at IS NULL \
-                 ORDER BY workflow_id, event_seq, idx LIMIT ?1"
-            }
-            Listing::Dead => {
-                "SELECT command_id, status FROM outbox WHERE status = 'dead' \
-                 ORDER BY workflow_id, event_seq, idx LIMIT ?1"
-            }
-        }
-    }
-}
-
-/// The rows of `listing`, and the ones among them that cannot be read. An unreadable row does not
-/// hide the others: when reading them together fails, they are read one at a time.
+/// The rows of `listing`, and apart from them the ones among them that cannot be read: an unreadable
+/// row does not hide the others.
 fn list(
     store: &SqliteStore,
     listing: Listing,
     limit: usize,
 ) -> Result<(Vec<OutboxRow>, Vec<Unreadable>), Stop> {
-    match listing.read(store, limit) {
-        Ok(rows) => return Ok((rows, Vec::new())),
-        Err(Error::Corrupt(_)) => {}
-        Err(e) => return Err(e.into()),
-    }
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let keys: Vec<(String, String)> = store
-        .connection()
-        .prepare(listing.keys_sql())
-        .and_then(|mut stmt| {
-            stmt.query_map([limit], |row| {
-                Ok((text(row.get_ref(0)?), text(row.get_ref(1)?)))
-            })?
-            .collect()
+    let listed = match listing {
+        Listing::Pending => store.pending_listing(limit)?,
+        Listing::Dead => store.dead_listing(limit)?,
+    };
+    let unreadable = listed
+        .unreadable
+        .into_iter()
+        .map(|row| Unreadable {
+            command_id: row.command_id,
+            status: row.status,
+            error: row.error,
         })
-        .map_err(|e| format!("cannot read the outbox: {e}"))?;
-    let (mut rows, mut unreadable) = (Vec::new(), Vec::new());
-    for (command_id, status) in keys {
-        let read = command_id
-            .parse::<CommandId>()
-            .and_then(|id| store.command(&id));
-        match read {
-            Ok(Some(row)) if listing.holds(&row) => rows.push(row),
-            Ok(_) => {} // settled or gone since the keys were read
-            Err(e) => unreadable.push(Unreadable {
-                command_id,
-                status,
-                error: e.to_string(),
-            }),
-        }
-    }
-    Ok((rows, unreadable))
+        .collect();
+    Ok((listed.rows, unreadable))
 }
 
 /// A stored value as text: text as it is, numbers in decimal, blobs in hex, NULL as `NULL`.

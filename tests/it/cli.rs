@@ -677,7 +677,7 @@ fn unreadable_rows_are_listed_apart_and_shown_as_stored() {
     assert!(
         unreadable.contains("trip-001:1:2")
             && unreadable.contains("pending")
-            && unreadable.contains("corrupt store: payload is not JSON"),
+            && unreadable.contains("column payload cannot be read as JSON"),
         "{out}"
     );
 
@@ -704,7 +704,7 @@ fn unreadable_rows_are_listed_apart_and_shown_as_stored() {
     let (ok, out, err) = miniflow(&["show", db_arg, "trip-001:1:2"]);
     assert!(!ok && err.contains("show --raw"), "{err}");
     assert!(
-        out.contains("trip-001:1:2") && out.contains("payload is not JSON"),
+        out.contains("trip-001:1:2") && out.contains("payload cannot be read as JSON"),
         "{out}"
     );
     let (ok, out, err) = miniflow(&["show", db_arg, "--raw", "trip-001:1:2"]);
