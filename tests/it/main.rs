@@ -9,4 +9,5 @@ mod delivery;
 mod dispatcher;
 mod examples;
 mod receiver;
+mod simulation;
 mod sqlite;
