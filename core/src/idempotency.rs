@@ -510,6 +510,11 @@ pub trait IdempotencyStore {
 /// Checks that a receiver keeping records for `retention` outlives every retry of a producer with
 /// `policy` and `lease_ttl`, plus `margin` for retries by hand.
 ///
+/// The horizon counts leases and backoffs from a command's first delivery; it cannot know how long a
+/// due command waits for a free worker. `margin` must also cover the longest backlog or worker outage
+/// you plan for: a command delivered, then redelivered after the receiver forgot its key, repeats its
+/// effect (the deterministic simulation in `tests/it/simulation.rs` shows it under a backlog).
+///
 /// ```
 /// use std::time::Duration;
 /// use miniflow_core::{check_retention, RetryPolicy};

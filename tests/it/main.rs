@@ -10,5 +10,6 @@ mod differential;
 mod dispatcher;
 mod examples;
 mod receiver;
+mod simulation;
 mod sqlite;
 mod unreadable;
