@@ -6,7 +6,7 @@ pub use miniflow_core::*;
 
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::{
-    Dispatcher, Handler, Listing, Outcome, RunningDispatcher, Settlement, Shutdown,
-    SqliteIdempotencyStore, SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock,
+    cancellation_requested, Dispatcher, Handler, Listing, Outcome, RunningDispatcher, Settlement,
+    Shutdown, SqliteIdempotencyStore, SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock,
     UnreadableCommand, SCHEMA_VERSION,
 };

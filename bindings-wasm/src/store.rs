@@ -147,8 +147,9 @@ impl JsMemoryStore {
         to_js(&self.inner.claim(&request, now(&now_ms)?).js()?)
     }
 
-    /// Extends the lease of `token`; returns the new expiry. Throws `STALE_LEASE` after a takeover.
-    #[wasm_bindgen(unchecked_return_type = "number")]
+    /// Extends the lease of `token` (never shortening it); returns the new expiry and whether the
+    /// workflow cancelled the command meanwhile. Throws `STALE_LEASE` after a takeover.
+    #[wasm_bindgen(unchecked_return_type = "Extended")]
     pub fn extend(
         &mut self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
@@ -167,7 +168,7 @@ impl JsMemoryStore {
                 now(&now_ms)?,
             )
             .js()?;
-        Ok(JsValue::from(until.as_millis() as f64))
+        to_js(&until)
     }
 
     /// Marks the delivery under `token` done. Throws `STALE_LEASE` after a takeover (nothing changes).
@@ -178,7 +179,35 @@ impl JsMemoryStore {
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
         self.inner
-            .complete(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
+            .complete(
+                &command_id(&id)?,
+                whole("token", &token)?,
+                None,
+                now(&now_ms)?,
+            )
+            .js()
+    }
+
+    /// Marks the delivery under `token` done with the receiver's `result` (kept on the command, and
+    /// carried back into the workflow as a `command_completed` event when the command asked for it).
+    /// Throws `STALE_LEASE` after a takeover, `INVALID_INPUT` for a result past the JSON limits
+    /// (nothing changes).
+    #[wasm_bindgen(js_name = completeWith)]
+    pub fn complete_with(
+        &mut self,
+        #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<(), JsValue> {
+        let result: serde_json::Value = from_js("result", &result)?;
+        self.inner
+            .complete(
+                &command_id(&id)?,
+                whole("token", &token)?,
+                Some(&result),
+                now(&now_ms)?,
+            )
             .js()
     }
 

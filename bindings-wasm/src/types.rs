@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use miniflow_core::{
-    ClaimOrder, ClaimRequest, Command, Decision, Event, RetryPolicy, Timer, Timestamp,
+    ClaimOrder, ClaimRequest, Command, CommandId, Decision, Event, RetryPolicy, Timer, Timestamp,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -19,8 +19,9 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 
 /** Something that happened to a workflow, before it is recorded. */
 export interface EventInput { kind: string; payload?: Json }
-/** A request to the outside world, decided by a workflow. */
-export interface CommandInput { kind: string; payload?: Json }
+/** A request to the outside world, decided by a workflow. With `report_result`, its result comes back
+ * into the workflow as a `command_completed` event. */
+export interface CommandInput { kind: string; payload?: Json; report_result?: boolean }
 /** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
 export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
 /** What a workflow decides: commands, timers to schedule or cancel, or a rejection of the event. */
@@ -28,6 +29,10 @@ export interface DecisionObject {
   commands?: CommandInput[];
   timers?: TimerInput[];
   cancel_timers?: string[];
+  /** IDs of earlier commands of this workflow to withdraw. */
+  cancel_commands?: string[];
+  /** Kinds whose unfinished commands in this workflow are withdrawn. */
+  cancel_kinds?: string[];
   reject?: string;
 }
 /** A decision: a list of commands, or a full decision object. */
@@ -36,7 +41,7 @@ export type DecisionInput = CommandInput[] | DecisionObject;
 /** An event as recorded. */
 export interface EventRecord { workflow_id: string; seq: number; kind: string; payload: Json; recorded_at: number }
 
-export type CommandStatus = "pending" | "leased" | "done" | "dead";
+export type CommandStatus = "pending" | "leased" | "done" | "dead" | "cancelled";
 /** Who holds a command, until when, with which fencing token. */
 export interface Lease { owner: string; expires_at: number; token: number }
 /** One command in the outbox. */
@@ -53,7 +58,15 @@ export interface OutboxRow {
   processed_at: number | null;
   manual_retries: number;
   resolution: string | null;
+  /** Its result goes back into the workflow as `command_completed`. */
+  report_result: boolean;
+  /** What it was completed with. */
+  result: Json | null;
+  /** Its workflow cancelled it while it was being delivered. */
+  cancel_requested: boolean;
 }
+/** What a heartbeat (`extend`) tells the holder of a lease. */
+export interface Extended { expires_at: number; cancel_requested: boolean }
 /** A claimed command: deliver it with `command_id` as the idempotency key, settle it with `token`. */
 export interface Delivery { command_id: string; kind: string; payload: Json; attempt: number; token: number; lease_expires_at: number }
 /** What a worker asks for when it claims. */
@@ -75,7 +88,27 @@ export interface RetryPolicyInput {
   jitter?: number;
 }
 /** Where a failed command went. */
-export type Settled = { outcome: "retry_at"; at: number; backoff: number } | { outcome: "dead" };
+export type Settled =
+  | { outcome: "retry_at"; at: number; backoff: number }
+  | { outcome: "dead" }
+  | { outcome: "cancelled" };
+
+/** The payload of a `timer_fired` event. */
+export interface TimerFired { timer_id: string; name: string; payload: Json }
+/** The payload of a `command_completed` event: a command's result, back in its workflow. */
+export interface CommandCompleted { command_id: string; kind: string; result: Json; attempts: number }
+/** The payload of a `command_failed` event: a command became dead. */
+export interface CommandFailed { command_id: string; kind: string; error: string | null; attempts: number }
+/** The payload of a `command_resolved` event: a person resolved a dead command. */
+export interface CommandResolved { command_id: string; kind: string; note: string | null }
+/** The events miniflow itself writes into a workflow, by kind. */
+export type BuiltInEvent =
+  | { kind: "timer_fired"; payload: TimerFired }
+  | { kind: "command_completed"; payload: CommandCompleted }
+  | { kind: "command_failed"; payload: CommandFailed }
+  | { kind: "command_resolved"; payload: CommandResolved };
+/** The kinds of the events miniflow writes. */
+export type BuiltInEventKind = BuiltInEvent["kind"];
 
 export type TimerStatus = "scheduled" | "fired" | "cancelled" | "rejected";
 /** A stored timer and the event it commits when it fires. */
@@ -144,6 +177,8 @@ pub struct CommandInput {
     kind: String,
     #[serde(default)]
     payload: Value,
+    #[serde(default)]
+    report_result: bool,
 }
 
 /// `TimerInput`.
@@ -172,6 +207,8 @@ pub struct DecisionObject {
     commands: Vec<CommandInput>,
     timers: Vec<TimerInput>,
     cancel_timers: Vec<String>,
+    cancel_commands: Vec<CommandId>,
+    cancel_kinds: Vec<String>,
     reject: Option<String>,
 }
 
@@ -189,7 +226,12 @@ impl From<DecisionInput> for Decision {
         }
         let mut decision = Decision::new();
         for c in full.commands {
-            decision = decision.command(Command::new(c.kind, c.payload));
+            let command = Command::new(c.kind, c.payload);
+            decision = decision.command(if c.report_result {
+                command.report_result()
+            } else {
+                command
+            });
         }
         for t in full.timers {
             decision = decision.timer(match t.at {
@@ -203,6 +245,12 @@ impl From<DecisionInput> for Decision {
         }
         for name in full.cancel_timers {
             decision = decision.cancel_timer(name);
+        }
+        for id in full.cancel_commands {
+            decision = decision.cancel_command(id);
+        }
+        for kind in full.cancel_kinds {
+            decision = decision.cancel_commands_of_kind(kind);
         }
         decision
     }

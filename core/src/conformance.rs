@@ -38,10 +38,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::{
-    Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Digest, Engine, Error,
-    Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RecordState,
-    RetryPolicy, Seq, Settled, Status, Store, Timer, TimerId, TimerRow, TimerStatus, Timestamp,
-    Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
+    Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Digest, Engine,
+    Error, Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
+    RecordState, RetryPolicy, Seq, Settled, Status, Store, Timer, TimerId, TimerRow, TimerStatus,
+    Timestamp, Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
 };
 
 /// How the suite drives one backend.
@@ -121,6 +121,7 @@ impl TimerIdCase {
                 self.index.unwrap_or_default(),
             ),
             "failure" => Ok(TimerId::failure(command()?, self.n.unwrap_or_default())),
+            "completion" => Ok(TimerId::completion(command()?)),
             _ => Ok(TimerId::resolution(command()?)),
         }
     }
@@ -636,7 +637,7 @@ pub fn mark_done_is_idempotent_and_unknown_ids_are_errors<H: Harness>(h: &mut H)
         }
     }
     assert!(matches!(
-        store.complete(&cid("w:7:0"), 1, at(3)),
+        store.complete(&cid("w:7:0"), 1, None, at(3)),
         Err(Error::UnknownCommand { .. })
     ));
     assert!(matches!(
@@ -740,7 +741,7 @@ pub fn expired_leases_are_fenced<H: Harness>(h: &mut H) {
             "{e:?}"
         )
     };
-    stale(store.complete(&old.command_id, old.token, at(1_001)));
+    stale(store.complete(&old.command_id, old.token, None, at(1_001)));
     stale(
         store
             .extend(
@@ -768,10 +769,10 @@ pub fn expired_leases_are_fenced<H: Harness>(h: &mut H) {
         "a stale holder changed the row"
     );
     store
-        .complete(&new.command_id, new.token, at(1_002))
+        .complete(&new.command_id, new.token, None, at(1_002))
         .unwrap();
     assert_eq!(status(&store, "w:1:0"), Status::Done);
-    stale(store.complete(&old.command_id, old.token, at(1_003)));
+    stale(store.complete(&old.command_id, old.token, None, at(1_003)));
 }
 
 /// A late ack while nobody took over still completes; a holder can extend its lease.
@@ -780,7 +781,7 @@ pub fn late_ack_without_takeover_completes_and_extend_works<H: Harness>(h: &mut 
     append(&mut store, "w", &["x", "y"]);
     let d = claim(&mut store, "w1", 2, 1_000, T0);
     store
-        .complete(&d[0].command_id, d[0].token, at(5_000))
+        .complete(&d[0].command_id, d[0].token, None, at(5_000))
         .unwrap();
     assert_eq!(status(&store, "w:1:0"), Status::Done);
     let until = store
@@ -791,7 +792,7 @@ pub fn late_ack_without_takeover_completes_and_extend_works<H: Harness>(h: &mut 
             at(900),
         )
         .unwrap();
-    assert_eq!(until, at(3_900));
+    assert_eq!(until.expires_at, at(3_900));
     assert!(
         claim(&mut store, "w2", 1, 1_000, at(3_899)).is_empty(),
         "the extended lease holds"
@@ -1105,7 +1106,9 @@ pub fn strict_order_holds_back_later_commands<H: Harness>(h: &mut H) {
         again.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
         ["a:1:0"]
     );
-    store.complete(&cid("a:1:0"), again[0].1, retry_at).unwrap();
+    store
+        .complete(&cid("a:1:0"), again[0].1, None, retry_at)
+        .unwrap();
     let next = ids(store.claim(&strict("w2"), retry_at).unwrap());
     assert_eq!(
         next.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
@@ -1160,10 +1163,10 @@ pub fn complete_all_settles_each_ack<H: Harness>(h: &mut H) {
     append(&mut store, "w", &["a", "b", "c"]);
     let d = claim(&mut store, "w1", 3, 1_000, T0);
     let acks = vec![
-        (d[0].command_id.clone(), d[0].token),
-        (d[1].command_id.clone(), d[1].token + 1),
-        (d[2].command_id.clone(), d[2].token),
-        (cid("w:1:9"), 1),
+        Ack::new(d[0].command_id.clone(), d[0].token),
+        Ack::new(d[1].command_id.clone(), d[1].token + 1),
+        Ack::new(d[2].command_id.clone(), d[2].token),
+        Ack::new(cid("w:1:9"), 1),
     ];
     let results = store.complete_all(&acks, at(1)).unwrap();
     assert_eq!(results.len(), 4);
@@ -1727,7 +1730,11 @@ pub fn extend_never_shortens_a_lease<H: Harness>(h: &mut H) {
             T0,
         )
         .unwrap();
-    assert_eq!(until, at(10_000), "a shorter extension keeps the lease");
+    assert_eq!(
+        until.expires_at,
+        at(10_000),
+        "a shorter extension keeps the lease"
+    );
     let until = store
         .extend(
             &d[0].command_id,
@@ -1736,7 +1743,11 @@ pub fn extend_never_shortens_a_lease<H: Harness>(h: &mut H) {
             Timestamp::from_millis(0),
         )
         .unwrap();
-    assert_eq!(until, at(10_000), "a lagging clock keeps the lease");
+    assert_eq!(
+        until.expires_at,
+        at(10_000),
+        "a lagging clock keeps the lease"
+    );
     assert!(claim(&mut store, "w2", 1, 1_000, at(9_999)).is_empty());
     let until = store
         .extend(
@@ -1746,7 +1757,7 @@ pub fn extend_never_shortens_a_lease<H: Harness>(h: &mut H) {
             T0,
         )
         .unwrap();
-    assert_eq!(until, at(20_000));
+    assert_eq!(until.expires_at, at(20_000));
 }
 
 /// A workflow that refuses a timer's event ends the timer `rejected` with the reason: it is not taken

@@ -297,8 +297,8 @@ mod tests {
 
     use super::*;
     use crate::{
-        Ack, ClaimRequest, Delivery, Failure, MemoryStore, OutboxRow, RetryPolicy, Settled,
-        TimerRow,
+        Ack, ClaimRequest, Delivery, Extended, Failure, MemoryStore, OutboxRow, RetryPolicy,
+        Settled, TimerRow,
     };
 
     /// A store whose every commit loses its race, counting the attempts.
@@ -336,14 +336,20 @@ mod tests {
             t: u64,
             d: Duration,
             now: Timestamp,
-        ) -> Result<Timestamp, Error> {
+        ) -> Result<Extended, Error> {
             self.inner.extend(id, t, d, now)
         }
         fn release(&mut self, id: &CommandId, t: u64, now: Timestamp) -> Result<(), Error> {
             self.inner.release(id, t, now)
         }
-        fn complete(&mut self, id: &CommandId, t: u64, now: Timestamp) -> Result<(), Error> {
-            self.inner.complete(id, t, now)
+        fn complete(
+            &mut self,
+            id: &CommandId,
+            t: u64,
+            r: Option<&serde_json::Value>,
+            now: Timestamp,
+        ) -> Result<(), Error> {
+            self.inner.complete(id, t, r, now)
         }
         fn complete_all(
             &mut self,

@@ -151,6 +151,8 @@ pub struct Seq(u64);
 impl Seq {
     /// Before the first event.
     pub const ZERO: Seq = Seq(0);
+    /// The first seq of every workflow.
+    pub const ONE: Seq = Seq(1);
     /// The largest seq: 2^53 − 1, the largest integer JavaScript represents exactly.
     pub const MAX: Seq = Seq((1 << 53) - 1);
 

@@ -60,7 +60,7 @@
 //! let claimed = store.claim(&request, now)?;
 //! assert_eq!(claimed[0].command_id.to_string(), "trip-001:1:0");
 //! // … deliver `claimed[0]` with its command ID as the idempotency key, then:
-//! store.complete(&claimed[0].command_id, claimed[0].token, now)?;
+//! store.complete(&claimed[0].command_id, claimed[0].token, None, now)?;
 //! assert!(store.pending(10)?.is_empty());
 //! assert_eq!(engine.replay(&store, &trip)?.last_seq.get(), 1);
 //! # Ok::<(), miniflow_core::Error>(())
@@ -98,9 +98,12 @@ pub use idempotency::{
 };
 pub use limits::JsonLimits;
 pub use memory::MemoryStore;
-pub use model::{canonical_json, Command, Decision, Event, EventRecord, MAX_KIND_LEN};
+pub use model::{
+    canonical_json, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,
+};
 pub use outbox::{
-    ClaimOrder, ClaimRequest, Delivery, Failure, Lease, OutboxRow, Settled, Status, MAX_ERROR_LEN,
+    Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow, Settled,
+    Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, Store};

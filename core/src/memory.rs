@@ -1,12 +1,15 @@
 //! An in-memory [`Store`]: for tests, simulations and the browser.
 
+use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::model::EventRecord;
-use crate::outbox::{ClaimOrder, ClaimRequest, Delivery, Failure, OutboxRow, Settled, Status};
+use crate::outbox::{
+    Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
+};
 use crate::retry::RetryPolicy;
 use crate::store::{Commit, Store};
 use crate::time::Timestamp;
@@ -202,6 +205,26 @@ impl MemoryStore {
         Ok(staged)
     }
 
+    /// The unfinished rows of the commit's workflow that it cancels, with the cancellation applied.
+    fn stage_cancels(&self, commit: &Commit) -> Vec<OutboxRow> {
+        if commit.cancel_commands().is_empty() {
+            return Vec::new();
+        }
+        let Ok(first) = CommandId::new(commit.workflow_id().clone(), Seq::ONE, 0) else {
+            return Vec::new();
+        };
+        self.unfinished
+            .range(first..)
+            .take_while(|id| id.workflow_id() == commit.workflow_id())
+            .filter_map(|id| self.outbox.get(id))
+            .filter(|row| commit.cancels(row))
+            .filter_map(|row| {
+                let mut row = row.clone();
+                (row.cancel(commit.now()) != Cancelled::Unchanged).then_some(row)
+            })
+            .collect()
+    }
+
     /// The claimable rows for `request` at `now`, in claim order.
     fn claimable(&self, request: &ClaimRequest, now: Timestamp) -> Vec<CommandId> {
         let mut due: Vec<&OutboxRow> = Vec::new();
@@ -281,10 +304,17 @@ impl Store for MemoryStore {
             staged_rows.push(row.clone());
         }
         let staged_timers = self.stage_timers(commit)?;
+        let staged_cancels = self.stage_cancels(commit);
         self.events
             .entry(commit.workflow_id().clone())
             .or_default()
             .extend_from_slice(commit.events());
+        for row in staged_cancels {
+            if !row.status.is_unfinished() {
+                self.unfinished.remove(&row.command_id);
+            }
+            self.outbox.insert(row.command_id.clone(), row);
+        }
         for row in staged_rows {
             self.unfinished.insert(row.command_id.clone());
             self.outbox.insert(row.command_id.clone(), row);
@@ -341,7 +371,7 @@ impl Store for MemoryStore {
         token: u64,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, Error> {
+    ) -> Result<Extended, Error> {
         self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
 
@@ -353,9 +383,10 @@ impl Store for MemoryStore {
         &mut self,
         command_id: &CommandId,
         token: u64,
+        result: Option<&Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.complete(token, now))
+        self.update(command_id, now, |row| row.complete(token, result, now))
     }
 
     fn fail(
@@ -534,7 +565,7 @@ mod tests {
             .claim(&crate::ClaimRequest::new("x").limit(2), now)
             .unwrap();
         store
-            .complete(&claimed[0].command_id, claimed[0].token, now)
+            .complete(&claimed[0].command_id, claimed[0].token, None, now)
             .unwrap();
         let text = store.export_snapshot();
         let mut copy = MemoryStore::from_snapshot(&text).unwrap();
@@ -544,9 +575,9 @@ mod tests {
         assert_eq!(copy.timers(&w1).unwrap(), store.timers(&w1).unwrap());
         // The copy goes on: the leased command is still fenced, new commits get the next seq.
         assert!(copy
-            .complete(&claimed[1].command_id, claimed[1].token + 1, now)
+            .complete(&claimed[1].command_id, claimed[1].token + 1, None, now)
             .is_err());
-        copy.complete(&claimed[1].command_id, claimed[1].token, now)
+        copy.complete(&claimed[1].command_id, claimed[1].token, None, now)
             .unwrap();
         assert_eq!(
             engine

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::Error;
-use crate::id::{Seq, WorkflowId};
+use crate::id::{CommandId, Seq, WorkflowId};
 use crate::time::Timestamp;
 use crate::timer::Timer;
 
@@ -81,12 +81,22 @@ impl EventRecord {
 /// A request to the outside world, decided by a workflow: a kind and a JSON payload.
 ///
 /// Its ID is not chosen here: a commit derives it from the deciding event (DESIGN rule 4).
+///
+/// ```
+/// use miniflow_core::{json, Command};
+///
+/// let book = Command::new("book_flight", json!({ "flight": "CA1405" })).report_result();
+/// assert!(book.report_result);
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Command {
     /// What to do, e.g. `lock_budget`.
     pub kind: String,
     /// With which parameters.
     pub payload: Value,
+    /// Whether its result comes back into the workflow as a `command_completed` event.
+    #[serde(default)]
+    pub report_result: bool,
 }
 
 impl Command {
@@ -95,8 +105,29 @@ impl Command {
         Self {
             kind: kind.into(),
             payload,
+            report_result: false,
         }
     }
+
+    /// Asks for the command's result: when a handler completes it (with a result or without), one
+    /// [`crate::COMMAND_COMPLETED`] event ([`crate::CommandCompleted`]) carries it into the workflow,
+    /// scheduled in the same transaction as the acknowledgement, exactly once. Without it, an
+    /// acknowledgement stays one write.
+    #[must_use]
+    pub fn report_result(mut self) -> Self {
+        self.report_result = true;
+        self
+    }
+}
+
+/// Which earlier commands of its workflow a decision withdraws.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelCommand {
+    /// This command (it must belong to the deciding workflow).
+    Id(CommandId),
+    /// Every unfinished command of this kind in the workflow.
+    Kind(String),
 }
 
 /// What a workflow decided in answer to one event.
@@ -121,6 +152,8 @@ pub struct Decision {
     /// Names of this workflow's scheduled timers to cancel (before the new ones are scheduled, so a
     /// decision can reschedule a name).
     pub cancel_timers: Vec<String>,
+    /// Earlier commands of this workflow to withdraw (before this decision's commands are written).
+    pub cancel_commands: Vec<CancelCommand>,
     /// Set by [`Decision::reject`]: the event is refused and nothing is written.
     pub rejection: Option<String>,
 }
@@ -163,6 +196,24 @@ impl Decision {
     #[must_use]
     pub fn cancel_timer(mut self, name: impl Into<String>) -> Self {
         self.cancel_timers.push(name.into());
+        self
+    }
+
+    /// Withdraws an earlier command of this workflow, in the same commit: not yet delivered, it
+    /// becomes `cancelled` and is never delivered; being delivered, it is marked (its holder learns
+    /// it at its next heartbeat), not delivered again, and its real outcome still comes back
+    /// (`command_completed` or `command_failed`). A finished command is left alone.
+    #[must_use]
+    pub fn cancel_command(mut self, command_id: CommandId) -> Self {
+        self.cancel_commands.push(CancelCommand::Id(command_id));
+        self
+    }
+
+    /// Withdraws every unfinished command of `kind` in this workflow, as
+    /// [`Decision::cancel_command`] does one.
+    #[must_use]
+    pub fn cancel_commands_of_kind(mut self, kind: impl Into<String>) -> Self {
+        self.cancel_commands.push(CancelCommand::Kind(kind.into()));
         self
     }
 }

@@ -29,6 +29,8 @@ pub enum Status {
     Done,
     /// Gave up: out of attempts or failed for good. Waits for a person to `retry` or `resolve` it.
     Dead,
+    /// Withdrawn by a later decision of its workflow before it was delivered: never delivered.
+    Cancelled,
 }
 
 impl Status {
@@ -39,6 +41,7 @@ impl Status {
             Status::Leased => "leased",
             Status::Done => "done",
             Status::Dead => "dead",
+            Status::Cancelled => "cancelled",
         }
     }
 
@@ -63,10 +66,11 @@ impl FromStr for Status {
             "leased" => Ok(Status::Leased),
             "done" => Ok(Status::Done),
             "dead" => Ok(Status::Dead),
+            "cancelled" => Ok(Status::Cancelled),
             other => Err(Error::invalid(
                 "status",
                 other,
-                "expected pending, leased, done or dead",
+                "expected pending, leased, done, dead or cancelled",
             )),
         }
     }
@@ -111,6 +115,17 @@ pub struct OutboxRow {
     pub manual_retries: u32,
     /// The note of a person who closed it with `resolve`.
     pub resolution: Option<String>,
+    /// Whether its decision asked for its result: completing it then feeds a `command_completed`
+    /// event back into its workflow.
+    #[serde(default)]
+    pub report_result: bool,
+    /// What the handler completed it with, if anything.
+    #[serde(default)]
+    pub result: Option<Value>,
+    /// A decision cancelled it while it was leased: it is not delivered again, and its real outcome
+    /// is still recorded and fed back.
+    #[serde(default)]
+    pub cancel_requested: bool,
 }
 
 /// A command handed to a worker by a claim: what to deliver and the token to settle it with.
@@ -314,6 +329,29 @@ pub enum Settled {
     },
     /// Dead: out of attempts, or the failure was permanent.
     Dead,
+    /// Cancelled: its workflow withdrew it while it was being delivered, so it is not tried again.
+    Cancelled,
+}
+
+/// What an `extend` (a heartbeat) tells the holder of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Extended {
+    /// When the lease now runs out.
+    pub expires_at: Timestamp,
+    /// The command's workflow cancelled it: a long handler may stop. Whatever it reports is still
+    /// recorded (a completion is fed back to the workflow), but it is not delivered again.
+    pub cancel_requested: bool,
+}
+
+/// What a decision's cancellation did to one command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// It was not being delivered: now `cancelled`, never delivered.
+    Withdrawn,
+    /// It is being delivered: marked, and its holder is told at its next heartbeat.
+    Requested,
+    /// It had already finished (done, dead, cancelled) or was already marked: nothing changed.
+    Unchanged,
 }
 
 pub(crate) mod duration_millis {
@@ -352,6 +390,27 @@ pub(crate) fn lease_expired_error(attempts: u32) -> String {
 }
 
 impl OutboxRow {
+    /// A new command's row, pending and due at `now` (what a commit writes).
+    pub fn pending(command_id: CommandId, command: crate::Command, now: Timestamp) -> Self {
+        Self {
+            command_id,
+            kind: command.kind,
+            payload: command.payload,
+            status: Status::Pending,
+            attempts: 0,
+            last_error: None,
+            available_at: now,
+            lease: None,
+            created_at: now,
+            processed_at: None,
+            manual_retries: 0,
+            resolution: None,
+            report_result: command.report_result,
+            result: None,
+            cancel_requested: false,
+        }
+    }
+
     /// Whether a claim at `now` may take this row: pending and due, or leased with an expired lease.
     pub fn is_claimable(&self, now: Timestamp) -> bool {
         self.status.is_unfinished() && self.available_at <= now
@@ -366,6 +425,11 @@ impl OutboxRow {
     /// Returns `None`, and makes the row dead instead, when its lease expired on the last allowed attempt.
     /// The caller has checked [`Self::is_claimable`].
     pub fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Option<Delivery> {
+        if self.cancel_requested {
+            // Its lease ran out with no outcome; the workflow withdrew it, so it is not sent again.
+            self.finish(Status::Cancelled, now);
+            return None;
+        }
         if self.status == Status::Leased && self.attempts >= request.max_attempts {
             self.status = Status::Dead;
             self.last_error = Some(lease_expired_error(self.attempts));
@@ -417,12 +481,9 @@ impl OutboxRow {
 
     /// Extends the holder's lease to `now + ttl`, never shortening it: a heartbeat from a clock that
     /// lags behind the one that set the lease keeps the later expiry.
-    pub fn extend(
-        &mut self,
-        token: u64,
-        ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Timestamp, Error> {
+    /// The lease stays the holder's; the answer says whether the workflow cancelled the command
+    /// meanwhile ([`Extended::cancel_requested`]).
+    pub fn extend(&mut self, token: u64, ttl: Duration, now: Timestamp) -> Result<Extended, Error> {
         self.check_lease(token)?;
         let current = self.lease.as_ref().map_or(now, |lease| lease.expires_at);
         let expires_at = (now + ttl).max(current);
@@ -430,24 +491,70 @@ impl OutboxRow {
         if let Some(lease) = &mut self.lease {
             lease.expires_at = expires_at;
         }
-        Ok(expires_at)
+        Ok(Extended {
+            expires_at,
+            cancel_requested: self.cancel_requested,
+        })
     }
 
     /// Gives the command back without an attempt (a worker shutting down before it started the
-    /// delivery): pending again, due at `now`, the attempt not counted.
+    /// delivery): pending again, due at `now`, the attempt not counted — or `cancelled` if its
+    /// workflow withdrew it meanwhile.
     pub fn release(&mut self, token: u64, now: Timestamp) -> Result<(), Error> {
         self.check_lease(token)?;
-        self.status = Status::Pending;
         self.attempts = self.attempts.saturating_sub(1);
+        if self.cancel_requested {
+            self.finish(Status::Cancelled, now);
+            return Ok(());
+        }
+        self.status = Status::Pending;
         self.available_at = now;
         Ok(())
     }
 
-    /// Marks the holder's delivery done.
-    pub fn complete(&mut self, token: u64, now: Timestamp) -> Result<(), Error> {
+    /// Marks the holder's delivery done, with the handler's `result` if it gave one (checked against
+    /// the JSON limits).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleLease`]; [`Error::InvalidInput`] for a result over the limits (nothing changes).
+    pub fn complete(
+        &mut self,
+        token: u64,
+        result: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
         self.check_lease(token)?;
+        if let Some(result) = result {
+            crate::limits::check_json("result", result)?;
+        }
+        self.result = result.cloned();
         self.finish(Status::Done, now);
         Ok(())
+    }
+
+    /// Whether completing this command must feed a `command_completed` event back into its
+    /// workflow: its decision asked for the result, or the workflow cancelled it and must learn that
+    /// it happened anyway.
+    pub fn reports_completion(&self) -> bool {
+        self.report_result || self.cancel_requested
+    }
+
+    /// Applies a decision's cancellation at `now`: a command not being delivered becomes `cancelled`
+    /// (never delivered); one being delivered is marked, its holder told at its next heartbeat, and
+    /// it is not delivered again; a finished one is left alone.
+    pub fn cancel(&mut self, now: Timestamp) -> Cancelled {
+        match self.status {
+            Status::Pending => {
+                self.finish(Status::Cancelled, now);
+                Cancelled::Withdrawn
+            }
+            Status::Leased if !self.cancel_requested => {
+                self.cancel_requested = true;
+                Cancelled::Requested
+            }
+            _ => Cancelled::Unchanged,
+        }
     }
 
     /// Settles the holder's failed delivery: back to pending after a backoff, or dead.
@@ -464,6 +571,10 @@ impl OutboxRow {
             self.finish(Status::Dead, now);
             return Ok(Settled::Dead);
         }
+        if self.cancel_requested {
+            self.finish(Status::Cancelled, now);
+            return Ok(Settled::Cancelled);
+        }
         let backoff = policy.backoff(&self.command_id, self.attempts);
         let at = now + backoff;
         self.status = Status::Pending;
@@ -476,11 +587,11 @@ impl OutboxRow {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidState`] on a dead command: a dead command is never reported as success.
+    /// [`Error::InvalidState`] on a dead or cancelled command: neither is ever reported as success.
     pub fn mark_done(&mut self, now: Timestamp) -> Result<(), Error> {
         match self.status {
             Status::Done => Ok(()),
-            Status::Dead => Err(self.invalid_state("mark done")),
+            Status::Dead | Status::Cancelled => Err(self.invalid_state("mark done")),
             Status::Pending | Status::Leased => {
                 self.finish(Status::Done, now);
                 Ok(())
@@ -511,10 +622,12 @@ impl OutboxRow {
         Ok(())
     }
 
-    /// Whether an explicit retention run at `now` may delete this row: done, and processed at least
-    /// `older_than` ago. Pending, leased and dead rows are never purged (DESIGN rule 5).
+    /// Whether an explicit retention run at `now` may delete this row: done (or cancelled, which is
+    /// as final), and processed at least `older_than` ago. Pending, leased and dead rows are never
+    /// purged (DESIGN rule 5).
     pub fn is_purgeable(&self, older_than: Duration, now: Timestamp) -> bool {
-        self.status == Status::Done && self.processed_at.is_some_and(|at| at + older_than <= now)
+        matches!(self.status, Status::Done | Status::Cancelled)
+            && self.processed_at.is_some_and(|at| at + older_than <= now)
     }
 
     fn finish(&mut self, status: Status, now: Timestamp) {

@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
-use crate::model::{check_kind, Decision, Event, EventRecord};
-use crate::outbox::{ClaimRequest, Delivery, Failure, OutboxRow, Settled, Status};
+use crate::model::{check_kind, CancelCommand, Decision, Event, EventRecord};
+use crate::outbox::{ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled};
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
@@ -43,6 +45,7 @@ pub struct Commit {
     commands: Vec<OutboxRow>,
     timers: Vec<TimerRow>,
     cancel_timers: Vec<String>,
+    cancel_commands: Vec<CancelCommand>,
     fires: Option<TimerId>,
     limits: JsonLimits,
 }
@@ -94,6 +97,7 @@ impl Commit {
             commands: Vec::new(),
             timers: Vec::new(),
             cancel_timers: Vec::new(),
+            cancel_commands: Vec::new(),
             fires: None,
             limits,
         };
@@ -129,26 +133,31 @@ impl Commit {
         {
             check_kind("timer.name", name)?;
         }
+        for cancel in &decision.cancel_commands {
+            match cancel {
+                CancelCommand::Id(id) if id.workflow_id() != &self.workflow_id => {
+                    return Err(Error::invalid(
+                        "cancel_command",
+                        id,
+                        format!(
+                            "belongs to workflow {}: a decision of {} cancels only its own commands",
+                            id.workflow_id(),
+                            self.workflow_id
+                        ),
+                    ))
+                }
+                CancelCommand::Id(_) => {}
+                CancelCommand::Kind(kind) => check_kind("cancel_commands_of_kind", kind)?,
+            }
+        }
         let seq = self.last_seq().next()?;
         let mut commands = Vec::with_capacity(decision.commands.len());
         for (index, command) in decision.commands.into_iter().enumerate() {
             let index = u32::try_from(index).map_err(|_| {
                 Error::invalid("decision.commands", index, "more than u32::MAX commands")
             })?;
-            commands.push(OutboxRow {
-                command_id: CommandId::new(self.workflow_id.clone(), seq, index)?,
-                kind: command.kind,
-                payload: command.payload,
-                status: Status::Pending,
-                attempts: 0,
-                last_error: None,
-                available_at: self.now,
-                lease: None,
-                created_at: self.now,
-                processed_at: None,
-                manual_retries: 0,
-                resolution: None,
-            });
+            let id = CommandId::new(self.workflow_id.clone(), seq, index)?;
+            commands.push(OutboxRow::pending(id, command, self.now));
         }
         let mut timers = Vec::with_capacity(decision.timers.len());
         for (index, timer) in decision.timers.into_iter().enumerate() {
@@ -172,6 +181,7 @@ impl Commit {
         self.commands.extend(commands);
         self.timers.extend(timers);
         self.cancel_timers.extend(decision.cancel_timers);
+        self.cancel_commands.extend(decision.cancel_commands);
         Ok(seq)
     }
 
@@ -237,6 +247,21 @@ impl Commit {
         &self.cancel_timers
     }
 
+    /// Earlier commands of the workflow this commit withdraws (see [`OutboxRow::cancel`]), applied
+    /// before its own commands are written.
+    pub fn cancel_commands(&self) -> &[CancelCommand] {
+        &self.cancel_commands
+    }
+
+    /// Whether `row` (an unfinished command of this workflow) is one this commit cancels.
+    pub fn cancels(&self, row: &OutboxRow) -> bool {
+        row.command_id.workflow_id() == &self.workflow_id
+            && self.cancel_commands.iter().any(|cancel| match cancel {
+                CancelCommand::Id(id) => id == &row.command_id,
+                CancelCommand::Kind(kind) => kind == &row.kind,
+            })
+    }
+
     /// The timer this commit fires, if any.
     pub fn fires(&self) -> Option<&TimerId> {
         self.fires.as_ref()
@@ -252,8 +277,34 @@ impl Commit {
     }
 }
 
-/// One acknowledgement in a batch: the command and the token of its lease.
-pub type Ack = (CommandId, u64);
+/// One acknowledgement in a batch: the command, the token of its lease, and the handler's result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ack {
+    /// The delivered command.
+    pub command_id: CommandId,
+    /// The token of the lease it was delivered under.
+    pub token: u64,
+    /// What the handler completed it with, if anything.
+    pub result: Option<Value>,
+}
+
+impl Ack {
+    /// An acknowledgement of `command_id` under `token`, without a result.
+    pub fn new(command_id: CommandId, token: u64) -> Self {
+        Self {
+            command_id,
+            token,
+            result: None,
+        }
+    }
+
+    /// With the handler's `result`.
+    #[must_use]
+    pub fn with_result(mut self, result: Value) -> Self {
+        self.result = Some(result);
+        self
+    }
+}
 
 /// A miniflow store: the events of every workflow and the outbox of every command.
 ///
@@ -265,7 +316,8 @@ pub trait Store {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error>;
 
     /// Writes `commit` atomically, in one transaction, if and only if the workflow's last seq is still
-    /// `commit.expected_seq()` (DESIGN rule 3): its events, one outbox row per command, the timer it
+    /// `commit.expected_seq()` (DESIGN rule 3): its events, the workflow's unfinished commands it
+    /// cancels ([`Commit::cancels`], [`OutboxRow::cancel`]), one outbox row per command, the timer it
     /// fires marked fired, the workflow's timers it cancels by name cancelled, then its new timers.
     ///
     /// # Errors
@@ -294,7 +346,9 @@ pub trait Store {
     /// `request.order` (DESIGN rules 6–7).
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error>;
 
-    /// Extends the lease of `token` on `command_id` to `now + ttl`; returns the new expiry.
+    /// Extends the lease of `token` on `command_id` to `now + ttl` (never shortening it); returns the
+    /// new expiry and whether the workflow cancelled the command meanwhile (see
+    /// [`OutboxRow::extend`]).
     ///
     /// # Errors
     ///
@@ -305,7 +359,7 @@ pub trait Store {
         token: u64,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, Error>;
+    ) -> Result<Extended, Error>;
 
     /// Gives back a claimed command whose delivery was not started (see [`OutboxRow::release`]).
     ///
@@ -314,13 +368,21 @@ pub trait Store {
     /// [`Error::StaleLease`] when `token` is not the current lease.
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error>;
 
-    /// Marks the delivery under `token` done (DESIGN rule 8).
+    /// Marks the delivery under `token` done, with the handler's `result` if it gave one (DESIGN
+    /// rules 8 and 15). A command that reports its completion ([`OutboxRow::reports_completion`])
+    /// schedules its `command_completed` feedback in the same transaction (see [`crate::feedback`]).
     ///
     /// # Errors
     ///
-    /// [`Error::StaleLease`] when another worker took the command over; nothing changes.
-    fn complete(&mut self, command_id: &CommandId, token: u64, now: Timestamp)
-        -> Result<(), Error>;
+    /// [`Error::StaleLease`] when another worker took the command over; [`Error::InvalidInput`] for a
+    /// result over the JSON limits. Nothing changes then.
+    fn complete(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        result: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<(), Error>;
 
     /// Completes many deliveries in one durable write; one result per ack, in order. A store should
     /// override this with a single transaction; the default completes them one by one.
@@ -331,7 +393,7 @@ pub trait Store {
     ) -> Result<Vec<Result<(), Error>>, Error> {
         Ok(acks
             .iter()
-            .map(|(id, token)| self.complete(id, *token, now))
+            .map(|ack| self.complete(&ack.command_id, ack.token, ack.result.as_ref(), now))
             .collect())
     }
 

@@ -19,6 +19,7 @@
 //! | the `index`-th timer scheduled by event `event_seq` | `{workflow_id}:{event_seq}:t{index}` |
 //! | the `n`-th failure of a command | `{command_id}:failed{n}` |
 //! | the resolution of a dead command | `{command_id}:resolved` |
+//! | the completion of a command whose result goes back to its workflow | `{command_id}:completed` |
 
 use std::fmt;
 use std::str::FromStr;
@@ -28,8 +29,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use crate::builtin::{
-    to_payload, CommandFailed, CommandResolved, TimerFired, COMMAND_FAILED, COMMAND_RESOLVED,
-    TIMER_FIRED,
+    to_payload, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
+    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
 };
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
@@ -112,6 +113,11 @@ pub enum TimerSource {
         /// The resolved command.
         command_id: CommandId,
     },
+    /// `command_id` completed, and its result goes back to its workflow.
+    Completion {
+        /// The completed command.
+        command_id: CommandId,
+    },
 }
 
 /// The deterministic identity of a timer (see the module docs for the format).
@@ -174,6 +180,11 @@ impl TimerId {
         Self(TimerSource::Resolution { command_id })
     }
 
+    /// The ID of the completion feedback of `command_id`.
+    pub fn completion(command_id: CommandId) -> Self {
+        Self(TimerSource::Completion { command_id })
+    }
+
     /// What the ID names.
     pub fn source(&self) -> &TimerSource {
         &self.0
@@ -183,9 +194,9 @@ impl TimerId {
     pub fn workflow_id(&self) -> &WorkflowId {
         match &self.0 {
             TimerSource::Scheduled { workflow_id, .. } => workflow_id,
-            TimerSource::Failure { command_id, .. } | TimerSource::Resolution { command_id } => {
-                command_id.workflow_id()
-            }
+            TimerSource::Failure { command_id, .. }
+            | TimerSource::Resolution { command_id }
+            | TimerSource::Completion { command_id } => command_id.workflow_id(),
         }
     }
 }
@@ -200,6 +211,7 @@ impl fmt::Display for TimerId {
             } => write!(f, "{workflow_id}:{event_seq}:t{index}"),
             TimerSource::Failure { command_id, n } => write!(f, "{command_id}:failed{n}"),
             TimerSource::Resolution { command_id } => write!(f, "{command_id}:resolved"),
+            TimerSource::Completion { command_id } => write!(f, "{command_id}:completed"),
         }
     }
 }
@@ -211,7 +223,7 @@ impl FromStr for TimerId {
         let invalid = |reason: &str| Error::invalid("timer_id", s, reason);
         let (rest, last) = s
             .rsplit_once(':')
-            .ok_or_else(|| invalid("expected \"{workflow_id}:{event_seq}:t{index}\" or a command ID with :failed{n} or :resolved"))?;
+            .ok_or_else(|| invalid("expected \"{workflow_id}:{event_seq}:t{index}\" or a command ID with :failed{n}, :resolved or :completed"))?;
         let number = |digits: &str| {
             let canonical = !digits.is_empty()
                 && digits.bytes().all(|b| b.is_ascii_digit())
@@ -224,16 +236,19 @@ impl FromStr for TimerId {
                 .map_err(|e| invalid(&format!("its command ID is invalid: {e}")))?;
             return Ok(Self::failure(command_id, n));
         }
-        if last == "resolved" {
+        if last == "resolved" || last == "completed" {
             let command_id = rest
                 .parse()
                 .map_err(|e| invalid(&format!("its command ID is invalid: {e}")))?;
-            return Ok(Self::resolution(command_id));
+            return Ok(if last == "resolved" {
+                Self::resolution(command_id)
+            } else {
+                Self::completion(command_id)
+            });
         }
-        let index = last
-            .strip_prefix('t')
-            .and_then(number)
-            .ok_or_else(|| invalid("the last part must be t{index}, failed{n} or resolved"))?;
+        let index = last.strip_prefix('t').and_then(number).ok_or_else(|| {
+            invalid("the last part must be t{index}, failed{n}, resolved or completed")
+        })?;
         // `{workflow_id}:{event_seq}` reads like a command ID without its index: reuse its parser.
         let command_id: CommandId = format!("{rest}:0").parse().map_err(|e| {
             invalid(&format!(
@@ -435,10 +450,21 @@ impl TimerRow {
 
 /// The feedback a store must schedule, in the same transaction, when a change took an outbox row from
 /// status `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a
-/// dead command was resolved by hand (DESIGN rule 12).
+/// dead command was resolved by hand (DESIGN rule 12), `command_completed` when a command that reports
+/// its completion ([`OutboxRow::reports_completion`]) was completed (DESIGN rule 15).
 pub fn feedback(before: Status, after: &OutboxRow, now: Timestamp) -> Option<TimerRow> {
     let id = &after.command_id;
     let (timer_id, kind, payload) = match (before, after.status) {
+        (Status::Pending | Status::Leased, Status::Done) if after.reports_completion() => (
+            TimerId::completion(id.clone()),
+            COMMAND_COMPLETED,
+            to_payload(&CommandCompleted {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                result: after.result.clone().unwrap_or(Value::Null),
+                attempts: after.attempts,
+            }),
+        ),
         (from, Status::Dead) if from != Status::Dead => (
             TimerId::failure(id.clone(), after.manual_retries + 1),
             COMMAND_FAILED,

@@ -26,6 +26,8 @@ use miniflow_core::{
     RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
 };
 
+use serde_json::Value;
+
 use crate::{SqliteStore, SystemClock};
 
 /// What a handler reports about one delivery.
@@ -33,6 +35,10 @@ use crate::{SqliteStore, SystemClock};
 pub enum Outcome {
     /// The receiver returned a verifiable result: the command is done.
     Done,
+    /// Done, with the receiver's result (e.g. a booking reference): kept on the command, and carried
+    /// back into the workflow as a `command_completed` event when the command asked for it
+    /// ([`miniflow_core::Command::report_result`]).
+    DoneWith(Value),
     /// It failed, or the result is unknown (a timeout): deliver again later, with the same command ID.
     Retry(String),
     /// It failed for good (the receiver refused it): the command becomes dead at once.
@@ -40,6 +46,11 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Done, with the receiver's `result`.
+    pub fn done_with(result: Value) -> Self {
+        Outcome::DoneWith(result)
+    }
+
     /// A failure worth retrying, e.g. a timeout or a 503.
     pub fn retry(error: impl std::fmt::Display) -> Self {
         Outcome::Retry(error.to_string())
@@ -94,6 +105,11 @@ pub enum Settlement {
     /// Given back undelivered when the worker stopped: at shutdown, or when
     /// [`Dispatcher::run_until_idle`] stops on a store error.
     Released,
+    /// Its workflow cancelled it while it was delivered, and it failed: it is not tried again.
+    Cancelled {
+        /// The handler's error.
+        error: String,
+    },
 }
 
 impl std::fmt::Display for Settlement {
@@ -108,6 +124,7 @@ impl std::fmt::Display for Settlement {
                 )
             }
             Settlement::Dead { error } => write!(f, "failed for good ({error}): dead"),
+            Settlement::Cancelled { error } => write!(f, "failed ({error}) after its cancellation"),
             Settlement::LeaseLost => f.write_str("lease lost: result dropped"),
             Settlement::Released => f.write_str("released undelivered"),
         }
@@ -129,6 +146,8 @@ pub struct Stats {
     pub lost_leases: u64,
     /// Claimed commands given back during shutdown.
     pub released: u64,
+    /// Commands that failed after their workflow cancelled them, and so became cancelled.
+    pub cancelled: u64,
     /// Handler calls that panicked (counted as retryable failures too).
     pub panics: u64,
     /// Timers (and failure feedback) whose event this dispatcher committed.
@@ -154,6 +173,7 @@ impl std::ops::AddAssign for Stats {
         self.dead += o.dead;
         self.lost_leases += o.lost_leases;
         self.released += o.released;
+        self.cancelled += o.cancelled;
         self.panics += o.panics;
         self.timers_fired += o.timers_fired;
         self.store_errors += o.store_errors;
@@ -615,6 +635,8 @@ struct Held {
     token: u64,
     expires_at: Timestamp,
     lost: bool,
+    /// The heartbeat learnt that the workflow cancelled the command.
+    cancel_requested: bool,
 }
 
 impl HeldLeases {
@@ -631,6 +653,7 @@ impl HeldLeases {
                     token: d.token,
                     expires_at: d.lease_expires_at,
                     lost: false,
+                    cancel_requested: false,
                 },
             );
         }
@@ -644,6 +667,62 @@ impl HeldLeases {
     fn is_lost(&self, id: &CommandId) -> bool {
         self.lock().get(id).is_some_and(|h| h.lost)
     }
+
+    fn is_cancel_requested(&self, id: &CommandId) -> bool {
+        self.lock().get(id).is_some_and(|h| h.cancel_requested)
+    }
+}
+
+thread_local! {
+    /// The delivery the current worker thread's handler is running, for [`cancellation_requested`].
+    static CURRENT: std::cell::RefCell<Option<(Arc<HeldLeases>, CommandId)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Marks the delivery a handler is running on this thread, until dropped.
+struct CurrentDelivery;
+
+impl CurrentDelivery {
+    fn enter(held: &Arc<HeldLeases>, id: &CommandId) -> Self {
+        CURRENT.with(|current| *current.borrow_mut() = Some((held.clone(), id.clone())));
+        CurrentDelivery
+    }
+}
+
+impl Drop for CurrentDelivery {
+    fn drop(&mut self) {
+        CURRENT.with(|current| current.borrow_mut().take());
+    }
+}
+
+/// Whether the workflow of the command this handler is delivering has cancelled it
+/// ([`miniflow_core::Decision::cancel_command`]). The dispatcher's heartbeat learns it when it
+/// extends the lease; a long handler may check it and stop. Whatever the handler then reports is
+/// still recorded — a completion is fed back to the workflow as `command_completed`, a failure
+/// leaves the command `cancelled` — and the command is not delivered again. Outside a handler it
+/// is `false`.
+///
+/// ```no_run
+/// use miniflow_core::Delivery;
+/// use miniflow_native::{cancellation_requested, Outcome};
+///
+/// fn render_video(delivery: &Delivery) -> Outcome {
+///     for _frame in 0..10_000 {
+///         if cancellation_requested() {
+///             return Outcome::retry("cancelled by its workflow");
+///         }
+///         // … render one frame …
+///     }
+///     Outcome::Done
+/// }
+/// ```
+pub fn cancellation_requested() -> bool {
+    CURRENT.with(|current| {
+        current
+            .borrow()
+            .as_ref()
+            .is_some_and(|(held, id)| held.is_cancel_requested(id))
+    })
 }
 
 struct Heartbeat<S> {
@@ -687,7 +766,10 @@ impl<S: Store> Heartbeat<S> {
                     continue;
                 };
                 match result {
-                    Ok(expires_at) => h.expires_at = expires_at,
+                    Ok(extended) => {
+                        h.expires_at = extended.expires_at;
+                        h.cancel_requested = extended.cancel_requested;
+                    }
                     Err(_) => h.lost = true, // stale: another worker took it over
                 }
             }
@@ -958,7 +1040,7 @@ impl<S: Store> Worker<S> {
 
     /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`.
     fn deliver(&self, store: &mut S, batch: &[Delivery], tally: &mut Tally) {
-        let mut acks: Vec<&Delivery> = Vec::new();
+        let mut acks: Vec<(&Delivery, Option<Value>)> = Vec::new();
         let mut since_flush = Instant::now();
         for (n, delivery) in batch.iter().enumerate() {
             if self.halted(tally) {
@@ -966,18 +1048,22 @@ impl<S: Store> Worker<S> {
                 self.release(store, &batch[n..], tally);
                 return;
             }
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.handler.handle(delivery)))
-                .unwrap_or_else(|panic| {
-                    tally.stats.panics += 1;
-                    Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
-                });
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
+                self.handler.handle(delivery)
+            }))
+            .unwrap_or_else(|panic| {
+                tally.stats.panics += 1;
+                Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
+            });
             if self.held.is_lost(&delivery.command_id) {
                 self.held.drop_lease(&delivery.command_id);
                 self.report(delivery, Settlement::LeaseLost, tally);
                 continue;
             }
             match outcome {
-                Outcome::Done => acks.push(delivery),
+                Outcome::Done => acks.push((delivery, None)),
+                Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
                 Outcome::Retry(error) => {
                     self.fail(store, delivery, Failure::retryable(error), tally)
                 }
@@ -995,13 +1081,17 @@ impl<S: Store> Worker<S> {
 
     /// Completes `acks` in one durable transaction, then reports them. An ack that did not land is a
     /// store error: its lease expires and the command is delivered again.
-    fn flush(&self, store: &mut S, acks: &mut Vec<&Delivery>, tally: &mut Tally) {
+    fn flush(&self, store: &mut S, acks: &mut Vec<(&Delivery, Option<Value>)>, tally: &mut Tally) {
         if acks.is_empty() {
             return;
         }
         let batch: Vec<Ack> = acks
-            .iter()
-            .map(|d| (d.command_id.clone(), d.token))
+            .iter_mut()
+            .map(|(d, result)| Ack {
+                command_id: d.command_id.clone(),
+                token: d.token,
+                result: result.take(),
+            })
             .collect();
         let mut results = match store.complete_all(&batch, self.clock.now()) {
             Ok(results) => {
@@ -1009,14 +1099,14 @@ impl<S: Store> Worker<S> {
                 results.into_iter()
             }
             Err(error) => {
-                for delivery in acks.drain(..) {
+                for (delivery, _) in acks.drain(..) {
                     self.held.drop_lease(&delivery.command_id);
                 }
                 self.store_failed(error, tally);
                 return;
             }
         };
-        for delivery in acks.drain(..) {
+        for (delivery, _) in acks.drain(..) {
             self.held.drop_lease(&delivery.command_id);
             match results.next() {
                 Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
@@ -1052,6 +1142,9 @@ impl<S: Store> Worker<S> {
             Ok(Settled::Dead) => Settlement::Dead {
                 error: failure.error,
             },
+            Ok(Settled::Cancelled) => Settlement::Cancelled {
+                error: failure.error,
+            },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
             Err(error) => return self.store_failed(error, tally),
         };
@@ -1078,6 +1171,7 @@ impl<S: Store> Worker<S> {
             Settlement::Dead { .. } => stats.dead += 1,
             Settlement::LeaseLost => stats.lost_leases += 1,
             Settlement::Released => stats.released += 1,
+            Settlement::Cancelled { .. } => stats.cancelled += 1,
         }
         if let Some(observer) = &self.observer {
             observer(delivery, &settlement);

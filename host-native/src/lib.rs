@@ -41,7 +41,8 @@ mod sqlite;
 
 pub use clock::SystemClock;
 pub use dispatcher::{
-    Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown, Stats,
+    cancellation_requested, Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown,
+    Stats,
 };
 pub use idempotency::SqliteIdempotencyStore;
 pub use sqlite::{

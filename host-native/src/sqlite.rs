@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use miniflow_core::{
-    canonical_json, feedback, Ack, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery, Error,
-    EventRecord, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled, Status, Store, TimerId,
-    TimerRow, Timestamp, WorkflowId,
+    canonical_json, feedback, Ack, Cancelled, ClaimOrder, ClaimRequest, CommandId, Commit,
+    Delivery, Error, EventRecord, Extended, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled,
+    Status, Store, TimerId, TimerRow, Timestamp, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -20,7 +20,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../migrations/0003_timers.sql"),
-    include_str!("../migrations/0004_fencing_and_rejected_timers.sql"),
+    include_str!("../migrations/0004_fencing_results_and_cancellation.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -780,7 +780,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution"
+         resolution, report_result, result, cancel_requested"
     };
 }
 
@@ -796,6 +796,8 @@ const NO_LIMIT: i64 = -1;
 const SELECT_ONE: &str = select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
 const SELECT_PENDING: &str =
     select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+const SELECT_UNFINISHED_OF_WORKFLOW: &str =
+    select_rows!("WHERE workflow_id = ?1 AND processed_at IS NULL ORDER BY event_seq, idx");
 const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
@@ -1071,6 +1073,9 @@ mod col {
     pub const PROCESSED_AT: usize = 13;
     pub const MANUAL_RETRIES: usize = 14;
     pub const RESOLUTION: usize = 15;
+    pub const REPORT_RESULT: usize = 16;
+    pub const RESULT: usize = 17;
+    pub const CANCEL_REQUESTED: usize = 18;
 }
 
 fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
@@ -1151,6 +1156,12 @@ fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
         processed_at: read_optional_time(row, col::PROCESSED_AT)?,
         manual_retries: row.get(col::MANUAL_RETRIES)?,
         resolution: row.get(col::RESOLUTION)?,
+        report_result: row.get(col::REPORT_RESULT)?,
+        result: match row.get_ref(col::RESULT)? {
+            ValueRef::Null => None,
+            _ => Some(read_json(row, col::RESULT)?),
+        },
+        cancel_requested: row.get(col::CANCEL_REQUESTED)?,
     })
 }
 
@@ -1194,7 +1205,7 @@ fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
         .prepare_cached(
             "UPDATE outbox SET status = ?4, attempts = ?5, last_error = ?6, available_at = ?7, \
              lease_owner = ?8, lease_expires_at = ?9, lease_token = ?10, processed_at = ?11, \
-             manual_retries = ?12, resolution = ?13 \
+             manual_retries = ?12, resolution = ?13, result = ?14, cancel_requested = ?15 \
              WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
         )
         .map_err(storage)?;
@@ -1212,6 +1223,8 @@ fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
         processed_at,
         row.manual_retries,
         row.resolution,
+        row.result.as_ref().map(canonical_json),
+        row.cancel_requested,
     ])
     .map_err(storage)?;
     Ok(())
@@ -1248,29 +1261,74 @@ fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
 }
 
-/// The fast path of an acknowledgement: one `UPDATE` guarded by the lease; on a miss, the shared rule
-/// ([`OutboxRow::check_lease`]) says why.
-fn complete_in(conn: &Connection, id: &CommandId, token: u64, now: i64) -> Result<(), Error> {
+/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
+/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
+/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
+/// [`OutboxRow::check_lease`].
+fn complete_in(
+    conn: &Connection,
+    id: &CommandId,
+    token: u64,
+    result: Option<&serde_json::Value>,
+    now: Timestamp,
+) -> Result<(), Error> {
     let (w, s, i) = id_params(id);
+    if let Some(result) = result {
+        miniflow_core::JsonLimits::default().check("result", result)?;
+    }
+    let now_sql = to_sql_time("now", now)?;
     let changed = conn
         .prepare_cached(
-            "UPDATE outbox SET status = 'done', processed_at = ?5 \
+            "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
              WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
-             AND status = 'leased' AND lease_token = ?4",
+             AND status = 'leased' AND lease_token = ?4 \
+             AND report_result = 0 AND cancel_requested = 0",
         )
-        .and_then(|mut stmt| stmt.execute(params![w, s, i, token_param(token), now]))
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                w,
+                s,
+                i,
+                token_param(token),
+                now_sql,
+                result.map(canonical_json)
+            ])
+        })
         .map_err(storage)?;
     if changed == 1 {
         return Ok(());
     }
-    match select_row(conn, id)? {
-        None => Err(Error::UnknownCommand {
-            command_id: id.clone(),
-        }),
-        Some(row) => row.check_lease(token).and(Err(Error::Corrupt(format!(
+    let mut row = select_row(conn, id)?.ok_or_else(|| Error::UnknownCommand {
+        command_id: id.clone(),
+    })?;
+    let before = row.status;
+    row.complete(token, result, now)?;
+    if !row.reports_completion() {
+        return Err(Error::Corrupt(format!(
             "command {id} holds lease {token} but did not complete"
-        )))),
+        )));
     }
+    write_row(conn, &row)?;
+    schedule_feedback(conn, before, &row, now)
+}
+
+/// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
+/// ([`OutboxRow::cancel`]).
+fn cancel_commands(conn: &Connection, commit: &Commit) -> Result<(), Error> {
+    if commit.cancel_commands().is_empty() {
+        return Ok(());
+    }
+    let rows = query_rows(
+        conn,
+        SELECT_UNFINISHED_OF_WORKFLOW,
+        [commit.workflow_id().as_str()],
+    )?;
+    for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
+        if row.cancel(commit.now()) != Cancelled::Unchanged {
+            write_row(conn, &row)?;
+        }
+    }
+    Ok(())
 }
 
 const TIMER_COLUMNS: &str = "timer_id, name, event_kind, event_payload, fire_at, available_at, \
@@ -1299,7 +1357,7 @@ const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_a
 /// The oldest done rows first (the order of `outbox_done`, whose entries end with the primary key).
 const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
      (SELECT workflow_id, event_seq, idx FROM outbox \
-      WHERE status = 'done' AND processed_at <= ?1 \
+      WHERE status IN ('done', 'cancelled') AND processed_at <= ?1 \
       ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
 
 fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
@@ -1475,6 +1533,9 @@ fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
         processed_at: None,
         manual_retries: row.get(col::MANUAL_RETRIES).unwrap_or_default(),
         resolution: None,
+        report_result: row.get(col::REPORT_RESULT).unwrap_or_default(),
+        result: None,
+        cancel_requested: row.get(col::CANCEL_REQUESTED).unwrap_or_default(),
     })
 }
 
@@ -1659,12 +1720,14 @@ impl Store for SqliteStore {
             let mut insert_command = tx
                 .prepare_cached(
                     "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                     available_at, created_at) VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6)",
+                     available_at, created_at, report_result) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
                 )
                 .map_err(storage)?;
             if let Some(timer_id) = commit.fires() {
                 fire_timer(&tx, timer_id, commit.now())?;
             }
+            cancel_commands(&tx, commit)?;
             for row in commit.commands() {
                 insert_command
                     .execute(params![
@@ -1674,6 +1737,7 @@ impl Store for SqliteStore {
                         row.kind,
                         canonical_json(&row.payload),
                         to_sql_time("now", row.created_at)?,
+                        row.report_result,
                     ])
                     .map_err(storage)?;
             }
@@ -1725,7 +1789,7 @@ impl Store for SqliteStore {
         token: u64,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, Error> {
+    ) -> Result<Extended, Error> {
         self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
 
@@ -1737,11 +1801,11 @@ impl Store for SqliteStore {
         &mut self,
         command_id: &CommandId,
         token: u64,
+        result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let now = to_sql_time("now", now)?;
         let tx = self.write()?;
-        complete_in(&tx, command_id, token, now)?;
+        complete_in(&tx, command_id, token, result, now)?;
         tx.commit().map_err(storage)
     }
 
@@ -1752,11 +1816,11 @@ impl Store for SqliteStore {
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let now = to_sql_time("now", now)?;
         let tx = self.write()?;
         let mut results = Vec::with_capacity(acks.len());
-        for (id, token) in acks {
-            results.push(match complete_in(&tx, id, *token, now) {
+        for ack in acks {
+            let completed = complete_in(&tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
+            results.push(match completed {
                 Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
                 other => other,
             });

@@ -87,6 +87,7 @@ fn seeded(path: &Path) -> SqliteStore {
         .complete(
             &claimed[0].command_id,
             claimed[0].token,
+            None,
             Timestamp::from_millis(3),
         )
         .unwrap();

@@ -12,10 +12,10 @@
 use std::time::Duration;
 
 use miniflow::{
-    canonical_json, json, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision, Delivery,
-    Error, Event, EventRecord, Failure, Lease, MemoryStore, OutboxRow, RetryPolicy, Seq, Settled,
-    SqliteOptions, SqliteStore, Status, Store, Synchronous, Timer, TimerId, TimerRow, TimerStatus,
-    Timestamp, WorkflowId,
+    canonical_json, json, Ack, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision,
+    Delivery, Error, Event, EventRecord, Extended, Failure, Lease, MemoryStore, OutboxRow,
+    RetryPolicy, Seq, Settled, SqliteOptions, SqliteStore, Status, Store, Synchronous, Timer,
+    TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId,
 };
 
 /// The seeds CI runs.
@@ -445,16 +445,21 @@ impl Run {
     fn complete(&mut self) {
         let (id, token) = self.delivery();
         let operation = format!("complete({id}, token {token})");
-        self.both(operation, |store, now| store.complete(&id, token, now));
+        self.both(operation, |store, now| {
+            store.complete(&id, token, None, now)
+        });
     }
 
     fn complete_all(&mut self) {
-        let acks: Vec<(CommandId, u64)> = (0..self.rng.usize(0..=4))
-            .map(|_| self.delivery())
+        let acks: Vec<Ack> = (0..self.rng.usize(0..=4))
+            .map(|_| {
+                let (id, token) = self.delivery();
+                Ack::new(id, token)
+            })
             .collect();
         let shown: Vec<String> = acks
             .iter()
-            .map(|(id, token)| format!("{id} token {token}"))
+            .map(|ack| format!("{} token {}", ack.command_id, ack.token))
             .collect();
         let operation = format!("complete_all({})", shown.join(", "));
         // One result per ack: compared by kind, like every error.
@@ -635,7 +640,7 @@ macro_rules! debug_line {
     };
 }
 
-debug_line!((), usize, Timestamp, Settled, Result<(), &'static str>);
+debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>);
 
 fn lease(lease: Option<&Lease>) -> String {
     lease.map_or("-".to_owned(), |l| {
@@ -647,7 +652,8 @@ impl Line for OutboxRow {
     fn line(&self) -> String {
         format!(
             "{} {} {} attempts {} available_at {} lease {} processed_at {:?} last_error {:?} \
-             manual_retries {} resolution {:?} created_at {} payload {}",
+             manual_retries {} resolution {:?} created_at {} payload {} report_result {} \
+             result {:?} cancel_requested {}",
             self.command_id,
             self.kind,
             self.status,
@@ -660,6 +666,9 @@ impl Line for OutboxRow {
             self.resolution,
             self.created_at,
             canonical_json(&self.payload),
+            self.report_result,
+            self.result.as_ref().map(canonical_json),
+            self.cancel_requested,
         )
     }
 }

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use miniflow::{
     json, Ack, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
-    Dispatcher, Engine, Error, Event, EventRecord, Failure, ManualClock, MemoryStore, OutboxRow,
-    Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer, TimerId,
-    TimerRow, TimerStatus, Timestamp, Workflow, WorkflowId, TIMER_FIRED,
+    Dispatcher, Engine, Error, Event, EventRecord, Extended, Failure, ManualClock, MemoryStore,
+    OutboxRow, Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer,
+    TimerId, TimerRow, TimerStatus, Timestamp, Value, Workflow, WorkflowId, TIMER_FIRED,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -605,7 +605,7 @@ impl Store for Flaky {
         token: u64,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, Error> {
+    ) -> Result<Extended, Error> {
         self.inner.extend(command_id, token, ttl, now)
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
@@ -615,9 +615,10 @@ impl Store for Flaky {
         &mut self,
         command_id: &CommandId,
         token: u64,
+        result: Option<&Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.inner.complete(command_id, token, now)
+        self.inner.complete(command_id, token, result, now)
     }
     fn complete_all(
         &mut self,

@@ -44,10 +44,11 @@ use std::time::{Duration, Instant};
 
 use miniflow::{
     check_retention, json, Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit,
-    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Failure, IdempotencyKey,
-    IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore, OutboxRow,
-    RecordState, RetryPolicy, Settled, Status, Store, Timer, TimerId, TimerRow, TimerSource,
-    TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
+    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure,
+    IdempotencyKey, IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore,
+    OutboxRow, RecordState, RetryPolicy, Settled, Status, Store, Timer, TimerId, TimerRow,
+    TimerSource, TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED,
+    COMMAND_FAILED, TIMER_FIRED,
 };
 
 /// Seeds CI runs when no seed is given: 1 to `CI_RUNS`.
@@ -305,14 +306,20 @@ impl Store for FaultyStore {
         token: u64,
         ttl: Duration,
         now: Timestamp,
-    ) -> Result<Timestamp, Error> {
+    ) -> Result<Extended, Error> {
         self.write(|s| s.extend(id, token, ttl, now))
     }
     fn release(&mut self, id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.write(|s| s.release(id, token, now))
     }
-    fn complete(&mut self, id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
-        self.write(|s| s.complete(id, token, now))
+    fn complete(
+        &mut self,
+        id: &CommandId,
+        token: u64,
+        result: Option<&Value>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.write(|s| s.complete(id, token, result, now))
     }
     fn complete_all(
         &mut self,
@@ -1117,7 +1124,7 @@ impl Sim {
                     let claimable = was.is_some_and(|row| match row.status {
                         Status::Pending => row.available_at <= now,
                         Status::Leased => row.lease.as_ref().is_some_and(|l| l.expires_at <= now),
-                        Status::Done | Status::Dead => false,
+                        Status::Done | Status::Dead | Status::Cancelled => false,
                     });
                     if !claimable {
                         return Err(self.violation(
@@ -1200,7 +1207,8 @@ impl Sim {
         let held = before.status == Status::Leased && before.token() == token;
         self.stats.bump("heartbeats");
         match self.store.extend(&id, token, LEASE_TTL, now) {
-            Ok(expiry) => {
+            Ok(extended) => {
+                let expiry = extended.expires_at;
                 let previous = before.lease.as_ref().map_or(now, |l| l.expires_at);
                 let after = self.row(&id)?;
                 if !held
@@ -1468,7 +1476,7 @@ impl Sim {
         let results: Vec<Result<Option<Settled>, Error>> = if deliveries.len() > 1 {
             let acks: Vec<Ack> = deliveries
                 .iter()
-                .map(|d| (d.command_id.clone(), d.token))
+                .map(|d| Ack::new(d.command_id.clone(), d.token))
                 .collect();
             match self.store.complete_all(&acks, now) {
                 Ok(results) => {
@@ -1490,7 +1498,7 @@ impl Sim {
             let result = match reply {
                 Reply::Done => self
                     .store
-                    .complete(&d.command_id, d.token, now)
+                    .complete(&d.command_id, d.token, None, now)
                     .map(|()| None),
                 Reply::Declined => self
                     .store
@@ -1559,6 +1567,8 @@ impl Sim {
                             && matches!(reply, Reply::Retry(_))
                             && before.attempts < self.policy.attempts_allowed()
                     }
+                    // This workflow never cancels a command.
+                    Some(Settled::Cancelled) => false,
                 };
                 if !held || !consistent {
                     return Err(self.violation(
@@ -2050,6 +2060,12 @@ impl Sim {
                 .iter()
                 .filter(|e| {
                     e.kind == COMMAND_FAILED && e.payload["command_id"] == json!(command_id)
+                })
+                .collect(),
+            TimerSource::Completion { command_id } => events
+                .iter()
+                .filter(|e| {
+                    e.kind == COMMAND_COMPLETED && e.payload["command_id"] == json!(command_id)
                 })
                 .collect(),
             TimerSource::Resolution { .. } => Vec::new(),

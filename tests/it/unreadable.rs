@@ -68,7 +68,7 @@ fn claim_buries_the_unreadable_row_and_delivers_the_other(store: &mut SqliteStor
     assert_eq!(delivered[0].command_id.to_string(), "healthy:1:0");
     assert_eq!(delivered[0].payload, json!({ "to": "成都" }));
     store
-        .complete(&delivered[0].command_id, delivered[0].token, at(11))
+        .complete(&delivered[0].command_id, delivered[0].token, None, at(11))
         .unwrap();
 
     let (status, last_error, processed_at) = stored(store);
