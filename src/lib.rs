@@ -10,3 +10,7 @@ pub use miniflow_native::{
     Shutdown, SqliteIdempotencyStore, SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock,
     UnreadableCommand, SCHEMA_VERSION,
 };
+
+/// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).
+#[cfg(feature = "sqlite")]
+pub use miniflow_native::rusqlite;

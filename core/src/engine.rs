@@ -102,6 +102,22 @@ pub struct Handled {
     pub conflicts: u32,
 }
 
+impl Handled {
+    /// What writing `commit` handled, after `conflicts` lost races.
+    pub fn of(commit: &Commit, conflicts: u32) -> Self {
+        Self {
+            seq: commit.last_seq(),
+            command_ids: commit
+                .commands()
+                .iter()
+                .map(|row| row.command_id.clone())
+                .collect(),
+            timer_ids: commit.timers().iter().map(|t| t.timer_id.clone()).collect(),
+            conflicts,
+        }
+    }
+}
+
 /// Runs a [`Workflow`] against a [`Store`]: replay → decide → commit, retrying on conflict.
 ///
 /// ```
@@ -195,6 +211,39 @@ impl<W: Workflow> Engine<W> {
         self.commit_event(store, workflow_id, event, now, None)
     }
 
+    /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
+    /// the commit to write, without writing it: the pure half of [`Engine::handle`], for a host that
+    /// writes the commit itself (e.g. inside its caller's own transaction).
+    ///
+    /// # Errors
+    ///
+    /// As [`replay`] and [`Commit::new`] (a rejecting decision is [`Error::Rejected`]).
+    pub fn plan(
+        &self,
+        events: &[EventRecord],
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Commit, Error> {
+        let replayed = replay(&self.workflow, events)?;
+        let record = EventRecord {
+            workflow_id: workflow_id.clone(),
+            seq: replayed.last_seq.next()?,
+            kind: event.kind.clone(),
+            payload: event.payload.clone(),
+            recorded_at: now,
+        };
+        let decision = self.workflow.decide(&replayed.state, &record);
+        Commit::with_limits(
+            workflow_id.clone(),
+            replayed.last_seq,
+            event,
+            decision,
+            now,
+            self.limits,
+        )
+    }
+
     /// Fires a due `timer` (from [`Store::claim_timers`]): commits its event into its workflow through
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
@@ -248,40 +297,13 @@ impl<W: Workflow> Engine<W> {
     ) -> Result<Handled, Error> {
         let mut conflicts = 0;
         loop {
-            let replayed = self.replay(store, workflow_id)?;
-            let seq = replayed.last_seq.next()?;
-            let record = EventRecord {
-                workflow_id: workflow_id.clone(),
-                seq,
-                kind: event.kind.clone(),
-                payload: event.payload.clone(),
-                recorded_at: now,
-            };
-            let decision = self.workflow.decide(&replayed.state, &record);
-            let mut commit = Commit::with_limits(
-                workflow_id.clone(),
-                replayed.last_seq,
-                event.clone(),
-                decision,
-                now,
-                self.limits,
-            )?;
+            let events = store.load(workflow_id)?;
+            let mut commit = self.plan(&events, workflow_id, event.clone(), now)?;
             if let Some(timer_id) = fires {
                 commit = commit.firing(timer_id.clone())?;
             }
             match store.append_with_commands(&commit) {
-                Ok(()) => {
-                    return Ok(Handled {
-                        seq,
-                        command_ids: commit
-                            .commands()
-                            .iter()
-                            .map(|row| row.command_id.clone())
-                            .collect(),
-                        timer_ids: commit.timers().iter().map(|t| t.timer_id.clone()).collect(),
-                        conflicts,
-                    })
-                }
+                Ok(()) => return Ok(Handled::of(&commit, conflicts)),
                 Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
                     conflicts += 1;
                 }

@@ -8,7 +8,7 @@ use miniflow_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::sqlite::{limit, open_connection, storage, to_sql_time};
+use crate::sqlite::{in_savepoint, limit, open_connection, storage, to_sql_time};
 use crate::SqliteOptions;
 
 /// The receiver's [`IdempotencyStore`] on a SQLite file: the same file as a [`crate::SqliteStore`] or
@@ -156,6 +156,128 @@ fn write(conn: &Connection, record: &IdempotencyRecord) -> Result<(), Error> {
     Ok(())
 }
 
+fn begin_on(
+    conn: &Connection,
+    policy: &IdempotencyPolicy,
+    key: &IdempotencyKey,
+    digest: Digest,
+    now: Timestamp,
+) -> Result<Begin, Error> {
+    let existing = select(conn, key)?;
+    let (answer, record) = IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
+    if let Some(record) = record {
+        write(conn, &record)?;
+    }
+    Ok(answer)
+}
+
+fn finish_on(
+    conn: &Connection,
+    key: &IdempotencyKey,
+    token: u64,
+    result: &serde_json::Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let mut record = select(conn, key)?.ok_or_else(|| Error::UnknownKey {
+        key: key.to_string(),
+    })?;
+    record.finish(token, result.clone(), now)?;
+    write(conn, &record)
+}
+
+fn abandon_on(conn: &Connection, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
+    if let Some(mut record) = select(conn, key)? {
+        record.abandon(token)?;
+        write(conn, &record)?;
+    }
+    Ok(())
+}
+
+impl SqliteIdempotencyStore {
+    fn write(&mut self) -> Result<rusqlite::Transaction<'_>, Error> {
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)
+    }
+
+    /// [`IdempotencyStore::begin`] inside the caller's own transaction `tx` (on the same file, begun
+    /// with `BEGIN IMMEDIATE`). Usually `begin` runs in its own short transaction, so a concurrent
+    /// caller sees the reservation at once; this is for a receiver that reads its own rows first.
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::begin`].
+    pub fn begin_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        key: &IdempotencyKey,
+        digest: Digest,
+        now: Timestamp,
+    ) -> Result<Begin, Error> {
+        in_savepoint(tx, |conn| begin_on(conn, &self.policy, key, digest, now))
+    }
+
+    /// [`IdempotencyStore::finish`] inside the caller's own transaction `tx`, so that the receiver's
+    /// effect (its own rows) and the record of it commit together or not at all. The store never
+    /// commits `tx`. When the reservation was taken over, `finish_in` returns
+    /// [`Error::StaleReservation`] and writes nothing: roll `tx` back, and the effect is undone with
+    /// it — such a receiver is at most once whatever the timing (DESIGN rule 14).
+    ///
+    /// The caller guarantees: `tx` is on the file of this store (opened after it, so the schema is
+    /// current) and began with `BEGIN IMMEDIATE`, and it commits `tx` only when `finish_in` succeeded.
+    ///
+    /// ```
+    /// use miniflow_core::{json, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Timestamp};
+    /// use miniflow_native::SqliteIdempotencyStore;
+    /// use rusqlite::{Connection, TransactionBehavior};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("supplier.db");
+    /// let mut keys = SqliteIdempotencyStore::open(&path, IdempotencyPolicy::default())?;
+    /// let mut conn = Connection::open(&path)?;
+    /// conn.execute_batch("CREATE TABLE bookings (key TEXT PRIMARY KEY, seat TEXT)")?;
+    ///
+    /// let key = IdempotencyKey::new("trip-001:1:0")?;
+    /// let now = Timestamp::from_millis(0);
+    /// let Begin::Fresh { token } = keys.begin(&key, Digest::of(&json!({ "seat": "12A" })), now)? else {
+    ///     unreachable!("a new key is fresh")
+    /// };
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO bookings VALUES (?1, '12A')", [key.as_str()])?; // the effect
+    /// keys.finish_in(&tx, &key, token, &json!({ "booking": 1 }), now)?;      // its record
+    /// tx.commit()?;                                                          // both, or neither
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::finish`].
+    pub fn finish_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        in_savepoint(tx, |conn| finish_on(conn, key, token, result, now))
+    }
+
+    /// [`IdempotencyStore::abandon`] inside the caller's own transaction `tx`.
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::abandon`].
+    pub fn abandon_in(
+        &self,
+        tx: &rusqlite::Transaction<'_>,
+        key: &IdempotencyKey,
+        token: u64,
+    ) -> Result<(), Error> {
+        in_savepoint(tx, |conn| abandon_on(conn, key, token))
+    }
+}
+
 impl IdempotencyStore for SqliteIdempotencyStore {
     fn policy(&self) -> &IdempotencyPolicy {
         &self.policy
@@ -167,16 +289,9 @@ impl IdempotencyStore for SqliteIdempotencyStore {
         digest: Digest,
         now: Timestamp,
     ) -> Result<Begin, Error> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(storage)?;
-        let existing = select(&tx, key)?;
-        let (answer, record) =
-            IdempotencyRecord::begin(existing.as_ref(), key, digest, &self.policy, now);
-        if let Some(record) = record {
-            write(&tx, &record)?;
-        }
+        let policy = self.policy;
+        let tx = self.write()?;
+        let answer = begin_on(&tx, &policy, key, digest, now)?;
         tx.commit().map_err(storage)?;
         Ok(answer)
     }
@@ -188,27 +303,14 @@ impl IdempotencyStore for SqliteIdempotencyStore {
         result: &serde_json::Value,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(storage)?;
-        let mut record = select(&tx, key)?.ok_or_else(|| Error::UnknownKey {
-            key: key.to_string(),
-        })?;
-        record.finish(token, result.clone(), now)?;
-        write(&tx, &record)?;
+        let tx = self.write()?;
+        finish_on(&tx, key, token, result, now)?;
         tx.commit().map_err(storage)
     }
 
     fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(storage)?;
-        if let Some(mut record) = select(&tx, key)? {
-            record.abandon(token)?;
-            write(&tx, &record)?;
-        }
+        let tx = self.write()?;
+        abandon_on(&tx, key, token)?;
         tx.commit().map_err(storage)
     }
 

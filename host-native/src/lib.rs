@@ -45,6 +45,10 @@ pub use dispatcher::{
     Stats,
 };
 pub use idempotency::SqliteIdempotencyStore;
+/// The SQLite driver miniflow is built on, re-exported so that the caller's-transaction entry points
+/// (`SqliteStore::append_in`, `SqliteIdempotencyStore::finish_in`, …) take a transaction of the same
+/// `rusqlite` version.
+pub use rusqlite;
 pub use sqlite::{
     Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand, SCHEMA_VERSION,
 };

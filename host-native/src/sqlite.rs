@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use miniflow_core::{
     canonical_json, feedback, Ack, Cancelled, ClaimOrder, ClaimRequest, CommandId, Commit,
-    Delivery, Error, EventRecord, Extended, Failure, Lease, OutboxRow, RetryPolicy, Seq, Settled,
-    Status, Store, TimerId, TimerRow, Timestamp, WorkflowId,
+    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow,
+    RetryPolicy, Seq, Settled, Status, Store, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -220,6 +220,68 @@ impl SqliteStore {
         self.conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(storage)
+    }
+
+    /// Writes `commit` inside the caller's own transaction `tx`, so the caller's rows (an `orders`
+    /// table, say) commit together with the event and its commands — or not at all. The store never
+    /// commits `tx`; on an error nothing of the commit is left in it (a savepoint is rolled back) and
+    /// the caller decides whether to roll back the rest.
+    ///
+    /// The caller guarantees: `tx` is on the same file as the store, opened after the store (so its
+    /// schema is current), and began with `BEGIN IMMEDIATE`
+    /// (`TransactionBehavior::Immediate`) so that no other writer moves the workflow between the read
+    /// and the write; the file keeps the WAL journal the store set, and `tx` is committed with the
+    /// durability the caller needs (miniflow's own connections use `synchronous=FULL`).
+    ///
+    /// ```
+    /// use miniflow_native::SqliteStore;
+    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Store, Timestamp, WorkflowId};
+    /// use rusqlite::{Connection, TransactionBehavior};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("shop.db");
+    /// let store = SqliteStore::open(&path)?; // creates or upgrades miniflow's tables
+    /// let mut conn = Connection::open(&path)?;
+    /// conn.execute_batch("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, total INTEGER)")?;
+    ///
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO orders VALUES ('order-7', 1200)", [])?;
+    /// let order = WorkflowId::new("order-7")?;
+    /// let decision = Decision::new().command(Command::new("charge_card", json!({ "amount": 1200 })));
+    /// let commit = Commit::new(order.clone(), Seq::ZERO, Event::new("placed", json!({})), decision, Timestamp::from_millis(0))?;
+    /// SqliteStore::append_in(&tx, &commit)?;
+    /// tx.commit()?; // the order row, the event and its command, together
+    ///
+    /// assert_eq!(store.commands(&order)?.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Store::append_with_commands`].
+    pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+        in_savepoint(tx, |conn| write_commit(conn, commit))
+    }
+
+    /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
+    /// decides, and writes the commit with [`SqliteStore::append_in`], under the same guarantees.
+    /// Under `BEGIN IMMEDIATE` no other writer can move the workflow meanwhile, so there is no
+    /// conflict to retry.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_in<W: Workflow>(
+        tx: &Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let events = load_events(tx, workflow_id)?;
+        let commit = engine.plan(&events, workflow_id, event, now)?;
+        Self::append_in(tx, &commit)?;
+        Ok(Handled::of(&commit, 0))
     }
 
     /// Applies `change` to one row inside one `BEGIN IMMEDIATE` transaction; an error rolls it back.
@@ -1312,6 +1374,118 @@ fn complete_in(
     schedule_feedback(conn, before, &row, now)
 }
 
+/// The events of `workflow_id` in seq order, as `conn` sees them.
+fn load_events(conn: &Connection, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+    let read = |row: &Row<'_>| {
+        let seq: i64 = row.get(0)?;
+        Ok(EventRecord {
+            workflow_id: workflow_id.clone(),
+            seq: u64::try_from(seq)
+                .ok()
+                .and_then(|s| Seq::new(s).ok())
+                .ok_or_else(|| unreadable(row, 0, format!("holds {seq}, out of range")))?,
+            kind: row.get(1)?,
+            payload: read_json(row, 2)?,
+            recorded_at: read_time(row, 3)?,
+        })
+    };
+    let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
+    read_all(
+        conn,
+        "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
+        [workflow_id.as_str()],
+        read,
+        name,
+    )
+}
+
+/// Runs `write` inside a savepoint of the caller's transaction: on an error the savepoint is rolled
+/// back, so nothing of the write stays, and the caller's own writes are left as they were.
+pub(crate) fn in_savepoint<T>(
+    conn: &Connection,
+    write: impl FnOnce(&Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    conn.execute_batch("SAVEPOINT miniflow_write")
+        .map_err(storage)?;
+    match write(conn) {
+        Ok(out) => {
+            conn.execute_batch("RELEASE miniflow_write")
+                .map_err(storage)?;
+            Ok(out)
+        }
+        Err(e) => {
+            // Rolling back can only fail if the connection is gone; the error that matters is `e`.
+            let _ = conn.execute_batch("ROLLBACK TO miniflow_write; RELEASE miniflow_write");
+            Err(e)
+        }
+    }
+}
+
+/// Writes `commit` on `tx`, which the caller has opened and will commit or roll back (see
+/// [`Store::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
+fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error> {
+    let workflow_id = commit.workflow_id().as_str();
+    let actual: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
+        .map_err(storage)?;
+    let actual = Seq::new(actual as u64)?;
+    if actual != commit.expected_seq() {
+        return Err(commit.conflict(actual));
+    }
+    {
+        let mut insert_event = tx
+            .prepare_cached(
+                "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(storage)?;
+        for event in commit.events() {
+            insert_event
+                .execute(params![
+                    workflow_id,
+                    event.seq.get() as i64,
+                    event.kind,
+                    canonical_json(&event.payload),
+                    to_sql_time("now", event.recorded_at)?,
+                ])
+                .map_err(|e| match e.sqlite_error_code() {
+                    Some(ErrorCode::ConstraintViolation) => commit.conflict(actual),
+                    _ => storage(e),
+                })?;
+        }
+        let mut insert_command = tx
+            .prepare_cached(
+                "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
+                 available_at, created_at, report_result) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
+            )
+            .map_err(storage)?;
+        if let Some(timer_id) = commit.fires() {
+            fire_timer(tx, timer_id, commit.now())?;
+        }
+        cancel_commands(tx, commit)?;
+        for row in commit.commands() {
+            insert_command
+                .execute(params![
+                    workflow_id,
+                    row.command_id.event_seq().get() as i64,
+                    i64::from(row.command_id.index()),
+                    row.kind,
+                    canonical_json(&row.payload),
+                    to_sql_time("now", row.created_at)?,
+                    row.report_result,
+                ])
+                .map_err(storage)?;
+        }
+        cancel_timers(tx, commit)?;
+        for timer in commit.timers() {
+            insert_timer(tx, timer)?;
+        }
+    }
+    Ok(())
+}
+
 /// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
 /// ([`OutboxRow::cancel`]).
 fn cancel_commands(conn: &Connection, commit: &Commit) -> Result<(), Error> {
@@ -1662,90 +1836,12 @@ fn timer_exists(conn: &Connection, timer_id: &TimerId) -> Result<bool, Error> {
 
 impl Store for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
-        let read = |row: &Row<'_>| {
-            let seq: i64 = row.get(0)?;
-            Ok(EventRecord {
-                workflow_id: workflow_id.clone(),
-                seq: u64::try_from(seq)
-                    .ok()
-                    .and_then(|s| Seq::new(s).ok())
-                    .ok_or_else(|| unreadable(row, 0, format!("holds {seq}, out of range")))?,
-                kind: row.get(1)?,
-                payload: read_json(row, 2)?,
-                recorded_at: read_time(row, 3)?,
-            })
-        };
-        let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
-        read_all(
-            &self.conn,
-            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
-            [workflow_id.as_str()],
-            read,
-            name,
-        )
+        load_events(&self.conn, workflow_id)
     }
 
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let workflow_id = commit.workflow_id().as_str();
         let tx = self.write()?;
-        let actual: i64 = tx
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
-            .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
-            .map_err(storage)?;
-        let actual = Seq::new(actual as u64)?;
-        if actual != commit.expected_seq() {
-            return Err(commit.conflict(actual));
-        }
-        {
-            let mut insert_event = tx
-                .prepare_cached(
-                    "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                )
-                .map_err(storage)?;
-            for event in commit.events() {
-                insert_event
-                    .execute(params![
-                        workflow_id,
-                        event.seq.get() as i64,
-                        event.kind,
-                        canonical_json(&event.payload),
-                        to_sql_time("now", event.recorded_at)?,
-                    ])
-                    .map_err(|e| match e.sqlite_error_code() {
-                        Some(ErrorCode::ConstraintViolation) => commit.conflict(actual),
-                        _ => storage(e),
-                    })?;
-            }
-            let mut insert_command = tx
-                .prepare_cached(
-                    "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                     available_at, created_at, report_result) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
-                )
-                .map_err(storage)?;
-            if let Some(timer_id) = commit.fires() {
-                fire_timer(&tx, timer_id, commit.now())?;
-            }
-            cancel_commands(&tx, commit)?;
-            for row in commit.commands() {
-                insert_command
-                    .execute(params![
-                        workflow_id,
-                        row.command_id.event_seq().get() as i64,
-                        i64::from(row.command_id.index()),
-                        row.kind,
-                        canonical_json(&row.payload),
-                        to_sql_time("now", row.created_at)?,
-                        row.report_result,
-                    ])
-                    .map_err(storage)?;
-            }
-            cancel_timers(&tx, commit)?;
-            for timer in commit.timers() {
-                insert_timer(&tx, timer)?;
-            }
-        }
+        write_commit(&tx, commit)?;
         tx.commit().map_err(storage)
     }
 
