@@ -1,20 +1,24 @@
-//! The trip booking saga: durable timers and compensation.
+//! The trip booking saga: results flowing back, durable timers, withdrawn commands and compensation.
 //!
 //! `trip_requested` locks the budget, books the flight and books the hotel, and gives the hotel 30
-//! minutes (a durable timer) to confirm.
+//! minutes (a durable timer) to confirm. The flight and the hotel report their results: the airline's
+//! booking reference comes back into the trip as a `command_completed` event, and `cancel_flight`
+//! carries it.
 //! - `trip-001`: the hotel refuses for good. The dead `book_hotel` feeds a `command_failed` event back
-//!   into the trip, whose decision cancels the flight, releases the budget and cancels the deadline.
-//! - `trip-002`: the hotel takes the request but never confirms. The deadline fires a `timer_fired`
-//!   event 30 minutes later, whose decision cancels the hotel and the flight and releases the budget.
+//!   into the trip, whose decision cancels the flight (with its reference), releases the budget and
+//!   cancels the deadline.
+//! - `trip-002`: the hotel answers "busy" again and again. When the 30-minute deadline fires, the
+//!   decision withdraws the still-retrying `book_hotel` — it becomes `cancelled` and is never sent
+//!   again — and cancels the flight and releases the budget.
 //!
 //! Time is a manual clock: 30 minutes pass at once. Run with `cargo run --example trip_saga`.
 
 use std::time::Duration;
 
 use miniflow::{
-    json, Clock, Command, Decision, Delivery, Dispatcher, Engine, Event, EventRecord, ManualClock,
-    Outcome, RetryPolicy, SqliteStore, Status, Store, Timer, TimerStatus, Timestamp, Workflow,
-    WorkflowId, COMMAND_FAILED, TIMER_FIRED,
+    json, Clock, Command, CommandCompleted, CommandFailed, Decision, Delivery, Dispatcher, Engine,
+    Event, EventRecord, ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Store, Timer,
+    TimerFired, TimerStatus, Timestamp, Workflow, WorkflowId, COMMAND_FAILED,
 };
 use std::sync::Arc;
 
@@ -24,7 +28,10 @@ const HOTEL_DEADLINE: &str = "hotel_deadline";
 #[derive(Debug, Default)]
 struct Trip {
     requested: bool,
-    hotel_confirmed: bool,
+    /// The airline's booking reference, once `book_flight`'s result came back.
+    flight_reference: Option<String>,
+    /// The hotel's confirmation, once `book_hotel`'s result came back.
+    hotel_confirmation: Option<String>,
     cancelled: Option<String>,
     failed: Vec<String>,
 }
@@ -32,21 +39,31 @@ struct Trip {
 struct TripSaga;
 
 impl TripSaga {
-    /// Undo what may have happened: every booking that did not fail is cancelled.
-    fn compensate(failed: &[&str], reason: &str, trip_id: &str) -> Decision {
-        let undo = [
-            ("lock_budget", "release_budget"),
-            ("book_flight", "cancel_flight"),
-            ("book_hotel", "cancel_hotel"),
-        ];
-        let mut decision = Decision::new().cancel_timer(HOTEL_DEADLINE);
-        for (booking, undo) in undo {
-            if !failed.contains(&booking) {
-                decision = decision.command(Command::new(
-                    undo,
-                    json!({ "trip_id": trip_id, "reason": reason }),
-                ));
+    /// Undo what may have happened: withdraw the bookings still under way, cancel the ones that
+    /// came back with a result, release the budget.
+    fn compensate(trip: &Trip, reason: &str, trip_id: &str) -> Decision {
+        let undo = |kind: &str, extra: serde_json::Value| {
+            let mut payload = json!({ "trip_id": trip_id, "reason": reason });
+            if let (Some(payload), Some(extra)) = (payload.as_object_mut(), extra.as_object()) {
+                payload.extend(extra.clone());
             }
+            Command::new(kind, payload)
+        };
+        let mut decision = Decision::new()
+            .cancel_timer(HOTEL_DEADLINE)
+            .cancel_commands_of_kind("book_flight")
+            .cancel_commands_of_kind("book_hotel");
+        if !trip.failed.iter().any(|kind| kind == "lock_budget") {
+            decision = decision.command(undo("release_budget", json!({})));
+        }
+        if let Some(reference) = &trip.flight_reference {
+            decision = decision.command(undo("cancel_flight", json!({ "reference": reference })));
+        }
+        if let Some(confirmation) = &trip.hotel_confirmation {
+            decision = decision.command(undo(
+                "cancel_hotel",
+                json!({ "confirmation": confirmation }),
+            ));
         }
         decision
     }
@@ -56,76 +73,102 @@ impl Workflow for TripSaga {
     type State = Trip;
 
     fn evolve(&self, trip: &mut Trip, event: &EventRecord) {
-        match event.kind.as_str() {
-            "trip_requested" => trip.requested = true,
-            "hotel_confirmed" => trip.hotel_confirmed = true,
-            COMMAND_FAILED => {
-                trip.failed.push(
-                    event.payload["kind"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned(),
-                );
-                if trip.cancelled.is_none() {
-                    trip.cancelled = Some(format!(
-                        "{} failed: {}",
-                        event.payload["kind"].as_str().unwrap_or_default(),
-                        event.payload["error"].as_str().unwrap_or_default()
-                    ));
-                }
+        if event.kind == "trip_requested" {
+            trip.requested = true;
+        }
+        if let Some(Ok(done)) = event.decode::<CommandCompleted>() {
+            let reference = done.result["reference"].as_str().map(str::to_owned);
+            match done.kind.as_str() {
+                "book_flight" => trip.flight_reference = reference,
+                "book_hotel" => trip.hotel_confirmation = reference,
+                _ => {}
             }
-            TIMER_FIRED if event.payload["name"] == HOTEL_DEADLINE && !trip.hotel_confirmed => {
+        }
+        if let Some(Ok(failed)) = event.decode::<CommandFailed>() {
+            trip.failed.push(failed.kind.clone());
+            trip.cancelled.get_or_insert_with(|| {
+                format!(
+                    "{} failed: {}",
+                    failed.kind,
+                    failed.error.unwrap_or_default()
+                )
+            });
+        }
+        if let Some(Ok(fired)) = event.decode::<TimerFired>() {
+            if fired.name == HOTEL_DEADLINE && trip.hotel_confirmation.is_none() {
                 trip.cancelled
                     .get_or_insert_with(|| "the hotel did not confirm within 30 minutes".into());
             }
-            _ => {}
         }
     }
 
     fn decide(&self, trip: &Trip, event: &EventRecord) -> Decision {
         let trip_id = event.workflow_id.as_str();
-        match event.kind.as_str() {
-            "trip_requested" if !trip.requested => {
-                let booking = json!({ "trip_id": trip_id, "city": event.payload["city"] });
-                Decision::new()
-                    .command(Command::new(
-                        "lock_budget",
-                        json!({ "trip_id": trip_id, "amount": 3000 }),
-                    ))
-                    .command(Command::new("book_flight", booking.clone()))
-                    .command(Command::new("book_hotel", booking))
-                    .timer(Timer::after(
-                        HOTEL_DEADLINE,
-                        Duration::from_secs(30 * 60),
-                        json!({ "trip_id": trip_id }),
-                    ))
-            }
-            "hotel_confirmed" => Decision::new().cancel_timer(HOTEL_DEADLINE),
-            COMMAND_FAILED if trip.cancelled.is_none() => {
-                let mut failed: Vec<&str> = trip.failed.iter().map(String::as_str).collect();
-                failed.push(event.payload["kind"].as_str().unwrap_or_default());
-                Self::compensate(&failed, "a booking failed", trip_id)
-            }
-            TIMER_FIRED
-                if event.payload["name"] == HOTEL_DEADLINE
-                    && trip.cancelled.is_none()
-                    && !trip.hotel_confirmed =>
-            {
-                let failed: Vec<&str> = trip.failed.iter().map(String::as_str).collect();
-                Self::compensate(&failed, "the hotel did not confirm in time", trip_id)
-            }
-            _ => Decision::none(), // e.g. a failure after the trip was cancelled: recorded, nothing to undo
+        if event.kind == "trip_requested" && !trip.requested {
+            let booking = json!({ "trip_id": trip_id, "city": event.payload["city"] });
+            return Decision::new()
+                .command(Command::new(
+                    "lock_budget",
+                    json!({ "trip_id": trip_id, "amount": 3000 }),
+                ))
+                .command(Command::new("book_flight", booking.clone()).report_result())
+                .command(Command::new("book_hotel", booking).report_result())
+                .timer(Timer::after(
+                    HOTEL_DEADLINE,
+                    Duration::from_secs(30 * 60),
+                    json!({ "trip_id": trip_id }),
+                ));
         }
+        if let Some(Ok(done)) = event.decode::<CommandCompleted>() {
+            return match (done.kind.as_str(), &trip.cancelled) {
+                // The hotel confirmed in time: no deadline any more.
+                ("book_hotel", None) => Decision::new().cancel_timer(HOTEL_DEADLINE),
+                // A booking that completed after the trip was cancelled is undone with its result.
+                ("book_flight", Some(reason)) => Decision::new().command(Command::new(
+                    "cancel_flight",
+                    json!({ "trip_id": trip_id, "reason": reason, "reference": done.result["reference"] }),
+                )),
+                ("book_hotel", Some(reason)) => Decision::new().command(Command::new(
+                    "cancel_hotel",
+                    json!({ "trip_id": trip_id, "reason": reason, "confirmation": done.result["reference"] }),
+                )),
+                _ => Decision::none(),
+            };
+        }
+        let fired_deadline = event
+            .decode::<TimerFired>()
+            .is_some_and(|fired| fired.is_ok_and(|f| f.name == HOTEL_DEADLINE));
+        let failed = event.kind == COMMAND_FAILED;
+        if trip.cancelled.is_none()
+            && (failed || (fired_deadline && trip.hotel_confirmation.is_none()))
+        {
+            // Fold this event in first: the compensation sees the failure or the deadline too.
+            let mut after = Trip {
+                requested: trip.requested,
+                flight_reference: trip.flight_reference.clone(),
+                hotel_confirmation: trip.hotel_confirmation.clone(),
+                cancelled: None,
+                failed: trip.failed.clone(),
+            };
+            self.evolve(&mut after, event);
+            let reason = after.cancelled.clone().unwrap_or_default();
+            return Self::compensate(&after, &reason, trip_id);
+        }
+        Decision::none() // e.g. a failure after the trip was cancelled: recorded, nothing to undo
     }
 }
 
-/// The suppliers: the hotel refuses trip-001 for good after a 503, and takes trip-002's request
-/// without ever confirming it; everything else succeeds.
+/// The suppliers: the airline books every flight with a reference; the hotel refuses trip-001 for
+/// good after a 503, and answers "busy" to trip-002 every time; everything else succeeds.
 fn suppliers(delivery: &Delivery) -> Outcome {
     let trip = delivery.payload["trip_id"].as_str().unwrap_or_default();
     match (delivery.kind.as_str(), trip, delivery.attempt) {
+        ("book_flight", _, _) => {
+            Outcome::done_with(json!({ "reference": format!("FL-{}", &trip[5..]) }))
+        }
         ("book_hotel", "trip-001", 1) => Outcome::retry("503 hotel busy"),
         ("book_hotel", "trip-001", _) => Outcome::permanent("422 hotel fully booked"),
+        ("book_hotel", _, _) => Outcome::retry("503 hotel busy"),
         _ => Outcome::Done,
     }
 }
@@ -158,6 +201,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .retry_policy(
             RetryPolicy::default()
                 .initial_delay(Duration::from_secs(60))
+                .max_delay(Duration::from_secs(10 * 60))
                 .jitter(0.0),
         )
         .clock(clock.clone())
@@ -207,12 +251,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .last_error
                 .map(|e| format!(" ({e})"))
                 .unwrap_or_default();
+            let result = row
+                .result
+                .map(|r| format!(" result={r}"))
+                .unwrap_or_default();
             println!(
-                "  {} {:<14} {:<4} attempts={}{error}",
+                "  {} {:<14} {:<9} attempts={} payload={}{result}{error}",
                 row.command_id,
                 row.kind,
                 row.status.to_string(),
-                row.attempts
+                row.attempts,
+                row.payload
             );
         }
         println!("timers:");
@@ -227,11 +276,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
         };
         println!(
-            "state: {}; budget released: {}; flight cancelled: {}",
+            "state: {}; flight reference: {}; budget released: {}; flight cancelled: {}",
             state
                 .cancelled
                 .as_deref()
                 .map_or("booked".to_owned(), |why| format!("cancelled ({why})")),
+            state.flight_reference.as_deref().unwrap_or("-"),
             done("release_budget")?,
             done("cancel_flight")?
         );

@@ -225,19 +225,36 @@ fn trip_saga_example_compensates_a_failed_hotel_and_a_hotel_past_its_deadline() 
             .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
             .to_owned()
     };
-    // trip-001: the hotel refused; the failure came back as an event and was compensated.
+    // The airline's reference came back into each trip as one command_completed event.
+    line("2 command_completed {\"attempts\":1,\"command_id\":\"trip-001:1:1\",\"kind\":\"book_flight\",\"result\":{\"reference\":\"FL-001\"}}");
+    line("trip-001:1:1:completed command_completed fired");
+    assert_eq!(out.matches("2 command_completed").count(), 2, "{out}");
+    // trip-001: the hotel refused; the failure came back as an event and was compensated, the flight
+    // cancelled with the reference the workflow kept.
     line("trip-001:1:2 book_hotel     attempt 2: failed for good (422 hotel fully booked): dead");
-    line("2 command_failed   {\"attempts\":2,\"command_id\":\"trip-001:1:2\",\"error\":\"422 hotel fully booked\",\"kind\":\"book_hotel\"}");
-    line("trip-001:2:0 release_budget done");
-    line("trip-001:2:1 cancel_flight  done");
+    line("3 command_failed   {\"attempts\":2,\"command_id\":\"trip-001:1:2\",\"error\":\"422 hotel fully booked\",\"kind\":\"book_hotel\"}");
+    line("trip-001:3:0 release_budget done");
+    assert!(
+        line("trip-001:3:1 cancel_flight  done").contains("\"reference\":\"FL-001\""),
+        "{out}"
+    );
     line("trip-001:1:t0 hotel_deadline   cancelled");
-    line("state: cancelled (book_hotel failed: 422 hotel fully booked); budget released: true; flight cancelled: true");
-    // trip-002: no confirmation; the 30-minute timer fired once and was compensated.
-    line("[ 30.0 min] trip-002:2:1 cancel_flight  attempt 1: done");
-    line("2 timer_fired      {\"name\":\"hotel_deadline\",\"payload\":{\"trip_id\":\"trip-002\"},\"timer_id\":\"trip-002:1:t0\"}");
+    line("state: cancelled (book_hotel failed: 422 hotel fully booked); flight reference: FL-001; budget released: true; flight cancelled: true");
+    // trip-002: the hotel kept answering busy; the 30-minute deadline fired once and withdrew the
+    // still-retrying booking instead of letting it land later.
+    line("[ 30.0 min] trip-002:3:1 cancel_flight  attempt 1: done");
+    line("3 timer_fired      {\"name\":\"hotel_deadline\",\"payload\":{\"trip_id\":\"trip-002\"},\"timer_id\":\"trip-002:1:t0\"}");
     line("trip-002:1:t0 hotel_deadline   fired");
-    line("trip-002:2:2 cancel_hotel   done");
-    line("state: cancelled (the hotel did not confirm within 30 minutes); budget released: true; flight cancelled: true");
+    line("trip-002:1:2 book_hotel     cancelled attempts=6");
+    assert!(
+        !out.contains("trip-002:1:2 book_hotel     attempt 7"),
+        "a withdrawn command is never delivered again: {out}"
+    );
+    assert!(
+        line("trip-002:3:1 cancel_flight  done").contains("\"reference\":\"FL-002\""),
+        "{out}"
+    );
+    line("state: cancelled (the hotel did not confirm within 30 minutes); flight reference: FL-002; budget released: true; flight cancelled: true");
     assert_eq!(
         out.matches("timer_fired").count(),
         1,
