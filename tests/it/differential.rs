@@ -254,8 +254,19 @@ impl Run {
         json!({ "step": self.step, "i": i, "to": "成都", "tags": [self.rng.u8(..), null, true] })
     }
 
-    fn decision(&mut self) -> Decision {
+    fn decision(&mut self, w: &WorkflowId) -> Decision {
         let mut decision = Decision::new();
+        // Withdraw earlier commands of the workflow: by kind, or one by ID (any status).
+        if self.rng.u8(..5) == 0 {
+            decision = decision.cancel_commands_of_kind(KINDS[self.rng.usize(..KINDS.len())]);
+        }
+        if self.rng.u8(..5) == 0 {
+            let rows = self.memory.commands(w).expect("memory commands");
+            if !rows.is_empty() {
+                let id = rows[self.rng.usize(..rows.len())].command_id.clone();
+                decision = decision.cancel_command(id);
+            }
+        }
         // Now and then more than ten commands, so `…:1:2` must come before `…:1:10`.
         let commands = if self.rng.u8(..20) == 0 {
             11
@@ -265,7 +276,12 @@ impl Run {
         for i in 0..commands {
             let kind = KINDS[self.rng.usize(..KINDS.len())];
             let payload = self.payload(i);
-            decision = decision.command(Command::new(kind, payload));
+            let command = Command::new(kind, payload);
+            decision = decision.command(if self.rng.u8(..3) == 0 {
+                command.report_result()
+            } else {
+                command
+            });
         }
         if self.rng.u8(..3) == 0 {
             let name = TIMER_NAMES[self.rng.usize(..TIMER_NAMES.len())];
@@ -360,9 +376,9 @@ impl Run {
             _ => last,
         };
         let event = Event::new("happened", json!({ "step": self.step }));
-        let decision = self.decision();
+        let decision = self.decision(&w);
         let mut commit = Commit::new(
-            w,
+            w.clone(),
             Seq::new(expected).expect("a seq"),
             event,
             decision,
@@ -370,7 +386,7 @@ impl Run {
         )
         .expect("a valid commit");
         if self.rng.u8(..5) == 0 {
-            let decision = self.decision();
+            let decision = self.decision(&w);
             commit
                 .push(Event::new("also_happened", json!({})), decision)
                 .expect("a valid second event");
@@ -400,7 +416,7 @@ impl Run {
         };
         let w = timer_id.workflow_id().clone();
         let last = self.last_seq(&w);
-        let decision = self.decision();
+        let decision = self.decision(&w);
         let commit = Commit::new(
             w,
             last,
@@ -444,9 +460,13 @@ impl Run {
 
     fn complete(&mut self) {
         let (id, token) = self.delivery();
-        let operation = format!("complete({id}, token {token})");
+        let result = self
+            .rng
+            .bool()
+            .then(|| json!({ "reference": format!("R-{}", self.step) }));
+        let operation = format!("complete({id}, token {token}, result {result:?})");
         self.both(operation, |store, now| {
-            store.complete(&id, token, None, now)
+            store.complete(&id, token, result.as_ref(), now)
         });
     }
 
