@@ -102,7 +102,7 @@ impl JsEngine {
     /// An engine for `workflow` (`{ init?, evolve, decide }`).
     #[wasm_bindgen(constructor)]
     pub fn new(
-        #[wasm_bindgen(unchecked_param_type = "Workflow<unknown>")] workflow: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Workflow<unknown, EventShape>")] workflow: JsValue,
     ) -> Result<JsEngine, JsValue> {
         let function = |name: &str| -> Result<Option<Function>, JsValue> {
             let value = js_sys::Reflect::get(&workflow, &name.into()).unwrap_or(JsValue::UNDEFINED);

@@ -38,8 +38,13 @@ export interface DecisionObject {
 /** A decision: a list of commands, or a full decision object. */
 export type DecisionInput = CommandInput[] | DecisionObject;
 
-/** An event as recorded. */
-export interface EventRecord { workflow_id: string; seq: number; kind: string; payload: Json; recorded_at: number }
+/** The shape of an event kind with its payload: the members of a workflow's event union. */
+export interface EventShape { kind: string; payload?: unknown }
+/** Any event: a kind and a JSON payload. */
+export interface AnyEvent { kind: string; payload: Json }
+/** An event as recorded. `E` narrows kind and payload: with `E = MyEvent | BuiltInEvent`, testing
+ * `event.kind === "command_completed"` makes `event.payload` a `CommandCompleted`. */
+export type EventRecord<E extends EventShape = AnyEvent> = E & { workflow_id: string; seq: number; recorded_at: number };
 
 export type CommandStatus = "pending" | "leased" | "done" | "dead" | "cancelled";
 /** Who holds a command, until when, with which fencing token. */
@@ -130,11 +135,13 @@ export interface TimerRow {
 export interface Handled { seq: number; command_ids: string[]; timer_ids: string[]; conflicts: number }
 /** A workflow's state rebuilt from its events. */
 export interface Replayed<S> { state: S; last_seq: number }
-/** A workflow written in JS: `evolve` folds events into state, `decide` answers an incoming event. */
-export interface Workflow<S> {
+/** A workflow written in JS: `evolve` folds events into state, `decide` answers an incoming event.
+ * `E` is the union of the events it sees, its own and miniflow's (`BuiltInEvent`), so that a test of
+ * `event.kind` narrows `event.payload`; by default any kind with a JSON payload. */
+export interface Workflow<S, E extends EventShape = AnyEvent> {
   init?: () => S;
-  evolve(state: S, event: EventRecord): S;
-  decide(state: S, event: EventRecord): DecisionInput;
+  evolve(state: S, event: EventRecord<E>): S;
+  decide(state: S, event: EventRecord<E>): DecisionInput;
 }
 /** The parts of a command ID. */
 export interface ParsedCommandId { workflow_id: string; event_seq: number; index: number }

@@ -174,9 +174,22 @@ app = load();
 for (const [id, name] of Object.entries({ request: "request", deliver: "deliver", crash: "crash", advance: "advance", "fail-next": "failNext", retry: "retry", reset: "reset" })) {
   document.getElementById(id).addEventListener("click", () => act(name));
 }
-document.getElementById("run-saga").addEventListener("click", () => {
-  document.getElementById("saga").textContent = runSaga().join("\n");
-});
+/** The saga's report, with each command's status marked up like the outbox table's. */
+function renderSaga(lines) {
+  const status = / (pending|leased|done|dead|cancelled)(?= attempts=)| withdrawn → (cancelled)/;
+  document.getElementById("saga").replaceChildren(
+    ...lines.flatMap((line) => {
+      const match = status.exec(line);
+      if (!match) return [`${line}\n`];
+      const word = match[1] ?? match[2];
+      const at = match.index + match[0].length - word.length;
+      const span = Object.assign(document.createElement("span"), { className: `status ${word}`, textContent: word });
+      return [line.slice(0, at), span, `${line.slice(at + word.length)}\n`];
+    }),
+  );
+}
+
+document.getElementById("run-saga").addEventListener("click", () => renderSaga(runSaga()));
 render();
 const status = document.getElementById("status");
 status.textContent = "ready";

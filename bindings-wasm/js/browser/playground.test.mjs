@@ -1,6 +1,8 @@
 // Browser test of the playground: Debian's Chromium, driven by playwright-core, loads the page from
 // 127.0.0.1, clicks through the crash-before-ack scenario, and checks the page shows one side effect
-// and no pending command — also after a reload. Saves a screenshot under test-output/.
+// and no pending command — also after a reload. Runs the trip booking saga and checks its report: a
+// flight reference flowing back into the trip and out again in cancel_flight, and a hotel booking
+// withdrawn (cancelled) while it was still retrying. Saves a screenshot under test-output/.
 import test from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
@@ -41,7 +43,7 @@ async function serve(directory) {
   throw new Error(`the static server on ${url} did not start`);
 }
 
-test("the playground folds a redelivery after a crash before the ack into one side effect", async () => {
+test("the playground folds a redelivery after a crash before the ack into one side effect; its saga feeds results back and withdraws a retrying booking", async () => {
   const server = await serve(www);
   const context = await chromium.launchPersistentContext(mkdtempSync(join(tmpdir(), "miniflow-chromium-")), {
     executablePath: browserPath,
@@ -84,18 +86,41 @@ test("the playground folds a redelivery after a crash before the ack into one si
     const saga = await text("saga");
     for (const line of [
       "trip-001:1:2 book_hotel attempt 2: 422 hotel fully booked → dead",
-      "2 command_failed",
+      "3 command_failed",
       "trip-001:1:t0 hotel_deadline cancelled",
       "state: cancelled (book_hotel failed: 422 hotel fully booked); budget released: true; flight cancelled: true",
       "trip-002:1:t0 fired: timer_fired",
-      "trip-002:2:2 cancel_hotel done",
       "trip-002:1:t0 hotel_deadline fired",
       "state: cancelled (the hotel did not confirm within 30 minutes); budget released: true; flight cancelled: true",
       "pending: 0",
       "dead: 1 (unexplained: 0)",
+      // The flight's reference flows back: acked with completeWith, fed back once as command_completed,
+      // kept in the trip's state, carried by cancel_flight.
+      "trip-001:1:1 book_flight attempt 1: done → {\"reference\":\"FL-001\"}",
+      "trip-001:1:1:completed fired: command_completed",
+      '2 command_completed {"attempts":1,"command_id":"trip-001:1:1","kind":"book_flight","result":{"reference":"FL-001"}}',
+      "trip-001:3:1 cancel_flight FL-001 attempt 1: done",
+      "trip-002:3:1 cancel_flight FL-002 done attempts=1",
+      "references: flight FL-002, hotel –",
+      // trip-002's hotel, still retrying when the deadline fired, is withdrawn instead of booked later.
+      "trip-002:1:2 book_hotel withdrawn → cancelled (its next attempt was due at 35.0 min)",
+      "trip-002:1:2 book_hotel cancelled attempts=6 (503 hotel busy)",
+      "withdrawn: trip-002:1:2 book_hotel after 6 attempts, never delivered again",
+      "cancelled: 1",
+      // trip-003's hotel books in time: its result stops the deadline.
+      "trip-003:1:t0 hotel_deadline cancelled",
+      "state: booked; budget released: false; flight cancelled: false",
+      "references: flight FL-003, hotel HT-003",
     ]) {
       assert.ok(saga.includes(line), `the saga report lacks "${line}":\n${saga}`);
     }
+    assert.ok(!/trip-002:\S+ cancel_hotel/.test(saga), "the withdrawn hotel was never booked, so nothing cancels it");
+    assert.equal(saga.match(/fired: command_completed/g).length, 4, "one feedback per completed booking");
+    // The cancelled command is visible: its status is marked up like the outbox table's.
+    const marked = await page.$$eval("[data-testid=saga] .status.cancelled", (spans) =>
+      spans.map((span) => [span.textContent, getComputedStyle(span).textDecorationLine]),
+    );
+    assert.deepEqual(marked, [["cancelled", "line-through"], ["cancelled", "line-through"]], "the withdrawal and the outbox row");
 
     await page.reload();
     await page.waitForSelector("#status[data-ready=true]");

@@ -11,7 +11,8 @@ test("leases and retries follow the caller's clock", () => {
   assert.equal(store.claim({ worker: "a" }, 9_999).length, 0, "not due before its commit time");
   let [d] = store.claim({ worker: "a", lease_ttl_ms: 500 }, 10_000);
   assert.equal(d.attempt, 1);
-  assert.equal(store.extend(d.command_id, d.token, 2_000, 10_400), 12_400);
+  assert.deepEqual(store.extend(d.command_id, d.token, 2_000, 10_400), { expires_at: 12_400, cancel_requested: false });
+  assert.deepEqual(store.extend(d.command_id, d.token, 100, 10_450), { expires_at: 12_400, cancel_requested: false }, "never shortened");
   assert.equal(store.claim({ worker: "b" }, 12_399).length, 0, "the extended lease holds");
   assert.deepEqual(store.fail(d.command_id, d.token, { error: "503", retryable: true }, policy, 10_500), {
     outcome: "retry_at",

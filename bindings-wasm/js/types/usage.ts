@@ -8,8 +8,14 @@ import {
   digest,
   parseCommandId,
   type Begin,
+  type BuiltInEvent,
+  type BuiltInEventKind,
+  type CommandCompleted,
+  type CommandInput,
+  type DecisionObject,
   type Delivery,
   type EventRecord,
+  type Extended,
   type Handled,
   type Json,
   type OutboxRow,
@@ -41,11 +47,15 @@ const ids: string[] = handled.command_ids;
 const rows: OutboxRow[] = store.pending(10);
 const first: OutboxRow | null = store.command(ids[0]);
 expectType<Equal<typeof first, OutboxRow | null>>();
-expectType<Equal<OutboxRow["status"], "pending" | "leased" | "done" | "dead">>();
+expectType<Equal<OutboxRow["status"], "pending" | "leased" | "done" | "dead" | "cancelled">>();
+expectType<Equal<OutboxRow["result"], Json | null>>();
+expectType<Equal<OutboxRow["report_result"] | OutboxRow["cancel_requested"], boolean>>();
 expectType<Equal<OutboxRow["payload"], Json>>();
 expectType<Equal<OutboxRow["lease"], { owner: string; expires_at: number; token: number } | null>>();
 const events: EventRecord[] = store.load("trip-001");
 expectType<Equal<EventRecord["seq"], number>>();
+expectType<Equal<EventRecord["kind"], string>>();
+expectType<Equal<EventRecord["payload"], Json>>();
 
 const claimed: Delivery[] = store.claim({ worker: "w1", limit: 8, lease_ttl_ms: 30_000, order: "strict_per_workflow" });
 const settled: Settled = store.fail(claimed[0].command_id, claimed[0].token, { error: "503", retryable: true }, { max_attempts: 5 });
@@ -53,7 +63,15 @@ if (settled.outcome === "retry_at") {
   const at: number = settled.at;
   void at;
 }
+expectType<Equal<Settled["outcome"], "retry_at" | "dead" | "cancelled">>();
+const beat: Extended = store.extend(claimed[0].command_id, claimed[0].token, 30_000);
+expectType<Equal<typeof beat, Extended>>();
+if (!beat.cancel_requested) {
+  const until: number = beat.expires_at;
+  void until;
+}
 store.complete(claimed[0].command_id, claimed[0].token);
+store.completeWith(claimed[1].command_id, claimed[1].token, { reference: "CA1405-7Q" }, Date.now());
 const timers: TimerRow[] = store.claimTimers(10, 1_000);
 const fired: Handled | null = engine.fire(store, timers[0]);
 
@@ -69,6 +87,47 @@ if (answer.outcome === "completed") {
 const parts = parseCommandId(commandId("trip-001", 1, 0));
 expectType<Equal<typeof parts.event_seq, number>>();
 
+// A workflow typed by its events: testing `event.kind` narrows `event.payload`, miniflow's own events
+// included. The flight reference comes back through `command_completed`; a cancel withdraws the hotel.
+type SagaEvent = { kind: "trip_requested"; payload: { city: string } } | { kind: "trip_cancelled"; payload: null } | BuiltInEvent;
+interface Saga {
+  flight: string | null;
+}
+const withdraw: DecisionObject = { cancel_commands: ["trip-001:1:1"], cancel_kinds: ["book_hotel"] };
+const saga: Workflow<Saga, SagaEvent> = {
+  init: () => ({ flight: null }),
+  evolve(state, event) {
+    if (event.kind === "command_completed") {
+      expectType<Equal<typeof event.payload, CommandCompleted>>();
+      const { kind, result } = event.payload;
+      if (kind === "book_flight" && typeof result === "object" && result !== null && !Array.isArray(result)) {
+        return { flight: String(result.reference) };
+      }
+    } else if (event.kind === "command_failed") {
+      expectType<Equal<typeof event.payload.error, string | null>>();
+    } else if (event.kind === "timer_fired") {
+      const name: string = event.payload.name;
+      void name;
+    }
+    return state;
+  },
+  decide(state, event) {
+    switch (event.kind) {
+      case "trip_requested": {
+        const book: CommandInput = { kind: "book_flight", payload: { city: event.payload.city }, report_result: true };
+        return [book, { kind: "book_hotel", payload: { city: event.payload.city } }];
+      }
+      case "trip_cancelled":
+        return { ...withdraw, commands: state.flight === null ? [] : [{ kind: "cancel_flight", payload: { reference: state.flight } }] };
+      default:
+        return [];
+    }
+  },
+};
+const sagaEngine = new Engine(saga);
+const sagaEvents: EventRecord<SagaEvent>[] = store.load("trip-001") as EventRecord<SagaEvent>[];
+expectType<Equal<BuiltInEventKind, "timer_fired" | "command_completed" | "command_failed" | "command_resolved">>();
+
 // @ts-expect-error a workflow ID is a string
 store.load(42);
 // @ts-expect-error the event needs a kind
@@ -81,5 +140,16 @@ const wrong: number = rows[0].status;
 store.fail("w:1:0", 1, { error: "x" });
 // @ts-expect-error decide must return a decision
 const broken: Workflow<Trip> = { evolve: (s) => s, decide: () => 42 };
+// @ts-expect-error extend answers an object, not the new expiry
+const expiry: number = store.extend("w:1:0", 1, 30_000);
+// @ts-expect-error completeWith needs the result
+store.completeWith("w:1:0", 1);
+// @ts-expect-error report_result is a boolean
+const asks: CommandInput = { kind: "book_flight", report_result: "yes" };
+// @ts-expect-error cancel_commands lists command IDs
+const cancelsNumbers: DecisionObject = { cancel_commands: [1] };
+const narrowed = (event: EventRecord<SagaEvent>) =>
+  // @ts-expect-error a command_completed payload has a result, not an error
+  event.kind === "command_completed" ? event.payload.error : null;
 
-void [events, fired, wrong, broken];
+void [events, fired, wrong, broken, sagaEngine, sagaEvents, expiry, asks, cancelsNumbers, narrowed];
