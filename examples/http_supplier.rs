@@ -8,24 +8,36 @@
 //! - `422` when the key comes back with other parameters (another traveller or flight);
 //! - `400` without a key.
 //!
+//! The supplier writes a booking (a row of its `bookings` table) and the idempotency record that
+//! answers replays in ONE transaction of its SQLite file (`SqliteIdempotencyStore::finish_in`):
+//! both commit, or neither. A request whose reservation timed out while it worked, and was taken
+//! over by another request with the key, finds its token stale at `finish_in`: its transaction
+//! rolls back, its booking goes with it, and it answers `409`; the booking of the current holder is
+//! the only one (DESIGN rule 14). `GET /bookings` lists the bookings.
+//!
 //! The dispatcher completes a command only on a 2xx; a timeout means "unknown" and is retried with the
 //! same key. To show it, the supplier drops its answer to the first call for `trip-002` *after* it has
 //! committed the booking: the retry gets the stored answer, and each traveller has exactly one booking.
 //!
+//! The workflow asks for each booking's result (`Command::report_result`); the dispatcher completes
+//! the command with the booking reference (`Outcome::done_with`), and the reference comes back into
+//! the workflow as one `command_completed` event, committed with the acknowledgement.
+//!
 //! `cargo run --example http_supplier` runs the whole demo on 127.0.0.1.
-//! `cargo run --example http_supplier -- serve` runs only the supplier and prints its address.
+//! `cargo run --example http_supplier -- serve` runs only the supplier and prints its address;
+//! `serve --reservation-timeout-ms N` shortens how long a reservation holds (30 s by default).
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use miniflow::rusqlite::{params, Connection, TransactionBehavior};
 use miniflow::{
-    json, Begin, Clock, Command, Decision, Delivery, Digest, Dispatcher, Engine, Error, Event,
-    EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome, RetryPolicy,
-    Settlement, SqliteIdempotencyStore, SqliteStore, Store, SystemClock, Value, Workflow,
-    WorkflowId,
+    json, Begin, Clock, Command, CommandCompleted, Decision, Delivery, Digest, Dispatcher, Engine,
+    Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome,
+    RetryPolicy, Settlement, SqliteIdempotencyStore, SqliteStore, Store, SystemClock, TimerStatus,
+    Value, Workflow, WorkflowId,
 };
 
 /// The fields of a booking request that define the business intent: a retry that only changes
@@ -35,13 +47,22 @@ const INTENT: [&str; 3] = ["trip_id", "traveller", "flight"];
 /// How long the dispatcher waits for an answer before it calls the result unknown.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(1_000);
 
-/// The airline: idempotency records and bookings in its own SQLite file.
+/// How long a reservation holds before another request may take the key over.
+const RESERVATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The airline: bookings and idempotency records in its own SQLite file.
 struct Supplier {
-    keys: Mutex<SqliteIdempotencyStore>,
-    bookings: AtomicU64,
+    db: Mutex<Db>,
     /// Drop the answer to the first call for this trip, after committing it.
     drop_first_answer_for: Option<String>,
     dropped: Mutex<Vec<String>>,
+}
+
+/// The supplier's file, through two connections: the records' own, and the one its booking
+/// transactions run on.
+struct Db {
+    keys: SqliteIdempotencyStore,
+    conn: Connection,
 }
 
 struct Reply {
@@ -50,15 +71,38 @@ struct Reply {
     replayed: bool,
 }
 
+/// A SQLite error of the supplier's own statements, as a miniflow error.
+fn sql(e: miniflow::rusqlite::Error) -> Error {
+    Error::Storage(Box::new(e))
+}
+
 impl Supplier {
-    fn open(path: &Path, drop_first_answer_for: Option<String>) -> Result<Self, miniflow::Error> {
+    fn open(
+        path: &Path,
+        reservation_timeout: Duration,
+        drop_first_answer_for: Option<String>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let policy = IdempotencyPolicy {
             retention: Duration::from_secs(7 * 24 * 3600),
-            reservation_timeout: Duration::from_secs(30),
+            reservation_timeout,
         };
+        // The records first: opening them creates (or upgrades) their table in the file.
+        let keys = SqliteIdempotencyStore::open(path, policy)?;
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        // A booking the supplier has answered 201 for must survive a power loss.
+        conn.execute_batch(
+            "PRAGMA synchronous = FULL;
+             CREATE TABLE IF NOT EXISTS bookings (
+                 id INTEGER PRIMARY KEY,
+                 idempotency_key TEXT NOT NULL,
+                 trip_id TEXT,
+                 traveller TEXT,
+                 flight TEXT
+             );",
+        )?;
         Ok(Self {
-            keys: Mutex::new(SqliteIdempotencyStore::open(path, policy)?),
-            bookings: AtomicU64::new(0),
+            db: Mutex::new(Db { keys, conn }),
             drop_first_answer_for,
             dropped: Mutex::new(Vec::new()),
         })
@@ -83,10 +127,13 @@ impl Supplier {
             Err(e) => return error(400, format!("body is not JSON: {e}")),
         };
         let digest = Digest::of_intent(&request, &INTENT);
+        // The reservation, in its own short transaction: from now on a concurrent request with this
+        // key sees it and gets 409.
         let begun = self
-            .keys
+            .db
             .lock()
             .unwrap()
+            .keys
             .begin(&key, digest, SystemClock.now());
         let token = match begun {
             Ok(Begin::Fresh { token }) => token,
@@ -114,27 +161,82 @@ impl Supplier {
             }
             Err(e) => return error(503, e.to_string()),
         };
-        // The effect: book the seat. (A real service would do this and `finish` in one transaction.)
+        // The slow part (asking the airline's inventory for a seat) holds no lock.
         std::thread::sleep(work);
-        let n = self.bookings.fetch_add(1, Ordering::SeqCst) + 1;
-        let result = json!({ "reference": format!("BK-{n:03}"), "traveller": request["traveller"], "flight": request["flight"] });
-        let finished = self
-            .keys
-            .lock()
-            .unwrap()
-            .finish(&key, token, &result, SystemClock.now());
-        match finished {
-            Ok(()) => {}
-            // This request's reservation timed out and another request holds the key now: its result
-            // is the one that counts. The caller retries and gets it.
-            Err(e @ Error::StaleReservation { .. }) => return error(409, e.to_string()),
-            Err(e) => return error(503, e.to_string()),
+        match self.commit_booking(&key, token, &request) {
+            Ok(result) => Reply {
+                status: 201,
+                body: result,
+                replayed: false,
+            },
+            // This request's reservation timed out and another request holds the key now: this
+            // booking was rolled back, and the other request's is the one that counts. The caller
+            // retries and gets it.
+            Err(e @ Error::StaleReservation { .. }) => {
+                error(409, format!("{e}; this booking was rolled back"))
+            }
+            Err(e) => error(503, e.to_string()),
         }
-        Reply {
-            status: 201,
-            body: result,
-            replayed: false,
+    }
+
+    /// The effect and its record in one transaction: the booking row and `finish_in`, under the
+    /// reservation's token. A stale token rolls the booking back.
+    fn commit_booking(
+        &self,
+        key: &IdempotencyKey,
+        token: u64,
+        request: &Value,
+    ) -> Result<Value, Error> {
+        let mut db = self.db.lock().unwrap();
+        let Db { keys, conn } = &mut *db;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        tx.execute(
+            "INSERT INTO bookings (idempotency_key, trip_id, traveller, flight) \
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                key.as_str(),
+                request["trip_id"].as_str(),
+                request["traveller"].as_str(),
+                request["flight"].as_str()
+            ],
+        )
+        .map_err(sql)?;
+        let result = json!({
+            "reference": format!("BK-{:03}", tx.last_insert_rowid()),
+            "traveller": request["traveller"],
+            "flight": request["flight"],
+        });
+        if let Err(e) = keys.finish_in(&tx, key, token, &result, SystemClock.now()) {
+            tx.rollback().map_err(sql)?; // the booking goes with it
+            return Err(e);
         }
+        tx.commit().map_err(sql)?;
+        Ok(result)
+    }
+
+    /// Answers `GET /bookings`: every booking, in order.
+    fn bookings(&self) -> Result<Vec<Value>, Error> {
+        let db = self.db.lock().unwrap();
+        let mut stmt = db
+            .conn
+            .prepare(
+                "SELECT id, idempotency_key, trip_id, traveller, flight FROM bookings ORDER BY id",
+            )
+            .map_err(sql)?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(json!({
+                    "reference": format!("BK-{:03}", row.get::<_, i64>(0)?),
+                    "idempotency_key": row.get::<_, String>(1)?,
+                    "trip_id": row.get::<_, Option<String>>(2)?,
+                    "traveller": row.get::<_, Option<String>>(3)?,
+                    "flight": row.get::<_, Option<String>>(4)?,
+                }))
+            })
+            .map_err(sql)?;
+        rows.collect::<Result<_, _>>().map_err(sql)
     }
 
     /// Serves on `server` until it is unblocked; one thread per request.
@@ -155,16 +257,27 @@ impl Supplier {
                     .map_or(Duration::ZERO, Duration::from_millis);
                 let mut body = Vec::new();
                 let _ = request.as_reader().read_to_end(&mut body);
-                let reply = if request.method() == &tiny_http::Method::Post
-                    && request.url() == "/bookings"
-                {
-                    supplier.book(key.as_deref(), &body, work)
-                } else {
-                    Reply {
-                        status: 404,
-                        body: json!({ "error": "POST /bookings" }),
-                        replayed: false,
+                let reply = match (request.method(), request.url()) {
+                    (tiny_http::Method::Post, "/bookings") => {
+                        supplier.book(key.as_deref(), &body, work)
                     }
+                    (tiny_http::Method::Get, "/bookings") => match supplier.bookings() {
+                        Ok(bookings) => Reply {
+                            status: 200,
+                            body: json!({ "bookings": bookings }),
+                            replayed: false,
+                        },
+                        Err(e) => Reply {
+                            status: 503,
+                            body: json!({ "error": e.to_string() }),
+                            replayed: false,
+                        },
+                    },
+                    _ => Reply {
+                        status: 404,
+                        body: json!({ "error": "POST /bookings or GET /bookings" }),
+                        replayed: false,
+                    },
                 };
                 let trip = serde_json::from_slice::<Value>(&body)
                     .ok()
@@ -209,9 +322,14 @@ struct Running {
 /// Starts the supplier on an ephemeral port of 127.0.0.1.
 fn start_supplier(
     path: &Path,
+    reservation_timeout: Duration,
     drop_first_answer_for: Option<String>,
 ) -> Result<Running, Box<dyn std::error::Error>> {
-    let supplier = Arc::new(Supplier::open(path, drop_first_answer_for)?);
+    let supplier = Arc::new(Supplier::open(
+        path,
+        reservation_timeout,
+        drop_first_answer_for,
+    )?);
     let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").map_err(|e| e.to_string())?);
     let url = format!("http://{}", server.server_addr());
     let (serving, listener) = (supplier.clone(), server.clone());
@@ -223,8 +341,8 @@ fn start_supplier(
     })
 }
 
-/// Delivers one command over HTTP: 2xx completes it; 409, 5xx and timeouts retry with the same key;
-/// other 4xx are permanent failures.
+/// Delivers one command over HTTP: 2xx completes it with the booking reference; 409, 5xx and
+/// timeouts retry with the same key; other 4xx are permanent failures.
 fn deliver_over_http(agent: &ureq::Agent, url: &str, delivery: &Delivery) -> (Outcome, String) {
     let mut body = delivery.payload.clone();
     body["sent_at"] = json!(SystemClock.now().as_millis()); // changes on every attempt; not part of the intent
@@ -246,7 +364,7 @@ fn deliver_over_http(agent: &ureq::Agent, url: &str, delivery: &Delivery) -> (Ou
                 if replayed { " (replayed)" } else { "" }
             );
             let outcome = match status {
-                200..=299 => Outcome::Done,
+                200..=299 => Outcome::done_with(json!({ "reference": answer["reference"] })),
                 409 | 500..=599 => Outcome::retry(format!("{status} {answer}")),
                 _ => Outcome::permanent(format!("{status} {answer}")),
             };
@@ -255,20 +373,55 @@ fn deliver_over_http(agent: &ureq::Agent, url: &str, delivery: &Delivery) -> (Ou
     }
 }
 
+/// What a trip knows: its booking reference, once the result of `book_flight` has come back.
+#[derive(Default)]
+struct Trip {
+    reference: Option<String>,
+}
+
+/// `trip_requested` books a flight and asks for the result; the `command_completed` event that
+/// carries it back records the reference.
 struct Trips;
 
 impl Workflow for Trips {
-    type State = ();
+    type State = Trip;
 
-    fn evolve(&self, _: &mut (), _: &EventRecord) {}
-
-    fn decide(&self, _: &(), event: &EventRecord) -> Decision {
-        let p = &event.payload;
-        Decision::new().command(Command::new(
-            "book_flight",
-            json!({ "trip_id": event.workflow_id, "traveller": p["traveller"], "flight": p["flight"] }),
-        ))
+    fn evolve(&self, trip: &mut Trip, event: &EventRecord) {
+        if let Some(Ok(done)) = event.decode::<CommandCompleted>() {
+            trip.reference = done.result["reference"].as_str().map(str::to_owned);
+        }
     }
+
+    fn decide(&self, _: &Trip, event: &EventRecord) -> Decision {
+        let p = &event.payload;
+        match event.kind.as_str() {
+            "trip_requested" => Decision::new().command(
+                Command::new(
+                    "book_flight",
+                    json!({ "trip_id": event.workflow_id, "traveller": p["traveller"], "flight": p["flight"] }),
+                )
+                .report_result(),
+            ),
+            // `command_completed`: the reference is in the state; nothing more to do.
+            _ => Decision::none(),
+        }
+    }
+}
+
+const TRIPS: [&str; 3] = ["trip-001", "trip-002", "trip-003"];
+
+/// Whether anything is left to do: a command to deliver, or a result to feed back.
+fn work_left(store: &SqliteStore) -> Result<bool, Error> {
+    if !store.pending(1)?.is_empty() {
+        return Ok(true);
+    }
+    for trip in TRIPS {
+        let timers = store.timers(&WorkflowId::new(trip)?)?;
+        if timers.iter().any(|t| t.status == TimerStatus::Scheduled) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
@@ -276,18 +429,18 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         url,
         supplier,
         server,
-    } = start_supplier(&dir.join("supplier.db"), Some("trip-002".into()))?;
+    } = start_supplier(
+        &dir.join("supplier.db"),
+        RESERVATION_TIMEOUT,
+        Some("trip-002".into()),
+    )?;
     println!("supplier listening on {url}");
 
     let outbox = dir.join("flow.db");
     let mut store = SqliteStore::open(&outbox)?;
     let engine = Engine::new(Trips);
     // Two travellers on the same flight: two operations, two keys, two bookings.
-    for (trip, traveller) in [
-        ("trip-001", "Li Lei"),
-        ("trip-002", "Han Meimei"),
-        ("trip-003", "Li Lei"),
-    ] {
+    for (trip, traveller) in TRIPS.into_iter().zip(["Li Lei", "Han Meimei", "Li Lei"]) {
         let event = Event::new(
             "trip_requested",
             json!({ "traveller": traveller, "flight": "CA1405" }),
@@ -314,6 +467,8 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
             .insert((d.command_id.to_string(), d.attempt), answer);
         outcome
     })
+    // Fires the `command_completed` feedback into the trips.
+    .workflow(Engine::new(Trips))
     .workers(2)
     .retry_policy(
         RetryPolicy::default()
@@ -336,7 +491,7 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         };
         println!("{} attempt {}: {answer} -> {what}", d.command_id, d.attempt);
     });
-    while !store.pending(1)?.is_empty() {
+    while work_left(&store)? {
         dispatcher.run_until_idle()?;
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -345,17 +500,32 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         "answers dropped after commit: {}",
         supplier.dropped.lock().unwrap().join(", ")
     );
-    println!(
-        "bookings at the supplier: {}",
-        supplier.bookings.load(Ordering::SeqCst)
-    );
-    for trip in ["trip-001", "trip-002", "trip-003"] {
+    println!("bookings at the supplier: {}", supplier.bookings()?.len());
+    for trip in TRIPS {
         for row in store.commands(&WorkflowId::new(trip)?)? {
             println!(
                 "{} {} after {} attempt(s)",
                 row.command_id, row.status, row.attempts
             );
         }
+    }
+    println!("results fed back into the workflows:");
+    for trip in TRIPS {
+        let id = WorkflowId::new(trip)?;
+        for event in store.load(&id)? {
+            if let Some(done) = event.decode::<CommandCompleted>() {
+                let done = done?;
+                println!(
+                    "{trip} event {}: command_completed {} {} {} after {} attempt(s)",
+                    event.seq, done.command_id, done.kind, done.result, done.attempts
+                );
+            }
+        }
+        let trip_state = engine.replay(&store, &id)?.state;
+        println!(
+            "{trip} knows its booking: {}",
+            trip_state.reference.as_deref().unwrap_or("(none)")
+        );
     }
     println!("pending: {}", store.pending(usize::MAX)?.len());
     server.unblock();
@@ -364,10 +534,16 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    if std::env::args().nth(1).as_deref() == Some("serve") {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("serve") {
+        let reservation_timeout = match &args[1..] {
+            [] => RESERVATION_TIMEOUT,
+            [flag, ms] if flag == "--reservation-timeout-ms" => Duration::from_millis(ms.parse()?),
+            _ => return Err("usage: http_supplier [serve [--reservation-timeout-ms N]]".into()),
+        };
         // Serve until standard input closes (the caller's signal to stop).
         let path: PathBuf = dir.path().join("supplier.db");
-        let running = start_supplier(&path, None)?;
+        let running = start_supplier(&path, reservation_timeout, None)?;
         println!("supplier listening on {}", running.url);
         for _ in std::io::stdin().lock().lines() {}
         running.server.unblock();

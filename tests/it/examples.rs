@@ -109,6 +109,37 @@ fn http_supplier_example_books_once_per_command_despite_a_dropped_answer() {
     for trip in ["trip-001", "trip-002", "trip-003"] {
         line(&format!("{trip}:1:0 done"));
     }
+    // Each booking's reference came back into its workflow, once, as the supplier gave it (for
+    // trip-002, the replayed answer of the booking whose first answer was dropped).
+    for trip in ["trip-001", "trip-002", "trip-003"] {
+        let done = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{trip}:1:0 attempt")) && l.ends_with("-> done"))
+            .unwrap_or_else(|| panic!("{trip} never done:\n{out}"));
+        let reference = done
+            .split("\"reference\":\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        let fed_back: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with(&format!("{trip} event")) && l.contains("command_completed"))
+            .collect();
+        assert_eq!(
+            fed_back,
+            [format!(
+                "{trip} event 2: command_completed {trip}:1:0 book_flight {{\"reference\":\"{reference}\"}} after {} attempt(s)",
+                if trip == "trip-002" { 2 } else { 1 }
+            )],
+            "{out}"
+        );
+        assert_eq!(
+            line(&format!("{trip} knows its booking:")),
+            format!("{trip} knows its booking: {reference}")
+        );
+    }
     assert_eq!(line("pending:"), "pending: 0");
 }
 
@@ -120,6 +151,11 @@ struct Supplier {
 
 impl Supplier {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts `http_supplier serve` with `options` after `serve`.
+    fn start_with(options: &[&str]) -> Self {
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
         let mut process = Command::new(env!("CARGO"))
             .args([
@@ -131,6 +167,7 @@ impl Supplier {
             ])
             .arg(&manifest)
             .args(["--", "serve"])
+            .args(options)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -173,6 +210,17 @@ impl Supplier {
             response.body_mut().read_json().unwrap(),
         )
     }
+
+    /// The supplier's bookings (`GET /bookings`).
+    fn bookings(&self) -> Vec<serde_json::Value> {
+        let agent: ureq::Agent = ureq::Agent::config_builder().build().into();
+        let mut response = agent
+            .get(format!("{}/bookings", self.url))
+            .call()
+            .expect("the bookings");
+        let body: serde_json::Value = response.body_mut().read_json().unwrap();
+        body["bookings"].as_array().unwrap().clone()
+    }
 }
 
 impl Drop for Supplier {
@@ -214,6 +262,50 @@ fn http_supplier_answers_201_replay_409_and_422_by_idempotency_key() {
     });
     let (status, replayed, _) = supplier.book(Some("t-2:1:0"), request("Li Lei", 7), 0);
     assert_eq!((status, replayed), (201, true));
+    let keys: Vec<String> = supplier
+        .bookings()
+        .iter()
+        .map(|b| b["idempotency_key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(keys, ["t-1:1:0", "t-2:1:0"], "one booking per key");
+}
+
+#[test]
+fn http_supplier_rolls_back_the_booking_of_a_request_whose_reservation_was_taken_over() {
+    // Reservations hold 400 ms: a request working 2 s loses its key to a retry meanwhile.
+    let supplier = Supplier::start_with(&["--reservation-timeout-ms", "400"]);
+    let request = |sent_at: u64| serde_json::json!({ "trip_id": "t-3", "traveller": "Li Lei", "flight": "CA1405", "sent_at": sent_at });
+    let (slow, (status, replayed, taken_over)) = std::thread::scope(|scope| {
+        let slow = scope.spawn(|| supplier.book(Some("t-3:1:0"), request(1), 2_000));
+        std::thread::sleep(std::time::Duration::from_millis(900));
+        let retry = supplier.book(Some("t-3:1:0"), request(2), 0);
+        (slow.join().unwrap(), retry)
+    });
+    assert_eq!(
+        (status, replayed),
+        (201, false),
+        "the retry took the timed-out reservation over and booked: {taken_over}"
+    );
+    assert_eq!(
+        slow.0, 409,
+        "the slow request's token was stale: {}",
+        slow.2
+    );
+    assert!(
+        slow.2["error"].as_str().unwrap().contains("rolled back"),
+        "{}",
+        slow.2
+    );
+    let bookings = supplier.bookings();
+    assert_eq!(
+        bookings.len(),
+        1,
+        "the stale request's booking went with its rollback: {bookings:?}"
+    );
+    assert_eq!(bookings[0]["reference"], taken_over["reference"]);
+    let (status, replayed, again) = supplier.book(Some("t-3:1:0"), request(3), 0);
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(again, taken_over, "the booking that counts is answered");
 }
 
 #[test]

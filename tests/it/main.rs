@@ -12,4 +12,5 @@ mod examples;
 mod receiver;
 mod simulation;
 mod sqlite;
+mod transactions;
 mod unreadable;
