@@ -225,6 +225,10 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Commit, Error> {
+        if let Err(e) = self.limits.check("event.payload", &event.payload) {
+            crate::limits::drop_deep(event.payload);
+            return Err(e);
+        }
         let replayed = replay(&self.workflow, events)?;
         let record = EventRecord {
             workflow_id: workflow_id.clone(),
@@ -295,6 +299,12 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
         fires: Option<&TimerId>,
     ) -> Result<Handled, Error> {
+        // Checked before the event is copied for each try: a payload past the limits may nest deeper
+        // than a recursive copy survives.
+        if let Err(e) = self.limits.check("event.payload", &event.payload) {
+            crate::limits::drop_deep(event.payload);
+            return Err(e);
+        }
         let mut conflicts = 0;
         loop {
             let events = store.load(workflow_id)?;

@@ -132,7 +132,10 @@ impl Digest {
     /// and other fields left out do not change it. A field is a top-level key, or a JSON Pointer when
     /// it starts with `/` (e.g. `/traveller/passport`). A missing field counts as `null`.
     pub fn of_intent(request: &Value, fields: &[&str]) -> Self {
-        let intent: serde_json::Map<String, Value> = fields
+        // Written as the canonical text of `{ field: value, … }` without copying the values, so a
+        // field of any depth is hashed without recursion.
+        let null = Value::Null;
+        let intent: std::collections::BTreeMap<&str, &Value> = fields
             .iter()
             .map(|field| {
                 let value = if field.starts_with('/') {
@@ -140,10 +143,20 @@ impl Digest {
                 } else {
                     request.get(field)
                 };
-                ((*field).to_owned(), value.cloned().unwrap_or(Value::Null))
+                (*field, value.unwrap_or(&null))
             })
             .collect();
-        Self::of(&Value::Object(intent))
+        let mut text = String::from("{");
+        for (i, (field, value)) in intent.into_iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            text.push_str(&Value::String(field.to_owned()).to_string());
+            text.push(':');
+            text.push_str(&canonical_json(value));
+        }
+        text.push('}');
+        Self(Sha256::digest(text.as_bytes()).into())
     }
 
     /// The raw 32 bytes.

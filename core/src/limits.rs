@@ -135,6 +135,22 @@ fn depth(value: &Value, stop: usize) -> usize {
     deepest
 }
 
+/// Drops `value` without recursion: `serde_json`'s own drop recurses once per level, so a value
+/// refused for its depth is taken apart level by level instead.
+pub(crate) fn drop_deep(value: Value) {
+    let mut stack = vec![value];
+    while let Some(mut value) = stack.pop() {
+        match &mut value {
+            Value::Array(items) => stack.append(items),
+            Value::Object(map) => {
+                let keys: Vec<String> = map.keys().cloned().collect();
+                stack.extend(keys.iter().filter_map(|k| map.remove(k)));
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Counts bytes written, failing once past `max`.
 struct Counter {
     bytes: usize,
@@ -173,21 +189,6 @@ mod tests {
         value
     }
 
-    /// Drops a deep value without recursion (serde_json's own drop recurses).
-    pub(crate) fn drop_deep(value: Value) {
-        let mut stack = vec![value];
-        while let Some(mut value) = stack.pop() {
-            match &mut value {
-                Value::Array(items) => stack.append(items),
-                Value::Object(map) => {
-                    let keys: Vec<String> = map.keys().cloned().collect();
-                    stack.extend(keys.iter().filter_map(|k| map.remove(k)));
-                }
-                _ => {}
-            }
-        }
-    }
-
     #[test]
     fn depth_counts_arrays_and_objects() {
         assert_eq!(depth(&json!(1), 10), 0);
@@ -221,6 +222,58 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("64 levels"), "{err}");
         drop_deep(deep);
+    }
+
+    #[test]
+    fn no_depth_overflows_the_stack_on_the_write_paths() {
+        use crate::{Command, Commit, Decision, Digest, Engine, Event, MemoryStore, Seq};
+        use crate::{EventRecord, Timer, Timestamp, Workflow, WorkflowId};
+
+        struct Echo;
+        impl Workflow for Echo {
+            type State = ();
+            fn evolve(&self, _: &mut (), _: &EventRecord) {}
+            fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+                Decision::new().command(Command::new("deep", nested(200_000)))
+            }
+        }
+        let w = WorkflowId::new("w").unwrap();
+        let now = Timestamp::from_millis(0);
+        let commit = |event: Event, decision: Decision| {
+            Commit::new(w.clone(), Seq::ZERO, event, decision, now).unwrap_err()
+        };
+        commit(Event::new("e", nested(200_000)), Decision::none());
+        commit(
+            Event::new("e", json!({})),
+            Decision::new().command(Command::new("c", nested(200_000))),
+        );
+        commit(
+            Event::new("e", json!({})),
+            Decision::new().timer(Timer::after(
+                "t",
+                std::time::Duration::ZERO,
+                nested(200_000),
+            )),
+        );
+        let mut store = MemoryStore::new();
+        let engine = Engine::new(Echo);
+        let err = engine
+            .handle(&mut store, &w, Event::new("e", nested(200_000)), now)
+            .unwrap_err();
+        assert!(err.to_string().contains("event.payload"), "{err}");
+        let err = engine
+            .handle(&mut store, &w, Event::new("e", json!({})), now)
+            .unwrap_err();
+        assert!(err.to_string().contains("commands[0].payload"), "{err}");
+        let deep = nested(200_000);
+        assert_eq!(Digest::of(&deep), Digest::of(&deep));
+        let request = Value::Object([("trip".to_owned(), deep)].into_iter().collect());
+        assert_eq!(
+            Digest::of_intent(&request, &["trip"]),
+            Digest::of(&request),
+            "an intent of every field is the whole request"
+        );
+        drop_deep(request);
     }
 
     #[test]

@@ -111,44 +111,10 @@ impl Commit {
     ///
     /// As [`Commit::new`].
     pub fn push(&mut self, event: Event, decision: Decision) -> Result<Seq, Error> {
-        if let Some(reason) = decision.rejection {
-            return Err(Error::Rejected {
-                workflow_id: self.workflow_id.clone(),
-                reason,
-            });
-        }
-        check_kind("event.kind", &event.kind)?;
-        self.limits.check("event.payload", &event.payload)?;
-        for (i, command) in decision.commands.iter().enumerate() {
-            check_kind("command.kind", &command.kind)?;
-            self.limits
-                .check(&format!("commands[{i}].payload"), &command.payload)?;
-        }
-
-        for name in decision
-            .timers
-            .iter()
-            .map(|t| &t.name)
-            .chain(&decision.cancel_timers)
-        {
-            check_kind("timer.name", name)?;
-        }
-        for cancel in &decision.cancel_commands {
-            match cancel {
-                CancelCommand::Id(id) if id.workflow_id() != &self.workflow_id => {
-                    return Err(Error::invalid(
-                        "cancel_command",
-                        id,
-                        format!(
-                            "belongs to workflow {}: a decision of {} cancels only its own commands",
-                            id.workflow_id(),
-                            self.workflow_id
-                        ),
-                    ))
-                }
-                CancelCommand::Id(_) => {}
-                CancelCommand::Kind(kind) => check_kind("cancel_commands_of_kind", kind)?,
-            }
+        if let Err(e) = self.validate(&event, &decision) {
+            // A refused payload may nest deeper than a recursive drop survives: take it apart.
+            discard(event, decision);
+            return Err(e);
         }
         let seq = self.last_seq().next()?;
         let mut commands = Vec::with_capacity(decision.commands.len());
@@ -183,6 +149,57 @@ impl Commit {
         self.cancel_timers.extend(decision.cancel_timers);
         self.cancel_commands.extend(decision.cancel_commands);
         Ok(seq)
+    }
+
+    /// Every check of [`Commit::push`] that needs nothing moved: the rejection, kinds, payload limits
+    /// (a timer's payload one level less deep, as its `timer_fired` event wraps it) and cancellations.
+    fn validate(&self, event: &Event, decision: &Decision) -> Result<(), Error> {
+        if let Some(reason) = &decision.rejection {
+            return Err(Error::Rejected {
+                workflow_id: self.workflow_id.clone(),
+                reason: reason.clone(),
+            });
+        }
+        check_kind("event.kind", &event.kind)?;
+        self.limits.check("event.payload", &event.payload)?;
+        for (i, command) in decision.commands.iter().enumerate() {
+            check_kind("command.kind", &command.kind)?;
+            self.limits
+                .check(&format!("commands[{i}].payload"), &command.payload)?;
+        }
+        let inside_its_event = JsonLimits {
+            max_depth: self.limits.max_depth.saturating_sub(1).max(1),
+            ..self.limits
+        };
+        for (i, timer) in decision.timers.iter().enumerate() {
+            inside_its_event.check(&format!("timers[{i}].payload"), &timer.payload)?;
+        }
+        for name in decision
+            .timers
+            .iter()
+            .map(|t| &t.name)
+            .chain(&decision.cancel_timers)
+        {
+            check_kind("timer.name", name)?;
+        }
+        for cancel in &decision.cancel_commands {
+            match cancel {
+                CancelCommand::Id(id) if id.workflow_id() != &self.workflow_id => {
+                    return Err(Error::invalid(
+                        "cancel_command",
+                        id,
+                        format!(
+                            "belongs to workflow {}: a decision of {} cancels only its own commands",
+                            id.workflow_id(),
+                            self.workflow_id
+                        ),
+                    ))
+                }
+                CancelCommand::Id(_) => {}
+                CancelCommand::Kind(kind) => check_kind("cancel_commands_of_kind", kind)?,
+            }
+        }
+        Ok(())
     }
 
     /// Makes this the commit that fires `timer_id`: it applies only if the timer is still scheduled,
@@ -274,6 +291,17 @@ impl Commit {
             expected: self.expected_seq,
             actual,
         }
+    }
+}
+
+/// Drops a refused event and decision without recursing through their payloads.
+fn discard(event: Event, decision: Decision) {
+    crate::limits::drop_deep(event.payload);
+    for command in decision.commands {
+        crate::limits::drop_deep(command.payload);
+    }
+    for timer in decision.timers {
+        crate::limits::drop_deep(timer.payload);
     }
 }
 
