@@ -1963,11 +1963,33 @@ impl Store for SqliteStore {
             return Ok(Vec::new());
         }
         let tx = self.write()?;
-        let mut timers = query_timers(
+        let mut timers = Vec::new();
+        let mut unreadable = Vec::new();
+        each_row(
             &tx,
             CLAIM_TIMERS,
             params![to_sql_time("now", now)?, limit(limit_rows)],
+            read_timer,
+            |row| raw_text(row, 0),
+            |timer| {
+                match timer {
+                    Ok(timer) => timers.push(timer),
+                    Err(bad) => unreadable.push(bad),
+                }
+                Ok(true)
+            },
         )?;
+        // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
+        // read error, where operators see it, and is not taken again.
+        for bad in unreadable {
+            let reason = format!("the stored timer could not be read: {}", bad.why);
+            tx.prepare_cached(
+                "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
+                 WHERE timer_id = ?1 AND processed_at IS NULL",
+            )
+            .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
+            .map_err(storage)?;
+        }
         for timer in &mut timers {
             timer.take(lease_ttl, now);
             tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use miniflow::{
     json, ClaimRequest, Command, Commit, Decision, Error, Event, Seq, SqliteStore, Status, Store,
-    Timestamp, WorkflowId, COMMAND_FAILED,
+    Timer, Timestamp, WorkflowId, COMMAND_FAILED,
 };
 use tempfile::TempDir;
 
@@ -174,4 +174,53 @@ fn an_unreadable_row_in_strict_order_is_buried_and_its_workflow_goes_on() {
     assert_eq!(ids(store.claim(&strict, at(10)).unwrap()), ["healthy:1:0"]);
     assert_eq!(ids(store.claim(&strict, at(11)).unwrap()), ["broken:2:0"]);
     assert_eq!(stored(&store).0, "dead");
+}
+
+/// A timer whose stored event payload cannot be read ends `rejected` with the read error when a
+/// firer comes to it; the other workflows' due timers are still taken.
+#[test]
+fn an_unreadable_timer_is_rejected_and_other_timers_are_still_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+    for workflow in ["broken", "healthy"] {
+        let decision = Decision::new().timer(Timer::after("t", Duration::ZERO, json!({})));
+        let commit = Commit::new(
+            WorkflowId::new(workflow).unwrap(),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            decision,
+            T0,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+    }
+    store
+        .connection()
+        .execute(
+            "UPDATE timers SET event_payload = '{\"payload\":' WHERE workflow_id = 'broken'",
+            [],
+        )
+        .unwrap();
+    let taken = store.claim_timers(1, Duration::from_secs(1), T0).unwrap();
+    assert!(taken.is_empty(), "the broken timer came first: {taken:?}");
+    let taken = store.claim_timers(1, Duration::from_secs(1), T0).unwrap();
+    assert_eq!(taken[0].timer_id.workflow_id().as_str(), "healthy");
+    let (status, error): (String, String) = store
+        .connection()
+        .query_row(
+            "SELECT status, last_error FROM timers WHERE workflow_id = 'broken'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(status, "rejected");
+    assert!(
+        error.contains("could not be read") && error.contains("event_payload"),
+        "{error}"
+    );
+    assert!(store
+        .claim_timers(10, Duration::from_secs(1), at(10_000))
+        .unwrap()
+        .iter()
+        .all(|t| t.timer_id.workflow_id().as_str() == "healthy"));
 }
