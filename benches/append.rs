@@ -6,9 +6,10 @@
 
 use std::time::{Duration, Instant};
 
+use miniflow::prelude::*;
 use miniflow::{
-    json, Command, Commit, Decision, Engine, Event, EventRecord, Seq, SqliteStore, Store,
-    Timestamp, Workflow, WorkflowId,
+    json, Command, Commit, Decision, Engine, Event, EventRecord, Seq, SqliteStore, Timestamp,
+    Workflow, WorkflowId,
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 

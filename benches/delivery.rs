@@ -8,9 +8,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use miniflow::prelude::*;
 use miniflow::{
-    json, Command, Commit, Delivery, Dispatcher, Event, Outcome, Seq, SqliteStore, Store,
-    Timestamp, WorkflowId,
+    json, Command, Commit, Delivery, Dispatcher, Event, Outcome, Seq, SqliteStore, Timestamp,
+    WorkflowId,
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 

@@ -6,9 +6,8 @@
 
 use std::time::Instant;
 
-use miniflow::{
-    json, Command, Commit, Decision, Event, MemoryStore, Seq, Store, Timestamp, WorkflowId,
-};
+use miniflow::prelude::*;
+use miniflow::{json, Command, Commit, Decision, Event, MemoryStore, Seq, Timestamp, WorkflowId};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

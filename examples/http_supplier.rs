@@ -32,12 +32,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::rusqlite::{params, Connection, TransactionBehavior};
 use miniflow::{
     json, Begin, Clock, Command, CommandCompleted, Decision, Delivery, Digest, Dispatcher, Engine,
     Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome,
-    RetryPolicy, Settlement, SqliteIdempotencyStore, SqliteStore, Store, SystemClock, TimerStatus,
-    Value, Workflow, WorkflowId,
+    RetryPolicy, Settlement, SqliteIdempotencyStore, SqliteStore, SystemClock, TimerStatus, Value,
+    Workflow, WorkflowId,
 };
 
 /// The fields of a booking request that define the business intent: a retry that only changes

@@ -12,8 +12,9 @@
 
 use std::collections::HashMap;
 
+use miniflow::prelude::*;
 use miniflow::{
-    json, Clock, Command, CommandId, Decision, Engine, Event, EventRecord, SqliteStore, Store,
+    json, Clock, Command, CommandId, Decision, Engine, Event, EventRecord, SqliteStore,
     SystemClock, Workflow, WorkflowId,
 };
 

@@ -15,10 +15,11 @@
 
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::{
     json, Clock, Command, CommandCompleted, CommandFailed, Decision, Delivery, Dispatcher, Engine,
-    Event, EventRecord, ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Store, Timer,
-    TimerFired, TimerStatus, Timestamp, Workflow, WorkflowId, COMMAND_FAILED,
+    Event, EventRecord, ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Timer, TimerFired,
+    TimerStatus, Timestamp, Workflow, WorkflowId, COMMAND_FAILED,
 };
 use std::sync::Arc;
 

@@ -9,9 +9,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::{
     json, Clock, Command, CommandId, Decision, Delivery, Dispatcher, Engine, Event, EventRecord,
-    ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Store, Timestamp, Workflow, WorkflowId,
+    ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Timestamp, Workflow, WorkflowId,
 };
 
 struct Trip;

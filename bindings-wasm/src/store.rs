@@ -1,6 +1,7 @@
 //! `MemoryStore` for JS: the core's in-memory store, every method converting and nothing more.
 
-use miniflow_core::{ClaimRequest, Commit, Decision, Event, Failure, RetryPolicy, Seq, Store};
+use miniflow_core::prelude::*;
+use miniflow_core::{ClaimRequest, Commit, Decision, Event, Failure, RetryPolicy, Seq};
 use wasm_bindgen::prelude::*;
 
 use crate::convert::{command_id, count, from_js, millis, now, string, to_js, whole, workflow_id};

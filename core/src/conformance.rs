@@ -37,6 +37,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::prelude::*;
 use crate::{
     Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandCompleted, CommandId, Commit, Decision,
     Digest, Engine, Error, Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy,

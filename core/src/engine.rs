@@ -4,7 +4,7 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
-use crate::store::{Commit, Store};
+use crate::store::{Commit, EventLog, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
 
@@ -118,7 +118,7 @@ impl Handled {
     }
 }
 
-/// Runs a [`Workflow`] against a [`Store`]: replay → decide → commit, retrying on conflict.
+/// Runs a [`Workflow`] against an [`EventLog`] (any store): replay → decide → commit, retrying on conflict.
 ///
 /// ```
 /// # use miniflow_core::{Command, Decision, EventRecord, Workflow};
@@ -132,7 +132,8 @@ impl Handled {
 /// #         Decision::new().command(Command::new("lock_budget", json!({ "trip_id": event.workflow_id })))
 /// #     }
 /// # }
-/// use miniflow_core::{Engine, Event, MemoryStore, Store, Timestamp, WorkflowId};
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{Engine, Event, MemoryStore, Timestamp, WorkflowId};
 ///
 /// let engine = Engine::new(TripWorkflow);
 /// let mut store = MemoryStore::new();
@@ -185,7 +186,7 @@ impl<W: Workflow> Engine<W> {
     }
 
     /// Rebuilds the state of `workflow_id` from its events. Decides nothing and dispatches nothing.
-    pub fn replay<S: Store + ?Sized>(
+    pub fn replay<S: EventLog + ?Sized>(
         &self,
         store: &S,
         workflow_id: &WorkflowId,
@@ -201,7 +202,7 @@ impl<W: Workflow> Engine<W> {
     /// [`Error::InvalidInput`] for a malformed event or command; [`Error::Rejected`] when the workflow
     /// rejects the event; [`Error::Conflict`] when every retry lost its race; the store's errors. In
     /// every case nothing of this event was written.
-    pub fn handle<S: Store + ?Sized>(
+    pub fn handle<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
         workflow_id: &WorkflowId,
@@ -248,18 +249,18 @@ impl<W: Workflow> Engine<W> {
         )
     }
 
-    /// Fires a due `timer` (from [`Store::claim_timers`]): commits its event into its workflow through
+    /// Fires a due `timer` (from [`Timers::claim_timers`]): commits its event into its workflow through
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
     ///
     /// When the workflow rejects the timer's event ([`crate::Decision::reject`]), the timer ends
-    /// `rejected` with the reason ([`Store::reject_timer`]) and the [`Error::Rejected`] is returned:
+    /// `rejected` with the reason ([`Timers::reject_timer`]) and the [`Error::Rejected`] is returned:
     /// a refused timer is not taken again and again.
     ///
     /// # Errors
     ///
     /// As [`Engine::handle`]; [`Error::InvalidInput`] for a timer that is not due at `now`.
-    pub fn fire<S: Store + ?Sized>(
+    pub fn fire<S: EventLog + Timers + ?Sized>(
         &self,
         store: &mut S,
         timer: &TimerRow,
@@ -291,7 +292,7 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
-    fn commit_event<S: Store + ?Sized>(
+    fn commit_event<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
         workflow_id: &WorkflowId,
@@ -325,13 +326,8 @@ impl<W: Workflow> Engine<W> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
-    use crate::{
-        Ack, ClaimRequest, Delivery, Extended, Failure, MemoryStore, OutboxRow, RetryPolicy,
-        Settled, TimerRow,
-    };
+    use crate::MemoryStore;
 
     /// A store whose every commit loses its race, counting the attempts.
     struct AlwaysBehind {
@@ -339,92 +335,13 @@ mod tests {
         commits: u32,
     }
 
-    impl Store for AlwaysBehind {
+    impl EventLog for AlwaysBehind {
         fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
             self.inner.load(id)
         }
         fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
             self.commits += 1;
             Err(commit.conflict(Seq::new(commit.expected_seq().get() + 1)?))
-        }
-        fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
-            self.inner.pending(limit)
-        }
-        fn command(&self, id: &CommandId) -> Result<Option<OutboxRow>, Error> {
-            self.inner.command(id)
-        }
-        fn commands(&self, id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
-            self.inner.commands(id)
-        }
-        fn mark_done(&mut self, id: &CommandId, now: Timestamp) -> Result<(), Error> {
-            self.inner.mark_done(id, now)
-        }
-        fn claim(&mut self, r: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
-            self.inner.claim(r, now)
-        }
-        fn extend(
-            &mut self,
-            id: &CommandId,
-            t: u64,
-            d: Duration,
-            now: Timestamp,
-        ) -> Result<Extended, Error> {
-            self.inner.extend(id, t, d, now)
-        }
-        fn release(&mut self, id: &CommandId, t: u64, now: Timestamp) -> Result<(), Error> {
-            self.inner.release(id, t, now)
-        }
-        fn complete(
-            &mut self,
-            id: &CommandId,
-            t: u64,
-            r: Option<&serde_json::Value>,
-            now: Timestamp,
-        ) -> Result<(), Error> {
-            self.inner.complete(id, t, r, now)
-        }
-        fn complete_all(
-            &mut self,
-            acks: &[Ack],
-            now: Timestamp,
-        ) -> Result<Vec<Result<(), Error>>, Error> {
-            self.inner.complete_all(acks, now)
-        }
-        fn fail(
-            &mut self,
-            id: &CommandId,
-            t: u64,
-            f: &Failure,
-            p: &RetryPolicy,
-            now: Timestamp,
-        ) -> Result<Settled, Error> {
-            self.inner.fail(id, t, f, p, now)
-        }
-        fn purge_done(&mut self, d: Duration, now: Timestamp, b: usize) -> Result<usize, Error> {
-            self.inner.purge_done(d, now, b)
-        }
-        fn claim_timers(
-            &mut self,
-            l: usize,
-            d: Duration,
-            now: Timestamp,
-        ) -> Result<Vec<TimerRow>, Error> {
-            self.inner.claim_timers(l, d, now)
-        }
-        fn reject_timer(&mut self, id: &TimerId, r: &str, now: Timestamp) -> Result<(), Error> {
-            self.inner.reject_timer(id, r, now)
-        }
-        fn timers(&self, id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
-            self.inner.timers(id)
-        }
-        fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
-            self.inner.dead_letters(limit)
-        }
-        fn retry(&mut self, id: &CommandId, now: Timestamp) -> Result<(), Error> {
-            self.inner.retry(id, now)
-        }
-        fn resolve(&mut self, id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
-            self.inner.resolve(id, note, now)
         }
     }
 

@@ -23,8 +23,9 @@
 //!
 //! ```
 //! use std::time::Duration;
+//! use miniflow_core::prelude::*;
 //! use miniflow_core::{
-//!     ClaimRequest, Command, Decision, Engine, Event, EventRecord, MemoryStore, Store, Timestamp,
+//!     ClaimRequest, Command, Decision, Engine, Event, EventRecord, MemoryStore, Timestamp,
 //!     Workflow, WorkflowId,
 //! };
 //! use serde_json::json;
@@ -106,9 +107,14 @@ pub use outbox::{
     Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
-pub use store::{Ack, Commit, Store};
+pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+
+/// The store traits, to call their methods: `use miniflow_core::prelude::*`.
+pub mod prelude {
+    pub use crate::store::{EventLog, Operations, Outbox, Store, Timers};
+}
 
 /// Re-exported so users name JSON payloads without adding `serde_json` themselves.
 pub use serde_json::{json, Value};

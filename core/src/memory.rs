@@ -1,4 +1,4 @@
-//! An in-memory [`Store`]: for tests, simulations and the browser.
+//! An in-memory [`Store`](crate::Store): for tests, simulations and the browser.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,14 +11,15 @@ use crate::outbox::{
     Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
 };
 use crate::retry::RetryPolicy;
-use crate::store::{Commit, Store};
+use crate::store::{Commit, EventLog, Operations, Outbox, Timers};
 use crate::time::Timestamp;
 use crate::timer::{feedback, TimerId, TimerRow};
 
-/// A [`Store`] in memory. Every operation applies completely or not at all, like a transaction.
+/// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.
 ///
 /// ```
-/// use miniflow_core::{Command, Commit, Decision, Event, MemoryStore, Seq, Store, Timestamp, WorkflowId};
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{Command, Commit, Decision, Event, MemoryStore, Seq, Timestamp, WorkflowId};
 /// use serde_json::json;
 ///
 /// let mut store = MemoryStore::new();
@@ -277,11 +278,10 @@ fn abbreviate(text: &str) -> String {
     }
 }
 
-impl Store for MemoryStore {
+impl EventLog for MemoryStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         Ok(self.events.get(workflow_id).cloned().unwrap_or_default())
     }
-
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         let actual = self.last_seq(commit.workflow_id());
         if actual != commit.expected_seq() {
@@ -324,7 +324,9 @@ impl Store for MemoryStore {
         }
         Ok(())
     }
+}
 
+impl Outbox for MemoryStore {
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .unfinished
@@ -333,11 +335,9 @@ impl Store for MemoryStore {
             .take(limit)
             .collect())
     }
-
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
         Ok(self.outbox.get(command_id).cloned())
     }
-
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .outbox
@@ -346,11 +346,9 @@ impl Store for MemoryStore {
             .cloned()
             .collect())
     }
-
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.mark_done(now))
     }
-
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         let mut deliveries = Vec::new();
@@ -364,7 +362,6 @@ impl Store for MemoryStore {
         }
         Ok(deliveries)
     }
-
     fn extend(
         &mut self,
         command_id: &CommandId,
@@ -374,11 +371,9 @@ impl Store for MemoryStore {
     ) -> Result<Extended, Error> {
         self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
-
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.release(token, now))
     }
-
     fn complete(
         &mut self,
         command_id: &CommandId,
@@ -388,7 +383,6 @@ impl Store for MemoryStore {
     ) -> Result<(), Error> {
         self.update(command_id, now, |row| row.complete(token, result, now))
     }
-
     fn fail(
         &mut self,
         command_id: &CommandId,
@@ -399,7 +393,57 @@ impl Store for MemoryStore {
     ) -> Result<Settled, Error> {
         self.update(command_id, now, |row| row.fail(token, failure, policy, now))
     }
+}
 
+impl Timers for MemoryStore {
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
+        due.sort_by(|a, b| (a.available_at, &a.timer_id).cmp(&(b.available_at, &b.timer_id)));
+        let ids: Vec<TimerId> = due
+            .into_iter()
+            .take(limit)
+            .map(|t| t.timer_id.clone())
+            .collect();
+        let mut taken = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(timer) = self.timers.get_mut(&id) {
+                timer.take(lease_ttl, now);
+                taken.push(timer.clone());
+            }
+        }
+        Ok(taken)
+    }
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let timer = self
+            .timers
+            .get_mut(timer_id)
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, now)
+    }
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        Ok(self
+            .timers
+            .values()
+            .filter(|t| t.timer_id.workflow_id() == workflow_id)
+            .cloned()
+            .collect())
+    }
+}
+
+impl Operations for MemoryStore {
     fn purge_done(
         &mut self,
         older_than: Duration,
@@ -424,55 +468,6 @@ impl Store for MemoryStore {
         }
         Ok(purgeable.len())
     }
-
-    fn claim_timers(
-        &mut self,
-        limit: usize,
-        lease_ttl: Duration,
-        now: Timestamp,
-    ) -> Result<Vec<TimerRow>, Error> {
-        let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
-        due.sort_by(|a, b| (a.available_at, &a.timer_id).cmp(&(b.available_at, &b.timer_id)));
-        let ids: Vec<TimerId> = due
-            .into_iter()
-            .take(limit)
-            .map(|t| t.timer_id.clone())
-            .collect();
-        let mut taken = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(timer) = self.timers.get_mut(&id) {
-                timer.take(lease_ttl, now);
-                taken.push(timer.clone());
-            }
-        }
-        Ok(taken)
-    }
-
-    fn reject_timer(
-        &mut self,
-        timer_id: &TimerId,
-        reason: &str,
-        now: Timestamp,
-    ) -> Result<(), Error> {
-        let timer = self
-            .timers
-            .get_mut(timer_id)
-            .ok_or_else(|| Error::TimerNotScheduled {
-                timer_id: timer_id.to_string(),
-                status: "unknown",
-            })?;
-        timer.reject(reason, now)
-    }
-
-    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
-        Ok(self
-            .timers
-            .values()
-            .filter(|t| t.timer_id.workflow_id() == workflow_id)
-            .cloned()
-            .collect())
-    }
-
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .outbox
@@ -482,11 +477,9 @@ impl Store for MemoryStore {
             .cloned()
             .collect())
     }
-
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.retry(now))
     }
-
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.resolve(note, now))
     }

@@ -334,12 +334,10 @@ impl Ack {
     }
 }
 
-/// A miniflow store: the events of every workflow and the outbox of every command.
+/// The event log of every workflow: all that [`crate::Engine::handle`] needs.
 ///
 /// A store is synchronous and row-shaped: it stores JSON payloads and knows nothing of workflow types.
-/// The lease rules it must keep are stated once, in [`OutboxRow`]'s methods. A backend that passes the
-/// conformance suite (`miniflow_core::conformance`, feature `conformance`) is a miniflow store.
-pub trait Store {
+pub trait EventLog {
     /// The events of `workflow_id` in seq order (empty for a new workflow).
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error>;
 
@@ -353,7 +351,11 @@ pub trait Store {
     /// [`Error::Conflict`] when the workflow moved on; [`Error::TimerNotScheduled`] when the timer it
     /// fires is no longer scheduled; any error means nothing of the commit was written.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error>;
+}
 
+/// The outbox: what a worker needs to take, extend and settle deliveries (DESIGN rules 5–9, 15). The
+/// rules a store keeps are stated once, in [`OutboxRow`]'s methods.
+pub trait Outbox {
     /// Up to `limit` unfinished (pending or leased) commands, ordered by `(workflow_id, event_seq, index)`.
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;
 
@@ -437,17 +439,10 @@ pub trait Store {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error>;
+}
 
-    /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
-    /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
-    /// until it returns less than `batch`: each call is one short write.
-    fn purge_done(
-        &mut self,
-        older_than: Duration,
-        now: Timestamp,
-        batch: usize,
-    ) -> Result<usize, Error>;
-
+/// Durable timers, and the feedback that travels through them (DESIGN rules 11–12).
+pub trait Timers {
     /// Takes up to `limit` due timers (scheduled, `available_at <= now`) for `lease_ttl`, the longest
     /// due first: other firers leave them alone until then (see [`TimerRow::take`]).
     fn claim_timers(
@@ -473,6 +468,19 @@ pub trait Store {
 
     /// Every timer of `workflow_id` (scheduled, fired, cancelled and rejected), by ID.
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
+}
+
+/// What operators do by hand: dead letters, retries, resolutions and retention.
+pub trait Operations {
+    /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
+    /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
+    /// until it returns less than `batch`: each call is one short write.
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error>;
 
     /// Up to `limit` dead commands, in command ID order.
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error>;
@@ -483,3 +491,12 @@ pub trait Store {
     /// Closes a dead command by hand with a note (see [`OutboxRow::resolve`]).
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error>;
 }
+
+/// A miniflow store: the event log, the outbox, the timers and the operators' actions. Every type that
+/// implements the four is a `Store`. A backend that passes the conformance suite
+/// (`miniflow_core::conformance`, feature `conformance`) is a miniflow store.
+///
+/// Bring the traits into scope with `use miniflow_core::prelude::*` to call their methods.
+pub trait Store: EventLog + Outbox + Timers + Operations {}
+
+impl<T: EventLog + Outbox + Timers + Operations + ?Sized> Store for T {}

@@ -226,7 +226,8 @@ impl<S: Store, W: Workflow + Send + Sync> Firer<S> for Engine<W> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Store, Timestamp, WorkflowId};
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
 /// use miniflow_native::{Dispatcher, Outcome, SqliteStore};
 ///
 /// let dir = tempfile::tempdir()?;

@@ -5,7 +5,8 @@
 //! # Example
 //!
 //! ```
-//! use miniflow_core::{Clock, Command, Decision, Engine, Event, EventRecord, Store, Workflow, WorkflowId};
+//! use miniflow_core::prelude::*;
+//! use miniflow_core::{Clock, Command, Decision, Engine, Event, EventRecord, Workflow, WorkflowId};
 //! use miniflow_native::{SqliteStore, SystemClock};
 //! use serde_json::json;
 //!

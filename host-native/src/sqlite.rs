@@ -6,10 +6,11 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, feedback, Ack, Cancelled, ClaimOrder, ClaimRequest, CommandId, Commit,
     Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow,
-    RetryPolicy, Seq, Settled, Status, Store, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -63,7 +64,8 @@ impl Default for SqliteOptions {
 /// file, and every write is one short `BEGIN IMMEDIATE` transaction.
 ///
 /// ```
-/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Store, Timestamp, WorkflowId};
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
 /// use miniflow_native::SqliteStore;
 /// use serde_json::json;
 ///
@@ -139,7 +141,7 @@ impl SqliteStore {
     /// beside it) is read as an immutable file, without locks.
     ///
     /// ```
-    /// use miniflow_core::Store;
+    /// use miniflow_core::prelude::*;
     /// use miniflow_native::SqliteStore;
     ///
     /// let dir = tempfile::tempdir()?;
@@ -235,7 +237,8 @@ impl SqliteStore {
     ///
     /// ```
     /// use miniflow_native::SqliteStore;
-    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Store, Timestamp, WorkflowId};
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
     /// use rusqlite::{Connection, TransactionBehavior};
     ///
     /// let dir = tempfile::tempdir()?;
@@ -258,7 +261,7 @@ impl SqliteStore {
     ///
     /// # Errors
     ///
-    /// As [`Store::append_with_commands`].
+    /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
         in_savepoint(tx, |conn| write_commit(conn, commit))
     }
@@ -1085,7 +1088,7 @@ pub struct Listing {
 }
 
 impl SqliteStore {
-    /// As [`Store::pending`], with the unreadable rows among the first `limit` reported apart instead
+    /// As [`Outbox::pending`], with the unreadable rows among the first `limit` reported apart instead
     /// of skipped (for operators' tools).
     ///
     /// # Errors
@@ -1095,7 +1098,7 @@ impl SqliteStore {
         self.listing(SELECT_PENDING, limit)
     }
 
-    /// As [`Store::dead_letters`], with the unreadable rows among the first `limit` reported apart.
+    /// As [`Operations::dead_letters`], with the unreadable rows among the first `limit` reported apart.
     ///
     /// # Errors
     ///
@@ -1292,7 +1295,7 @@ fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes the columns a claim changes: the hot path of [`Store::claim`].
+/// Writes the columns a claim changes: the hot path of [`Outbox::claim`].
 fn write_lease(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
     let (w, s, i) = id_params(&row.command_id);
     let lease = row.lease.as_ref().ok_or_else(|| {
@@ -1422,7 +1425,7 @@ pub(crate) fn in_savepoint<T>(
 }
 
 /// Writes `commit` on `tx`, which the caller has opened and will commit or roll back (see
-/// [`Store::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
+/// [`EventLog::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
 fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error> {
     let workflow_id = commit.workflow_id().as_str();
     let actual: i64 = tx
@@ -1834,17 +1837,18 @@ fn timer_exists(conn: &Connection, timer_id: &TimerId) -> Result<bool, Error> {
         .map_err(storage)
 }
 
-impl Store for SqliteStore {
+impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
     }
-
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         let tx = self.write()?;
         write_commit(&tx, commit)?;
         tx.commit().map_err(storage)
     }
+}
 
+impl Outbox for SqliteStore {
     /// Skips rows that cannot be read (DESIGN rule 13): a claim buries them when they are due.
     fn pending(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
         read_readable(
@@ -1855,19 +1859,15 @@ impl Store for SqliteStore {
             limit_rows,
         )
     }
-
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
         select_row(&self.conn, command_id)
     }
-
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
         query_rows(&self.conn, SELECT_WORKFLOW, [workflow_id.as_str()])
     }
-
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.mark_done(now))
     }
-
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         if !self.any_due(ANY_COMMAND_DUE, now)? {
@@ -1878,7 +1878,6 @@ impl Store for SqliteStore {
         tx.commit().map_err(storage)?;
         Ok(deliveries)
     }
-
     fn extend(
         &mut self,
         command_id: &CommandId,
@@ -1888,11 +1887,9 @@ impl Store for SqliteStore {
     ) -> Result<Extended, Error> {
         self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
-
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.release(token, now))
     }
-
     fn complete(
         &mut self,
         command_id: &CommandId,
@@ -1904,7 +1901,6 @@ impl Store for SqliteStore {
         complete_in(&tx, command_id, token, result, now)?;
         tx.commit().map_err(storage)
     }
-
     /// All acks in one `BEGIN IMMEDIATE` transaction: one fsync for the batch. The results are returned
     /// only after the commit, so a reported completion is durable.
     fn complete_all(
@@ -1924,7 +1920,6 @@ impl Store for SqliteStore {
         tx.commit().map_err(storage)?;
         Ok(results)
     }
-
     fn fail(
         &mut self,
         command_id: &CommandId,
@@ -1935,24 +1930,9 @@ impl Store for SqliteStore {
     ) -> Result<Settled, Error> {
         self.update(command_id, now, |row| row.fail(token, failure, policy, now))
     }
+}
 
-    fn purge_done(
-        &mut self,
-        older_than: Duration,
-        now: Timestamp,
-        batch: usize,
-    ) -> Result<usize, Error> {
-        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
-        let Some(cutoff) = now.checked_sub(older_than) else {
-            return Ok(0);
-        };
-        let cutoff = to_sql_time("now", cutoff)?;
-        self.conn
-            .prepare_cached(PURGE_DONE)
-            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-            .map_err(storage)
-    }
-
+impl Timers for SqliteStore {
     fn claim_timers(
         &mut self,
         limit_rows: usize,
@@ -2004,7 +1984,6 @@ impl Store for SqliteStore {
         tx.commit().map_err(storage)?;
         Ok(timers)
     }
-
     fn reject_timer(
         &mut self,
         timer_id: &TimerId,
@@ -2033,11 +2012,28 @@ impl Store for SqliteStore {
         .map_err(storage)?;
         tx.commit().map_err(storage)
     }
-
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
     }
+}
 
+impl Operations for SqliteStore {
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
+        let Some(cutoff) = now.checked_sub(older_than) else {
+            return Ok(0);
+        };
+        let cutoff = to_sql_time("now", cutoff)?;
+        self.conn
+            .prepare_cached(PURGE_DONE)
+            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+            .map_err(storage)
+    }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
         read_readable(
@@ -2048,11 +2044,9 @@ impl Store for SqliteStore {
             limit_rows,
         )
     }
-
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.retry(now))
     }
-
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.resolve(note, now))
     }

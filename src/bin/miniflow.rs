@@ -27,8 +27,9 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
+use miniflow::prelude::*;
 use miniflow::{
-    Clock, CommandId, Error, EventRecord, OutboxRow, Seq, SqliteStore, Status, Store, SystemClock,
+    Clock, CommandId, Error, EventRecord, OutboxRow, Seq, SqliteStore, Status, SystemClock,
     TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId, COMMAND_FAILED, SCHEMA_VERSION,
 };
 use rusqlite::types::ValueRef;

@@ -5,10 +5,11 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command as Process, Stdio};
 
+use miniflow::prelude::*;
 use miniflow::{
     json, ClaimRequest, Clock, Command, Commit, Decision, Engine, Event, EventRecord, Failure,
-    RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Store, Synchronous, SystemClock,
-    Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
+    RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Synchronous, SystemClock, Timestamp,
+    Workflow, WorkflowId, SCHEMA_VERSION,
 };
 
 fn miniflow(args: &[&str]) -> (bool, String, String) {

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::{
     json, Clock, Command, Decision, Delivery, Dispatcher, Engine, Event, EventRecord, Outcome,
-    SqliteStore, Stats, Store, SystemClock, Timer, Workflow, WorkflowId, COMMAND_FAILED,
-    TIMER_FIRED,
+    SqliteStore, Stats, SystemClock, Timer, Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
 };
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 

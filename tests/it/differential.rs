@@ -11,11 +11,12 @@
 
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::{
     canonical_json, json, Ack, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision,
     Delivery, Error, Event, EventRecord, Extended, Failure, Lease, MemoryStore, OutboxRow,
-    RetryPolicy, Seq, Settled, SqliteOptions, SqliteStore, Status, Store, Synchronous, Timer,
-    TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId,
+    RetryPolicy, Seq, Settled, SqliteOptions, SqliteStore, Status, Synchronous, Timer, TimerId,
+    TimerRow, TimerStatus, Timestamp, WorkflowId,
 };
 
 /// The seeds CI runs.

@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use miniflow::prelude::*;
 use miniflow::{
     json, Ack, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
     Dispatcher, Engine, Error, Event, EventRecord, Extended, Failure, ManualClock, MemoryStore,
-    OutboxRow, Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Store, Timer,
-    TimerId, TimerRow, TimerStatus, Timestamp, Value, Workflow, WorkflowId, TIMER_FIRED,
+    OutboxRow, Outcome, RetryPolicy, Seq, Settled, Settlement, SqliteStore, Status, Timer, TimerId,
+    TimerRow, TimerStatus, Timestamp, Value, Workflow, WorkflowId, TIMER_FIRED,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -573,13 +574,16 @@ impl Flaky {
     }
 }
 
-impl Store for Flaky {
+impl EventLog for Flaky {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         self.inner.load(workflow_id)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         self.inner.append_with_commands(commit)
     }
+}
+
+impl Outbox for Flaky {
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         self.inner.pending(limit)
     }
@@ -640,14 +644,9 @@ impl Store for Flaky {
     ) -> Result<Settled, Error> {
         self.inner.fail(command_id, token, failure, policy, now)
     }
-    fn purge_done(
-        &mut self,
-        older_than: Duration,
-        now: Timestamp,
-        batch: usize,
-    ) -> Result<usize, Error> {
-        self.inner.purge_done(older_than, now, batch)
-    }
+}
+
+impl Timers for Flaky {
     fn claim_timers(
         &mut self,
         limit: usize,
@@ -661,6 +660,17 @@ impl Store for Flaky {
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         self.inner.timers(workflow_id)
+    }
+}
+
+impl Operations for Flaky {
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        self.inner.purge_done(older_than, now, batch)
     }
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         self.inner.dead_letters(limit)

@@ -42,13 +42,14 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use miniflow::prelude::*;
 use miniflow::{
     check_retention, json, Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit,
     Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure,
     IdempotencyKey, IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore,
-    OutboxRow, RecordState, RetryPolicy, Settled, Status, Store, Timer, TimerId, TimerRow,
-    TimerSource, TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED,
-    COMMAND_FAILED, TIMER_FIRED,
+    OutboxRow, RecordState, RetryPolicy, Settled, Status, Timer, TimerId, TimerRow, TimerSource,
+    TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED, COMMAND_FAILED,
+    TIMER_FIRED,
 };
 
 /// Seeds CI runs when no seed is given: 1 to `CI_RUNS`.
@@ -278,13 +279,16 @@ fn is_injected(error: &Error) -> bool {
     matches!(error, Error::Storage(source) if source.to_string().starts_with(INJECTED))
 }
 
-impl Store for FaultyStore {
+impl EventLog for FaultyStore {
     fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         self.read(|s| s.load(id))
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         self.write(|s| s.append_with_commands(commit))
     }
+}
+
+impl Outbox for FaultyStore {
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         self.read(|s| s.pending(limit))
     }
@@ -338,14 +342,9 @@ impl Store for FaultyStore {
     ) -> Result<Settled, Error> {
         self.write(|s| s.fail(id, token, failure, policy, now))
     }
-    fn purge_done(
-        &mut self,
-        older_than: Duration,
-        now: Timestamp,
-        batch: usize,
-    ) -> Result<usize, Error> {
-        self.write(|s| s.purge_done(older_than, now, batch))
-    }
+}
+
+impl Timers for FaultyStore {
     fn claim_timers(
         &mut self,
         limit: usize,
@@ -359,6 +358,17 @@ impl Store for FaultyStore {
     }
     fn timers(&self, id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         self.read(|s| s.timers(id))
+    }
+}
+
+impl Operations for FaultyStore {
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        self.write(|s| s.purge_done(older_than, now, batch))
     }
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         self.read(|s| s.dead_letters(limit))

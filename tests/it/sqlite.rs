@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 
 use crate::child;
+use miniflow::prelude::*;
 use miniflow::{
     json, Command, Commit, Decision, Engine, Error, Event, EventRecord, Seq, SqliteOptions,
-    SqliteStore, Store, Synchronous, Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
+    SqliteStore, Synchronous, Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
 };
 
 fn pragma(store: &SqliteStore, name: &str) -> String {

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use miniflow::prelude::*;
 use miniflow::{
-    json, ClaimRequest, Command, Commit, Decision, Error, Event, Seq, SqliteStore, Status, Store,
-    Timer, Timestamp, WorkflowId, COMMAND_FAILED,
+    json, ClaimRequest, Command, Commit, Decision, Error, Event, Seq, SqliteStore, Status, Timer,
+    Timestamp, WorkflowId, COMMAND_FAILED,
 };
 use tempfile::TempDir;
 
