@@ -103,8 +103,8 @@ pub use model::{
     canonical_json, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,
 };
 pub use outbox::{
-    Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow, Settled,
-    Status, MAX_ERROR_LEN,
+    Cancelled, Changed, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow,
+    Settled, Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};

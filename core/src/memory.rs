@@ -13,7 +13,7 @@ use crate::outbox::{
 use crate::retry::RetryPolicy;
 use crate::store::{Commit, EventLog, Operations, Outbox, Timers};
 use crate::time::Timestamp;
-use crate::timer::{feedback, TimerId, TimerRow};
+use crate::timer::{TimerId, TimerRow};
 
 /// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.
 ///
@@ -149,12 +149,10 @@ impl MemoryStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let row = self.row_mut(command_id)?;
-        let mut next = row.clone();
-        let out = change(&mut next)?;
-        let unfinished = next.status.is_unfinished();
-        let feedback = feedback(row.status, &next, now);
-        *row = next;
-        if let Some(timer) = feedback {
+        let changed = row.change(now, change)?;
+        let unfinished = changed.row.status.is_unfinished();
+        *row = changed.row;
+        if let Some(timer) = changed.feedback {
             self.timers.insert(timer.timer_id.clone(), timer);
         }
         if unfinished {
@@ -162,7 +160,7 @@ impl MemoryStore {
         } else {
             self.unfinished.remove(command_id);
         }
-        Ok(out)
+        Ok(changed.value)
     }
 
     /// The timer rows `commit` changes or adds: the one it fires, the ones it cancels, the new ones.

@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::id::CommandId;
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
+use crate::timer::TimerRow;
 
 /// Where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -389,7 +390,61 @@ pub(crate) fn lease_expired_error(attempts: u32) -> String {
     format!("lease expired on attempt {attempts} with no result")
 }
 
+/// A row change the core computed ([`OutboxRow::change`]): what the rule answered, the row after it,
+/// and the feedback timer the change schedules. A store writes the row and the feedback together, in
+/// one transaction, so no store can forget the feedback (DESIGN rules 12 and 15).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Changed<T> {
+    /// What the rule answered (a delivery, a settlement, …).
+    pub value: T,
+    /// The row after the change.
+    pub row: OutboxRow,
+    /// The `command_completed` / `command_failed` / `command_resolved` timer to insert with it.
+    pub feedback: Option<TimerRow>,
+}
+
 impl OutboxRow {
+    /// Applies a rule (`change`, one of this type's methods) to a copy of the row at `now`: the row
+    /// after it and the feedback it schedules (see [`crate::feedback`]). On an error nothing changed.
+    ///
+    /// ```
+    /// use miniflow_core::{json, ClaimRequest, Command, CommandId, OutboxRow, Status, Timestamp};
+    ///
+    /// let id: CommandId = "trip-001:1:0".parse()?;
+    /// let row = OutboxRow::pending(id, Command::new("book", json!({})).report_result(), Timestamp::from_millis(0));
+    /// let claimed = row.change(Timestamp::from_millis(1), |r| Ok(r.claim(&ClaimRequest::new("w"), Timestamp::from_millis(1))))?;
+    /// let token = claimed.value.expect("claimable").token;
+    /// let done = claimed.row.change(Timestamp::from_millis(2), |r| r.complete(token, Some(&json!("REF-1")), Timestamp::from_millis(2)))?;
+    /// assert_eq!(done.row.status, Status::Done);
+    /// assert_eq!(done.feedback.expect("its result goes back").timer_id.to_string(), "trip-001:1:0:completed");
+    /// # Ok::<(), miniflow_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// What `change` returns.
+    pub fn change<T>(
+        &self,
+        now: Timestamp,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+    ) -> Result<Changed<T>, Error> {
+        let mut row = self.clone();
+        let value = change(&mut row)?;
+        let feedback = crate::timer::feedback(self.status, &row, now);
+        Ok(Changed {
+            value,
+            row,
+            feedback,
+        })
+    }
+
+    /// Buries a row a store cannot read whole (DESIGN rule 13): dead, with `reason` as its last
+    /// error, processed at `now`, so that it stops no other delivery and its workflow hears of it.
+    pub fn bury(&mut self, reason: String, now: Timestamp) {
+        self.last_error = Some(bounded_error(&reason));
+        self.finish(Status::Dead, now);
+    }
+
     /// A new command's row, pending and due at `now` (what a commit writes).
     pub fn pending(command_id: CommandId, command: crate::Command, now: Timestamp) -> Self {
         Self {

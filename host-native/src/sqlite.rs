@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, feedback, Ack, Cancelled, ClaimOrder, ClaimRequest, CommandId, Commit,
-    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow,
-    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow, RetryPolicy,
+    Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -296,15 +296,13 @@ impl SqliteStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let tx = self.write()?;
-        let mut row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
+        let row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
             command_id: command_id.clone(),
         })?;
-        let before = row.status;
-        let out = change(&mut row)?;
-        write_row(&tx, &row)?;
-        schedule_feedback(&tx, before, &row, now)?;
+        let changed = row.change(now, change)?;
+        write_change(&tx, &changed)?;
         tx.commit().map_err(storage)?;
-        Ok(out)
+        Ok(changed.value)
     }
 }
 
@@ -1363,18 +1361,16 @@ fn complete_in(
     if changed == 1 {
         return Ok(());
     }
-    let mut row = select_row(conn, id)?.ok_or_else(|| Error::UnknownCommand {
+    let row = select_row(conn, id)?.ok_or_else(|| Error::UnknownCommand {
         command_id: id.clone(),
     })?;
-    let before = row.status;
-    row.complete(token, result, now)?;
-    if !row.reports_completion() {
+    let changed = row.change(now, |row| row.complete(token, result, now))?;
+    if !changed.row.reports_completion() {
         return Err(Error::Corrupt(format!(
             "command {id} holds lease {token} but did not complete"
         )));
     }
-    write_row(conn, &row)?;
-    schedule_feedback(conn, before, &row, now)
+    write_change(conn, &changed)
 }
 
 /// The events of `workflow_id` in seq order, as `conn` sees them.
@@ -1630,15 +1626,11 @@ fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Error> {
     Ok(())
 }
 
-/// Schedules the failure feedback of a row change, by the shared rule ([`miniflow_core::feedback`]).
-fn schedule_feedback(
-    conn: &Connection,
-    before: Status,
-    after: &OutboxRow,
-    now: Timestamp,
-) -> Result<(), Error> {
-    match feedback(before, after, now) {
-        Some(timer) => insert_timer(conn, &timer),
+/// Writes a row change the core computed and the feedback it schedules, in the caller's transaction.
+fn write_change<T>(conn: &Connection, changed: &Changed<T>) -> Result<(), Error> {
+    write_row(conn, &changed.row)?;
+    match &changed.feedback {
+        Some(timer) => insert_timer(conn, timer),
         None => Ok(()),
     }
 }
@@ -1772,17 +1764,14 @@ fn claim_in(
                 continue;
             }
             match candidate.row {
-                Ok(mut row) => {
-                    let before = row.status;
-                    match row.claim(request, now) {
+                Ok(row) => {
+                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
+                    match &changed.value {
                         Some(delivery) => {
-                            write_lease(tx, &row)?;
-                            deliveries.push(delivery);
+                            write_lease(tx, &changed.row)?;
+                            deliveries.push(delivery.clone());
                         }
-                        None => {
-                            write_row(tx, &row)?;
-                            schedule_feedback(tx, before, &row, now)?;
-                        }
+                        None => write_change(tx, &changed)?,
                     }
                 }
                 Err(unclaimable) => bury_unreadable(tx, &after, unclaimable, now)?,
@@ -1811,20 +1800,34 @@ fn bury_unreadable(
     );
     let [_, workflow_id, event_seq, idx] = key;
     let processed_at = to_sql_time("now", now)?;
+    // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
+    // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
+    let (status, last_error, feedback) = match unclaimable.salvaged {
+        Some(row) => {
+            let changed = row.change(now, |row| {
+                row.bury(reason, now);
+                Ok(())
+            })?;
+            (changed.row.status, changed.row.last_error, changed.feedback)
+        }
+        None => (Status::Dead, Some(reason), None),
+    };
     tx.prepare_cached(
-        "UPDATE outbox SET status = 'dead', last_error = ?4, processed_at = ?5 \
+        "UPDATE outbox SET status = ?4, last_error = ?5, processed_at = ?6 \
          WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
     )
-    .and_then(|mut stmt| stmt.execute(params![workflow_id, event_seq, idx, reason, processed_at]))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            workflow_id,
+            event_seq,
+            idx,
+            status.as_str(),
+            last_error,
+            processed_at
+        ])
+    })
     .map_err(storage)?;
-    let Some(mut row) = unclaimable.salvaged else {
-        return Ok(());
-    };
-    let before = row.status;
-    row.status = Status::Dead;
-    row.last_error = Some(reason);
-    row.processed_at = Some(now);
-    match feedback(before, &row, now) {
+    match feedback {
         // A count of manual retries that could not be read may name a failure already reported.
         Some(timer) if !timer_exists(tx, &timer.timer_id)? => insert_timer(tx, &timer),
         _ => Ok(()),
