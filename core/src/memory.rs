@@ -238,7 +238,7 @@ impl MemoryStore {
                 due.push(row);
             }
         }
-        due.sort_by(|a, b| (a.available_at, &a.command_id).cmp(&(b.available_at, &b.command_id)));
+        due.sort_by(|a, b| a.claim_order().cmp(&b.claim_order()));
         due.into_iter().map(|row| row.command_id.clone()).collect()
     }
 }
@@ -401,7 +401,7 @@ impl Timers for MemoryStore {
         now: Timestamp,
     ) -> Result<Vec<TimerRow>, Error> {
         let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
-        due.sort_by(|a, b| (a.available_at, &a.timer_id).cmp(&(b.available_at, &b.timer_id)));
+        due.sort_by(|a, b| a.due_order().cmp(&b.due_order()));
         let ids: Vec<TimerId> = due
             .into_iter()
             .take(limit)
@@ -454,8 +454,7 @@ impl Operations for MemoryStore {
             .values()
             .filter(|row| row.is_purgeable(older_than, now))
             .collect();
-        purgeable
-            .sort_by(|a, b| (a.processed_at, &a.command_id).cmp(&(b.processed_at, &b.command_id)));
+        purgeable.sort_by(|a, b| a.purge_order().cmp(&b.purge_order()));
         let purgeable: Vec<CommandId> = purgeable
             .into_iter()
             .take(batch)

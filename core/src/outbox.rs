@@ -685,6 +685,21 @@ impl OutboxRow {
             && self.processed_at.is_some_and(|at| at + older_than <= now)
     }
 
+    /// The order claims hand rows out in (DESIGN rules 6–7): the longest due first, then by command
+    /// ID (numbers compared as numbers). A SQL store says `ORDER BY available_at, workflow_id,
+    /// event_seq, idx` over the rows [`Self::is_claimable`] admits (`processed_at IS NULL AND
+    /// available_at <= now`); in strict order, only the first unfinished command of each workflow.
+    pub fn claim_order(&self) -> (Timestamp, &CommandId) {
+        (self.available_at, &self.command_id)
+    }
+
+    /// The order a bounded retention run removes rows in: the oldest processed first, then by command
+    /// ID. A SQL store says `ORDER BY processed_at, workflow_id, event_seq, idx` over the rows
+    /// [`Self::is_purgeable`] admits.
+    pub fn purge_order(&self) -> (Option<Timestamp>, &CommandId) {
+        (self.processed_at, &self.command_id)
+    }
+
     fn finish(&mut self, status: Status, now: Timestamp) {
         self.status = status;
         self.processed_at = Some(now);

@@ -396,6 +396,13 @@ impl TimerRow {
         self.status == TimerStatus::Scheduled && self.available_at <= now
     }
 
+    /// The order firers take due timers in: the longest due first, then by ID. A SQL store says
+    /// `ORDER BY available_at, timer_id` over the rows [`Self::is_due`] admits
+    /// (`processed_at IS NULL AND available_at <= now`).
+    pub fn due_order(&self) -> (Timestamp, &TimerId) {
+        (self.available_at, &self.timer_id)
+    }
+
     /// A firer takes it at `now` for `lease_ttl`: others leave it alone until then. (Firing itself is
     /// guarded by the commit, not by this lease.)
     pub fn take(&mut self, lease_ttl: Duration, now: Timestamp) {
