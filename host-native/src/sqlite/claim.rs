@@ -1,0 +1,208 @@
+//! Claims: going through the candidates in claim order, burying what cannot be read.
+
+use super::*;
+
+/// A command a claim looked at: its key in claim order, and its row, or what the claim needs to bury
+/// a row that cannot be read.
+pub(super) struct Candidate {
+    /// `(available_at, workflow_id, event_seq, idx)` as stored.
+    pub(super) key: [SqlValue; 4],
+    pub(super) row: Result<OutboxRow, Unclaimable>,
+}
+
+/// A candidate that cannot be read: why, and what could be read of it (see [`salvage`]).
+pub(super) struct Unclaimable {
+    pub(super) why: UnreadableRow,
+    pub(super) salvaged: Option<OutboxRow>,
+}
+
+impl Candidate {
+    pub(super) fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
+        let key = [
+            col::AVAILABLE_AT,
+            col::WORKFLOW_ID,
+            col::EVENT_SEQ,
+            col::IDX,
+        ]
+        .map(|column| row.get::<_, SqlValue>(column).unwrap_or(SqlValue::Null));
+        let row = match read_outbox_row(row) {
+            Ok(outbox_row) => Ok(outbox_row),
+            Err(e) => Err(Unclaimable {
+                why: UnreadableRow {
+                    row: raw_command_id(row),
+                    why: unreadable_value(row, e)?,
+                },
+                salvaged: salvage(row),
+            }),
+        };
+        Ok(Self { key, row })
+    }
+
+    /// The command and its workflow as stored, to recognise a candidate seen before.
+    pub(super) fn identity(&self) -> (String, String) {
+        let [_, workflow_id, event_seq, idx] = &self.key;
+        let workflow_id = match workflow_id {
+            SqlValue::Text(text) => text.clone(),
+            other => format!("{other:?}"),
+        };
+        (format!("{workflow_id}:{event_seq:?}:{idx:?}"), workflow_id)
+    }
+}
+
+/// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
+/// that read, a null payload, and empty values for the others; `None` when its key columns do not
+/// spell a command ID (then there is no workflow to tell).
+pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
+    Some(OutboxRow {
+        command_id: read_command_id(row).ok()?,
+        kind: row.get(col::KIND).unwrap_or_default(),
+        payload: serde_json::Value::Null,
+        status: read_text(row, col::STATUS)
+            .ok()
+            .and_then(|status| status.parse().ok())
+            .unwrap_or(Status::Pending),
+        attempts: row.get(col::ATTEMPTS).unwrap_or_default(),
+        last_error: None,
+        available_at: read_time(row, col::AVAILABLE_AT).unwrap_or_default(),
+        lease: None,
+        created_at: read_time(row, col::CREATED_AT).unwrap_or_default(),
+        processed_at: None,
+        manual_retries: row.get(col::MANUAL_RETRIES).unwrap_or_default(),
+        resolution: None,
+        report_result: row.get(col::REPORT_RESULT).unwrap_or_default(),
+        result: None,
+        cancel_requested: row.get(col::CANCEL_REQUESTED).unwrap_or_default(),
+    })
+}
+
+/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
+/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`]).
+///
+/// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
+/// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
+/// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
+/// candidate it looked at.
+pub(super) fn claim_in(
+    tx: &Transaction<'_>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, Error> {
+    let sql = match request.order {
+        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
+        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
+    };
+    let now_sql = to_sql_time("now", now)?;
+    let mut after = [
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Text(String::new()),
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Integer(i64::MIN),
+    ];
+    // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
+    // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
+    // candidate when the claim began, so neither is taken now.
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen_workflows: HashSet<String> = HashSet::new();
+    let mut deliveries = Vec::new();
+    while deliveries.len() < request.limit {
+        let wanted = request.limit - deliveries.len();
+        let mut page = Vec::with_capacity(wanted);
+        let [a, w, s, i] = &after;
+        each_row(
+            tx,
+            sql,
+            params![now_sql, limit(wanted), a, w, s, i],
+            Candidate::read,
+            |_| String::new(),
+            |candidate| {
+                page.push(candidate.map_err(UnreadableRow::into_error)?);
+                Ok(true)
+            },
+        )?;
+        let full_page = page.len() == wanted;
+        for candidate in page {
+            let (command, workflow) = candidate.identity();
+            after = candidate.key;
+            let first_look = match request.order {
+                ClaimOrder::DueFirst => seen.insert(command),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+            };
+            if !first_look {
+                continue;
+            }
+            match candidate.row {
+                Ok(row) => {
+                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
+                    match &changed.value {
+                        Some(delivery) => {
+                            write_lease(tx, &changed.row)?;
+                            deliveries.push(delivery.clone());
+                        }
+                        None => write_change(tx, &changed)?,
+                    }
+                }
+                Err(unclaimable) => bury_unreadable(tx, &after, unclaimable, now)?,
+            }
+        }
+        if !full_page {
+            break;
+        }
+    }
+    Ok(deliveries)
+}
+
+/// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no
+/// other delivery (DESIGN rule 13): dead, `last_error` naming the column and the reason, processed at
+/// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
+/// that could be read. Its other columns stay as they are, for whoever repairs it.
+pub(super) fn bury_unreadable(
+    tx: &Transaction<'_>,
+    key: &[SqlValue; 4],
+    unclaimable: Unclaimable,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let reason = format!(
+        "the stored command could not be read: {}",
+        unclaimable.why.why
+    );
+    let [_, workflow_id, event_seq, idx] = key;
+    let processed_at = to_sql_time("now", now)?;
+    // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
+    // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
+    let (status, last_error, feedback) = match unclaimable.salvaged {
+        Some(row) => {
+            let changed = row.change(now, |row| {
+                row.bury(reason, now);
+                Ok(())
+            })?;
+            (changed.row.status, changed.row.last_error, changed.feedback)
+        }
+        None => (Status::Dead, Some(reason), None),
+    };
+    tx.prepare_cached(
+        "UPDATE outbox SET status = ?4, last_error = ?5, processed_at = ?6 \
+         WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            workflow_id,
+            event_seq,
+            idx,
+            status.as_str(),
+            last_error,
+            processed_at
+        ])
+    })
+    .map_err(storage)?;
+    match feedback {
+        // A count of manual retries that could not be read may name a failure already reported.
+        Some(timer) if !timer_exists(tx, &timer.timer_id)? => insert_timer(tx, &timer),
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn timer_exists(conn: &Connection, timer_id: &TimerId) -> Result<bool, Error> {
+    conn.prepare_cached("SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = ?1)")
+        .and_then(|mut stmt| stmt.query_row([timer_id.to_string()], |row| row.get(0)))
+        .map_err(storage)
+}

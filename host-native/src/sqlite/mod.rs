@@ -1,0 +1,592 @@
+//! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use miniflow_core::prelude::*;
+use miniflow_core::{
+    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow, RetryPolicy,
+    Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+};
+use rusqlite::types::{Value as SqlValue, ValueRef};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
+use rusqlite_migration::{Migrations, M};
+
+#[macro_use]
+mod rows;
+mod claim;
+mod schema;
+mod timers;
+mod writes;
+
+use self::claim::*;
+use self::rows::*;
+pub use self::rows::{Listing, UnreadableCommand};
+pub(crate) use self::schema::open_connection;
+use self::schema::*;
+use self::timers::*;
+pub(crate) use self::writes::in_savepoint;
+use self::writes::*;
+
+/// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../../migrations/0001_init.sql"),
+    include_str!("../../migrations/0002_idempotency_and_retention.sql"),
+    include_str!("../../migrations/0003_timers.sql"),
+    include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+];
+
+/// The newest schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How a commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Synchronous {
+    /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: faster, and still safe against a process crash, but a power loss can undo
+    /// the last commits — possibly a commit whose command a worker already delivered. Opt in only when
+    /// that is acceptable.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`]; the defaults are the durable ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// How commits reach the disk (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+    /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
+    /// (default 10 s: far longer than any miniflow transaction holds it).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The miniflow [`Store`] on a SQLite file (WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` writes).
+///
+/// One `SqliteStore` is one connection. Open one per thread or process; they coordinate through the
+/// file, and every write is one short `BEGIN IMMEDIATE` transaction.
+///
+/// ```
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+/// use miniflow_native::SqliteStore;
+/// use serde_json::json;
+///
+/// let dir = tempfile::tempdir()?;
+/// let mut store = SqliteStore::open(dir.path().join("flow.db"))?;
+/// let trip = WorkflowId::new("trip-001")?;
+/// let decision = Decision::new().command(Command::new("lock_budget", json!({ "trip_id": "trip-001" })));
+/// let event = Event::new("trip_requested", json!({ "city": "成都" }));
+/// store.append_with_commands(&Commit::new(trip, Seq::ZERO, event, decision, Timestamp::from_millis(0))?)?;
+/// assert_eq!(store.pending(10)?[0].command_id.to_string(), "trip-001:1:0");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
+pub(crate) fn storage(e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy(Box::new(e)),
+        _ => Error::Storage(Box::new(e)),
+    }
+}
+
+pub(crate) fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
+    i64::try_from(t.as_millis())
+        .map_err(|_| Error::invalid(field, t, "is past the year 292 million"))
+}
+
+fn to_sql_u64(field: &'static str, n: u64) -> Result<i64, Error> {
+    i64::try_from(n).map_err(|_| Error::invalid(field, n, "is too large to store"))
+}
+
+pub(crate) fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path` with the durable defaults. `path` is a file name, never
+    /// a URI: `file:flow.db` is the file of that name. To look at a store without changing it, use
+    /// [`SqliteStore::open_read_only`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnsupportedSchema`] when the file was written by a newer miniflow (it is left as it is);
+    /// [`Error::Storage`] when the file cannot be opened or a pragma does not take effect.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, Error> {
+        Self::open_with(path, &SqliteOptions::default())
+    }
+
+    /// Opens (or creates) the store at `path` with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteStore::open`].
+    pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        let conn = open_connection(&path, options)?;
+        Ok(Self { conn, path })
+    }
+
+    /// Opens the store at `path` to read it, and changes nothing: the file is opened with
+    /// `SQLITE_OPEN_READ_ONLY`, no pragma is set, no migration runs, and a file that is not a miniflow
+    /// store is refused before SQLite reads it. Every write through the store fails with
+    /// [`Error::Storage`] (SQLite's "attempt to write a readonly database").
+    ///
+    /// Reading a store in WAL mode (every store [`SqliteStore::open`] wrote) takes SQLite's `-shm`
+    /// and `-wal` files beside it: SQLite creates them when they are missing and the directory is
+    /// writable, and the next writer that closes the store removes them. The store file itself is never
+    /// written. On a read-only file system, a store that was closed cleanly (no `-wal` with content
+    /// beside it) is read as an immutable file, without locks.
+    ///
+    /// ```
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_native::SqliteStore;
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("flow.db");
+    /// drop(SqliteStore::open(&path)?);
+    /// let store = SqliteStore::open_read_only(&path)?;
+    /// assert!(store.pending(10)?.is_empty());
+    /// assert!(SqliteStore::open_read_only(dir.path().join("missing.db")).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the path when there is no miniflow store at `path`: no file, a
+    /// directory, an empty file, a file that is not a SQLite database, a SQLite database without
+    /// miniflow's tables, or a store of an older schema version (upgrade it with
+    /// [`SqliteStore::migrate`] or `miniflow migrate PATH`); [`Error::UnsupportedSchema`] when a newer
+    /// miniflow wrote it; [`Error::Storage`] when it cannot be read.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self, Error> {
+        let path = path.as_ref().to_path_buf();
+        let (conn, version) = read_only_connection(&path)?;
+        if version < SCHEMA_VERSION {
+            return Err(Error::invalid(
+                "path",
+                path.display(),
+                format!(
+                    "is a miniflow store of schema version {version}, older than version \
+                     {SCHEMA_VERSION} that this miniflow reads; upgrade it first with \
+                     `miniflow migrate {}` (after that, older versions of miniflow refuse it)",
+                    path.display()
+                ),
+            ));
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// Upgrades the store at `path` to [`SCHEMA_VERSION`] and returns the schema version it had. A store
+    /// that is already current is not written at all. Unlike [`SqliteStore::open`], it never creates a
+    /// store and never adds miniflow's tables to another database. Once upgraded, older versions of
+    /// miniflow refuse the store with their [`Error::UnsupportedSchema`].
+    ///
+    /// # Errors
+    ///
+    /// As [`SqliteStore::open_read_only`] for a file that is not a miniflow store or is newer than this
+    /// miniflow; as [`SqliteStore::open`] when the upgrade fails (nothing is changed then).
+    pub fn migrate(path: impl AsRef<Path>) -> Result<i64, Error> {
+        let path = path.as_ref();
+        let (conn, found) = read_only_connection(path)?;
+        drop(conn);
+        if found < SCHEMA_VERSION {
+            open_connection(path, &SqliteOptions::default())?;
+        }
+        Ok(found)
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The underlying connection, for diagnostics and tests. Writing through it bypasses every rule
+    /// miniflow keeps.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
+    /// with it, so they take the write lock only when there is something to take.
+    fn any_due(&self, sql: &str, now: Timestamp) -> Result<bool, Error> {
+        let now = to_sql_time("now", now)?;
+        self.conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| stmt.query_row([now], |row| row.get(0)))
+            .map_err(storage)
+    }
+
+    fn write(&mut self) -> Result<Transaction<'_>, Error> {
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(storage)
+    }
+
+    /// Writes `commit` inside the caller's own transaction `tx`, so the caller's rows (an `orders`
+    /// table, say) commit together with the event and its commands — or not at all. The store never
+    /// commits `tx`; on an error nothing of the commit is left in it (a savepoint is rolled back) and
+    /// the caller decides whether to roll back the rest.
+    ///
+    /// The caller guarantees: `tx` is on the same file as the store, opened after the store (so its
+    /// schema is current), and began with `BEGIN IMMEDIATE`
+    /// (`TransactionBehavior::Immediate`) so that no other writer moves the workflow between the read
+    /// and the write; the file keeps the WAL journal the store set, and `tx` is committed with the
+    /// durability the caller needs (miniflow's own connections use `synchronous=FULL`).
+    ///
+    /// ```
+    /// use miniflow_native::SqliteStore;
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+    /// use rusqlite::{Connection, TransactionBehavior};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("shop.db");
+    /// let store = SqliteStore::open(&path)?; // creates or upgrades miniflow's tables
+    /// let mut conn = Connection::open(&path)?;
+    /// conn.execute_batch("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, total INTEGER)")?;
+    ///
+    /// let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    /// tx.execute("INSERT INTO orders VALUES ('order-7', 1200)", [])?;
+    /// let order = WorkflowId::new("order-7")?;
+    /// let decision = Decision::new().command(Command::new("charge_card", json!({ "amount": 1200 })));
+    /// let commit = Commit::new(order.clone(), Seq::ZERO, Event::new("placed", json!({})), decision, Timestamp::from_millis(0))?;
+    /// SqliteStore::append_in(&tx, &commit)?;
+    /// tx.commit()?; // the order row, the event and its command, together
+    ///
+    /// assert_eq!(store.commands(&order)?.len(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`EventLog::append_with_commands`].
+    pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+        in_savepoint(tx, |conn| write_commit(conn, commit))
+    }
+
+    /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
+    /// decides, and writes the commit with [`SqliteStore::append_in`], under the same guarantees.
+    /// Under `BEGIN IMMEDIATE` no other writer can move the workflow meanwhile, so there is no
+    /// conflict to retry.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_in<W: Workflow>(
+        tx: &Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let events = load_events(tx, workflow_id)?;
+        let commit = engine.plan(&events, workflow_id, event, now)?;
+        Self::append_in(tx, &commit)?;
+        Ok(Handled::of(&commit, 0))
+    }
+
+    /// Applies `change` to one row inside one `BEGIN IMMEDIATE` transaction; an error rolls it back.
+    /// The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
+    fn update<T>(
+        &mut self,
+        command_id: &CommandId,
+        now: Timestamp,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let tx = self.write()?;
+        let row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
+            command_id: command_id.clone(),
+        })?;
+        let changed = row.change(now, change)?;
+        write_change(&tx, &changed)?;
+        tx.commit().map_err(storage)?;
+        Ok(changed.value)
+    }
+}
+
+impl EventLog for SqliteStore {
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        load_events(&self.conn, workflow_id)
+    }
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let tx = self.write()?;
+        write_commit(&tx, commit)?;
+        tx.commit().map_err(storage)
+    }
+}
+
+impl Outbox for SqliteStore {
+    /// Skips rows that cannot be read (DESIGN rule 13): a claim buries them when they are due.
+    fn pending(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        read_readable(
+            &self.conn,
+            SELECT_PENDING,
+            [NO_LIMIT],
+            read_outbox_row,
+            limit_rows,
+        )
+    }
+    fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+        select_row(&self.conn, command_id)
+    }
+    fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        query_rows(&self.conn, SELECT_WORKFLOW, [workflow_id.as_str()])
+    }
+    fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row| row.mark_done(now))
+    }
+    fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
+        request.validate()?;
+        if !self.any_due(ANY_COMMAND_DUE, now)? {
+            return Ok(Vec::new());
+        }
+        let tx = self.write()?;
+        let deliveries = claim_in(&tx, request, now)?;
+        tx.commit().map_err(storage)?;
+        Ok(deliveries)
+    }
+    fn extend(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Extended, Error> {
+        self.update(command_id, now, |row| row.extend(token, ttl, now))
+    }
+    fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row| row.release(token, now))
+    }
+    fn complete(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        result: Option<&serde_json::Value>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let tx = self.write()?;
+        complete_in(&tx, command_id, token, result, now)?;
+        tx.commit().map_err(storage)
+    }
+    /// All acks in one `BEGIN IMMEDIATE` transaction: one fsync for the batch. The results are returned
+    /// only after the commit, so a reported completion is durable.
+    fn complete_all(
+        &mut self,
+        acks: &[Ack],
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let tx = self.write()?;
+        let mut results = Vec::with_capacity(acks.len());
+        for ack in acks {
+            let completed = complete_in(&tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
+            results.push(match completed {
+                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+                other => other,
+            });
+        }
+        tx.commit().map_err(storage)?;
+        Ok(results)
+    }
+    fn fail(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        self.update(command_id, now, |row| row.fail(token, failure, policy, now))
+    }
+}
+
+impl Timers for SqliteStore {
+    fn claim_timers(
+        &mut self,
+        limit_rows: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        if !self.any_due(ANY_TIMER_DUE, now)? {
+            return Ok(Vec::new());
+        }
+        let tx = self.write()?;
+        let mut timers = Vec::new();
+        let mut unreadable = Vec::new();
+        each_row(
+            &tx,
+            CLAIM_TIMERS,
+            params![to_sql_time("now", now)?, limit(limit_rows)],
+            read_timer,
+            |row| raw_text(row, 0),
+            |timer| {
+                match timer {
+                    Ok(timer) => timers.push(timer),
+                    Err(bad) => unreadable.push(bad),
+                }
+                Ok(true)
+            },
+        )?;
+        // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
+        // read error, where operators see it, and is not taken again.
+        for bad in unreadable {
+            let reason = format!("the stored timer could not be read: {}", bad.why);
+            tx.prepare_cached(
+                "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
+                 WHERE timer_id = ?1 AND processed_at IS NULL",
+            )
+            .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
+            .map_err(storage)?;
+        }
+        for timer in &mut timers {
+            timer.take(lease_ttl, now);
+            tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        timer.timer_id.to_string(),
+                        to_sql_time_lossy(timer.available_at)
+                    ])
+                })
+                .map_err(storage)?;
+        }
+        tx.commit().map_err(storage)?;
+        Ok(timers)
+    }
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let tx = self.write()?;
+        let mut timer = query_timers(&tx, SELECT_TIMER, [timer_id.to_string()])?
+            .pop()
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, now)?;
+        tx.prepare_cached(
+            "UPDATE timers SET status = ?2, processed_at = ?3, last_error = ?4 WHERE timer_id = ?1",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                timer_id.to_string(),
+                timer.status.as_str(),
+                to_sql_time_lossy(now),
+                timer.last_error
+            ])
+        })
+        .map_err(storage)?;
+        tx.commit().map_err(storage)
+    }
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
+    }
+}
+
+impl Operations for SqliteStore {
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
+        let Some(cutoff) = now.checked_sub(older_than) else {
+            return Ok(0);
+        };
+        let cutoff = to_sql_time("now", cutoff)?;
+        self.conn
+            .prepare_cached(PURGE_DONE)
+            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+            .map_err(storage)
+    }
+    /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
+    fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        read_readable(
+            &self.conn,
+            SELECT_DEAD,
+            [NO_LIMIT],
+            read_outbox_row,
+            limit_rows,
+        )
+    }
+    fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row| row.retry(now))
+    }
+    fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row| row.resolve(note, now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every query a worker or `pending` runs is answered from an index: none walks the done rows,
+    /// and none sorts in a temporary b-tree.
+    #[test]
+    fn hot_queries_use_their_indexes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        for (name, sql, index) in [
+            ("pending", SELECT_PENDING, "outbox_unfinished"),
+            ("claim", CLAIM_DUE_FIRST, "outbox_due"),
+            ("strict claim", CLAIM_STRICT, "outbox_due"),
+            ("dead letters", SELECT_DEAD, "outbox_dead"),
+            ("one row", SELECT_ONE, "PRIMARY KEY"),
+            ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
+            ("due timers", CLAIM_TIMERS, "timers_due"),
+            ("anything due", ANY_COMMAND_DUE, "outbox_due"),
+            ("any timer due", ANY_TIMER_DUE, "timers_due"),
+            ("one timer", SELECT_TIMER, "PRIMARY KEY"),
+            (
+                "a workflow's timers",
+                SELECT_WORKFLOW_TIMERS,
+                "timers_by_workflow",
+            ),
+            (
+                "timers to cancel",
+                CANCEL_TIMERS,
+                "timers_scheduled_by_name",
+            ),
+            ("old done rows", PURGE_DONE, "outbox_done"),
+        ] {
+            let mut stmt = store
+                .conn
+                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                .unwrap();
+            let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
+            let plan: Vec<String> = stmt
+                .query_map(args, |row| row.get::<_, String>("detail"))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let plan = plan.join(" | ");
+            assert!(plan.contains(index), "{name} does not use {index}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{name} sorts: {plan}");
+            assert!(
+                !plan.contains("SCAN o ") || plan.contains("USING INDEX"),
+                "{name} scans the table: {plan}"
+            );
+        }
+    }
+}

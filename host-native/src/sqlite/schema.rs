@@ -1,0 +1,540 @@
+//! Opening a store: pragmas set and checked, migrations, the read-only opening and its checks.
+
+use super::*;
+
+/// Opens a connection to the miniflow database at `path`: durable pragmas set and checked, schema
+/// migrated to [`SCHEMA_VERSION`] (a newer file is refused untouched).
+pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection, Error> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(sqlite_path(path), flags).map_err(storage)?;
+    conn.busy_timeout(options.busy_timeout).map_err(storage)?;
+    let synchronous = match options.synchronous {
+        Synchronous::Full => ("FULL", 2),
+        Synchronous::Normal => ("NORMAL", 1),
+    };
+    expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
+    expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
+    expect_pragma(&conn, "foreign_keys", "ON", 1)?;
+    conn.execute_batch("PRAGMA cache_size = -16384")
+        .map_err(storage)?;
+    migrate(&mut conn)?;
+    Ok(conn)
+}
+
+/// Sets a pragma and checks the value that comes back: a misspelt or refused pragma is silently
+/// ignored by SQLite, so the value is read back instead of trusted.
+pub(super) fn expect_pragma<V>(
+    conn: &Connection,
+    name: &str,
+    set: &str,
+    expected: V,
+) -> Result<(), Error>
+where
+    V: rusqlite::types::FromSql + PartialEq + std::fmt::Debug,
+{
+    conn.execute_batch(&format!("PRAGMA {name} = {set}"))
+        .map_err(storage)?;
+    let actual: V = conn
+        .query_row(&format!("PRAGMA {name}"), [], |row| row.get(0))
+        .map_err(storage)?;
+    if actual != expected {
+        return Err(Error::Storage(
+            format!("PRAGMA {name} is {actual:?} after setting it to {set}").into(),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn migrate(conn: &mut Connection) -> Result<(), Error> {
+    let version = |conn: &Connection| -> Result<i64, Error> {
+        conn.query_row("PRAGMA user_version", [], |row| row.get(0))
+            .map_err(storage)
+    };
+    let found = version(conn)?;
+    if found > SCHEMA_VERSION {
+        return Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let migrations = Migrations::new(MIGRATIONS.iter().map(|sql| M::up(sql)).collect());
+    conn.set_transaction_behavior(TransactionBehavior::Immediate);
+    let applied = migrations.to_latest(conn);
+    conn.set_transaction_behavior(TransactionBehavior::Deferred);
+    match applied {
+        Ok(()) => Ok(()),
+        // Another connection migrated the file between our check and our transaction.
+        Err(_) if version(conn)? == SCHEMA_VERSION => Ok(()),
+        Err(e) => Err(Error::Storage(Box::new(e))),
+    }
+}
+
+/// `path` as SQLite must be given it to open the file of that name. Without `SQLITE_OPEN_URI` a name
+/// is still read as a URI when it starts with `file:` (the bundled SQLite is built with
+/// `SQLITE_USE_URI`), so such a relative path is spelt `./file:…`.
+pub(super) fn sqlite_path(path: &Path) -> Cow<'_, Path> {
+    if path.as_os_str().as_encoded_bytes().starts_with(b"file:") {
+        Cow::Owned(Path::new(".").join(path))
+    } else {
+        Cow::Borrowed(path)
+    }
+}
+
+/// Every miniflow table, with the schema version that added it.
+pub(super) const TABLES: &[(&str, i64)] = &[
+    ("events", 1),
+    ("outbox", 1),
+    ("idempotency", 2),
+    ("timers", 3),
+];
+
+/// The 16 bytes a SQLite database file starts with.
+pub(super) const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// An [`Error::InvalidInput`] saying what the file at `path` is instead of a miniflow store.
+pub(super) fn not_a_store(path: &Path, what: impl Into<String>) -> Error {
+    Error::invalid("path", path.display(), what)
+}
+
+/// Looks at the file before SQLite does, so that nothing is created or opened for a file that cannot
+/// be a store. Returns whether the database is in WAL mode.
+pub(super) fn check_database_file(path: &Path) -> Result<bool, Error> {
+    let unreadable =
+        |e: std::io::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(not_a_store(
+                path,
+                "no store at this path: the file does not exist",
+            ))
+        }
+        Err(e) => return Err(unreadable(e)),
+    };
+    if meta.is_dir() {
+        return Err(not_a_store(path, "is a directory, not a miniflow store"));
+    }
+    if meta.len() == 0 {
+        return Err(not_a_store(path, "is an empty file, not a miniflow store"));
+    }
+    let mut header = [0u8; 100];
+    let mut file = std::fs::File::open(path).map_err(unreadable)?;
+    match file.read_exact(&mut header) {
+        Ok(()) if header.starts_with(SQLITE_HEADER) => {}
+        Ok(()) => {
+            return Err(not_a_store(
+                path,
+                "is not a SQLite database, so not a miniflow store",
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            return Err(not_a_store(
+                path,
+                "is not a SQLite database, so not a miniflow store",
+            ))
+        }
+        Err(e) => return Err(unreadable(e)),
+    }
+    // Bytes 18 and 19, the file format write and read versions, are 2 in WAL mode.
+    Ok(header[18] == 2 && header[19] == 2)
+}
+
+/// Opens `path` read-only and returns the connection with the store's schema version, refusing a
+/// file that is not a miniflow store and a newer schema.
+pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Error> {
+    let wal = check_database_file(path)?;
+    let open = |name: &Path, flags: OpenFlags| -> rusqlite::Result<(Connection, i64)> {
+        let conn = Connection::open_with_flags(name, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+        conn.busy_timeout(SqliteOptions::default().busy_timeout)?;
+        let version = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+        Ok((conn, version))
+    };
+    let cannot_read =
+        |e: rusqlite::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
+    let (conn, version) = match open(&sqlite_path(path), OpenFlags::SQLITE_OPEN_READ_ONLY) {
+        Ok(opened) => opened,
+        // SQLite reads a WAL database through its `-shm` index, which it cannot create on a
+        // read-only file system.
+        Err(e)
+            if wal
+                && e.sqlite_error_code() == Some(ErrorCode::CannotOpen)
+                && !beside(path, "-shm").exists() =>
+        {
+            open(
+                Path::new(&immutable_uri(path)?),
+                OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+            )
+            .map_err(cannot_read)?
+        }
+        Err(e) => return Err(cannot_read(e)),
+    };
+    check_schema(&conn, path, version)?;
+    Ok((conn, version))
+}
+
+/// `path` with `suffix` appended to its file name, as SQLite names the files beside a database.
+pub(super) fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// A URI that opens the WAL store at `path` as an immutable file (no locks, no `-shm`), for a store
+/// on a read-only file system. Only a store closed cleanly, whose `-wal` is missing or empty, is the
+/// file alone; a `-wal` with commits in it is refused rather than skipped. Every byte of the path
+/// that is not plainly safe is percent-encoded, so the path cannot add URI parameters.
+pub(super) fn immutable_uri(path: &Path) -> Result<String, Error> {
+    let wal = beside(path, "-wal");
+    if std::fs::metadata(&wal).is_ok_and(|meta| meta.len() > 0) {
+        return Err(Error::Storage(
+            format!(
+                "cannot read {}: its write-ahead log {} holds commits that are not in the file \
+                 yet, and SQLite cannot create the index it needs to read them (a read-only file \
+                 system?); copy the store with its -wal file to a writable place to read it",
+                path.display(),
+                wal.display(),
+            )
+            .into(),
+        ));
+    }
+    let absolute = std::path::absolute(path)
+        .map_err(|e| Error::Storage(format!("cannot read {}: {e}", path.display()).into()))?;
+    let mut uri = String::from("file:");
+    for &byte in absolute.as_os_str().as_encoded_bytes() {
+        if byte.is_ascii_alphanumeric() || b"/-._~".contains(&byte) {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri.push_str("?mode=ro&immutable=1");
+    Ok(uri)
+}
+
+/// Refuses a database without miniflow's tables for `version`, and a newer schema.
+pub(super) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), Error> {
+    if version > SCHEMA_VERSION {
+        return Err(Error::UnsupportedSchema {
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let tables: Vec<String> = conn
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+        .and_then(|mut stmt| stmt.query_map([], |row| row.get(0))?.collect())
+        .map_err(|e| Error::Storage(format!("cannot read {}: {e}", path.display()).into()))?;
+    if tables.is_empty() {
+        return Err(not_a_store(
+            path,
+            "is an empty SQLite database, not a miniflow store",
+        ));
+    }
+    let missing = TABLES
+        .iter()
+        .any(|(table, since)| *since <= version && !tables.iter().any(|t| t == table));
+    if version < 1 || missing {
+        const SHOWN: usize = 8;
+        let mut names = tables
+            .iter()
+            .take(SHOWN)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        if tables.len() > SHOWN {
+            names.push_str(&format!(" and {} more", tables.len() - SHOWN));
+        }
+        return Err(not_a_store(
+            path,
+            format!(
+                "is a SQLite database but not a miniflow store (user_version {version}, tables: \
+                 {names})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod opening_tests {
+    use super::*;
+
+    /// The names in `dir` with each file's bytes: what a read must leave exactly as it was.
+    fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| {
+                let entry = entry.unwrap();
+                let bytes = std::fs::read(entry.path()).unwrap_or_default();
+                (entry.file_name().to_string_lossy().into_owned(), bytes)
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    fn user_version(path: &Path) -> i64 {
+        Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap()
+            .query_row("PRAGMA user_version", [], |row| row.get(0))
+            .unwrap()
+    }
+
+    /// A store as the first release of miniflow left it, in rollback-journal mode.
+    fn version_1_store(path: &Path) {
+        let conn = Connection::open(path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.execute_batch("PRAGMA user_version = 1").unwrap();
+    }
+
+    #[test]
+    fn a_version_3_store_keeps_its_timers_and_reservations_through_the_upgrade() {
+        use miniflow_core::{Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v3.db");
+        let conn = Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..3] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 3;
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5);
+             INSERT INTO timers VALUES ('w:1:t0', 'w', 'deadline', 'timer_fired',
+                 '{\"name\":\"deadline\",\"payload\":{},\"timer_id\":\"w:1:t0\"}', 50, 50,
+                 'scheduled', 5, NULL);
+             INSERT INTO timers VALUES ('w:1:t1', 'w', 'gone', 'timer_fired', '{}', 50, 50,
+                 'cancelled', 5, 7);
+             INSERT INTO idempotency VALUES ('k', '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a',
+                 10, NULL, NULL, 10);",
+        )
+        .unwrap();
+        drop(conn);
+
+        let store = SqliteStore::open(&path).unwrap();
+        let timers = store.timers(&WorkflowId::new("w").unwrap()).unwrap();
+        let states: Vec<_> = timers.iter().map(|t| (t.name.as_str(), t.status)).collect();
+        assert_eq!(
+            states,
+            [
+                ("deadline", miniflow_core::TimerStatus::Scheduled),
+                ("gone", miniflow_core::TimerStatus::Cancelled)
+            ]
+        );
+        drop(store);
+        let policy = IdempotencyPolicy {
+            retention: Duration::from_secs(3600),
+            reservation_timeout: Duration::from_millis(100),
+        };
+        let mut keys = crate::SqliteIdempotencyStore::open(&path, policy).unwrap();
+        let key = IdempotencyKey::new("k").unwrap();
+        assert_eq!(keys.record(&key).unwrap().unwrap().token, 0);
+        let digest = Digest::of(&serde_json::json!({}));
+        let answer = keys
+            .begin(&key, digest, Timestamp::from_millis(500))
+            .unwrap();
+        assert_eq!(answer, miniflow_core::Begin::Fresh { token: 500 });
+    }
+
+    fn refusal(path: &Path) -> String {
+        match SqliteStore::open_read_only(path) {
+            Err(e @ Error::InvalidInput { .. }) => e.to_string(),
+            other => panic!("{} was not refused: {other:?}", path.display()),
+        }
+    }
+
+    #[test]
+    fn a_path_starting_with_file_is_a_file_name_not_a_uri() {
+        assert_eq!(
+            sqlite_path(Path::new("file:flow.db")),
+            Path::new("./file:flow.db")
+        );
+        assert_eq!(
+            sqlite_path(Path::new("file:flow.db?mode=memory")),
+            Path::new("./file:flow.db?mode=memory")
+        );
+        assert_eq!(
+            sqlite_path(Path::new("/srv/file:x.db")),
+            Path::new("/srv/file:x.db")
+        );
+        assert_eq!(sqlite_path(Path::new("flow.db")), Path::new("flow.db"));
+    }
+
+    #[test]
+    fn the_immutable_uri_keeps_the_path_a_path() {
+        let uri = immutable_uri(Path::new("/srv/a b?mode=rw#x%.db")).unwrap();
+        assert_eq!(
+            uri,
+            "file:/srv/a%20b%3Fmode%3Drw%23x%25.db?mode=ro&immutable=1"
+        );
+    }
+
+    #[test]
+    fn the_table_list_names_every_table_the_migrations_create() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+        let mut tables: Vec<String> = store
+            .conn
+            .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let mut listed: Vec<&str> = TABLES.iter().map(|(name, _)| *name).collect();
+        tables.sort();
+        listed.sort_unstable();
+        assert_eq!(tables, listed);
+        assert!(TABLES.iter().all(|(_, v)| (1..=SCHEMA_VERSION).contains(v)));
+    }
+
+    #[test]
+    fn reading_refuses_what_is_not_a_store_and_leaves_it_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = |name: &str| dir.path().join(name);
+        std::fs::write(path("empty.db"), b"").unwrap();
+        std::fs::write(
+            path("notes.txt"),
+            b"not a database at all, longer than a header would be; \
+            long enough to fill the hundred bytes SQLite's header takes up at the start",
+        )
+        .unwrap();
+        Connection::open(path("foreign.db"))
+            .unwrap()
+            .execute_batch(
+                "CREATE TABLE accounts (id INTEGER PRIMARY KEY); INSERT INTO accounts VALUES (1);",
+            )
+            .unwrap();
+        Connection::open(path("lookalike.db"))
+            .unwrap()
+            .execute_batch("CREATE TABLE events (x); CREATE TABLE outbox (y);")
+            .unwrap();
+        Connection::open(path("blank.db"))
+            .unwrap()
+            .execute_batch("PRAGMA user_version = 0; VACUUM")
+            .unwrap();
+        version_1_store(&path("v1.db"));
+        Connection::open(path("future.db"))
+            .unwrap()
+            .execute_batch("CREATE TABLE later (x); PRAGMA user_version = 99;")
+            .unwrap();
+        let before = snapshot(dir.path());
+
+        for (name, says) in [
+            ("missing.db", "the file does not exist"),
+            ("empty.db", "is an empty file, not a miniflow store"),
+            ("notes.txt", "is not a SQLite database"),
+            (
+                "foreign.db",
+                "not a miniflow store (user_version 0, tables: accounts)",
+            ),
+            (
+                "lookalike.db",
+                "not a miniflow store (user_version 0, tables: events, outbox)",
+            ),
+        ] {
+            let err = refusal(&path(name));
+            assert!(err.contains(says), "{name}: {err}");
+        }
+        let err = refusal(&path("v1.db"));
+        let says = format!("schema version 1, older than version {SCHEMA_VERSION}");
+        assert!(err.contains(&says), "v1.db: {err}");
+        assert!(refusal(&path("v1.db"))
+            .contains(&format!("`miniflow migrate {}`", path("v1.db").display())));
+        assert!(refusal(dir.path()).contains("is a directory"));
+        assert!(matches!(
+            SqliteStore::open_read_only(path("future.db")),
+            Err(Error::UnsupportedSchema {
+                found: 99,
+                supported: SCHEMA_VERSION
+            })
+        ));
+        assert_eq!(
+            snapshot(dir.path()),
+            before,
+            "reading changed the directory"
+        );
+        assert_eq!(user_version(&path("v1.db")), 1);
+    }
+
+    #[test]
+    fn writes_through_a_read_only_store_fail_and_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flow.db");
+        let mut store = SqliteStore::open(&path).unwrap();
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            miniflow_core::Event::new("e", serde_json::json!({})),
+            miniflow_core::Decision::new()
+                .command(miniflow_core::Command::new("c", serde_json::json!({}))),
+            Timestamp::from_millis(1),
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        drop(store);
+        let bytes = std::fs::read(&path).unwrap();
+
+        let mut store = SqliteStore::open_read_only(&path).unwrap();
+        let id: CommandId = "w:1:0".parse().unwrap();
+        let now = Timestamp::from_millis(10);
+        assert_eq!(store.pending(10).unwrap().len(), 1);
+        let again = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::new(1).unwrap(),
+            miniflow_core::Event::new("e", serde_json::json!({})),
+            miniflow_core::Decision::none(),
+            now,
+        )
+        .unwrap();
+        let writes = [
+            store.append_with_commands(&again).err(),
+            store.claim(&ClaimRequest::new("w"), now).err(),
+            store.mark_done(&id, now).err(),
+            store.purge_done(Duration::ZERO, now, 10).err(),
+        ];
+        for err in writes {
+            match err {
+                Some(Error::Storage(e)) => assert!(e.to_string().contains("readonly"), "{e}"),
+                other => panic!("a write through a read-only store gave {other:?}"),
+            }
+        }
+        drop(store);
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    }
+
+    #[test]
+    fn migrate_upgrades_an_older_store_and_refuses_anything_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let v1 = dir.path().join("v1.db");
+        version_1_store(&v1);
+        assert_eq!(SqliteStore::migrate(&v1).unwrap(), 1);
+        assert_eq!(user_version(&v1), SCHEMA_VERSION);
+        assert!(SqliteStore::open_read_only(&v1).is_ok());
+
+        let bytes = std::fs::read(&v1).unwrap();
+        assert_eq!(SqliteStore::migrate(&v1).unwrap(), SCHEMA_VERSION);
+        assert_eq!(
+            std::fs::read(&v1).unwrap(),
+            bytes,
+            "a current store is not written"
+        );
+
+        let foreign = dir.path().join("foreign.db");
+        Connection::open(&foreign)
+            .unwrap()
+            .execute_batch("CREATE TABLE t (x)")
+            .unwrap();
+        let bytes = std::fs::read(&foreign).unwrap();
+        assert!(matches!(
+            SqliteStore::migrate(&foreign),
+            Err(Error::InvalidInput { .. })
+        ));
+        assert!(SqliteStore::migrate(dir.path().join("missing.db")).is_err());
+        assert!(!dir.path().join("missing.db").exists());
+        assert_eq!(std::fs::read(&foreign).unwrap(), bytes);
+    }
+}

@@ -1,0 +1,140 @@
+//! Timer queries and writes, and writing a row change with its feedback.
+
+use super::*;
+
+pub(super) const TIMER_COLUMNS: &str =
+    "timer_id, name, event_kind, event_payload, fire_at, available_at, \
+     status, created_at, processed_at, last_error";
+
+/// A `SELECT` of whole timer rows followed by `$rest`.
+macro_rules! select_timers {
+    ($rest:literal) => {
+        concat!(
+            "SELECT timer_id, name, event_kind, event_payload, fire_at, available_at, status, \
+             created_at, processed_at, last_error FROM timers ",
+            $rest
+        )
+    };
+}
+
+pub(super) const CLAIM_TIMERS: &str = select_timers!(
+    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2"
+);
+pub(super) const SELECT_WORKFLOW_TIMERS: &str =
+    select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
+pub(super) const ANY_TIMER_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM timers WHERE processed_at IS NULL AND available_at <= ?1)";
+pub(super) const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
+pub(super) const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
+     WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
+/// The oldest done rows first (the order of `outbox_done`, whose entries end with the primary key).
+pub(super) const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
+     (SELECT workflow_id, event_seq, idx FROM outbox \
+      WHERE status IN ('done', 'cancelled') AND processed_at <= ?1 \
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
+
+pub(super) fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
+    let parse_status = |text: &str| text.parse().map_err(|e| unreadable(row, 6, e));
+    Ok(TimerRow {
+        timer_id: read_text(row, 0)?
+            .parse()
+            .map_err(|e| unreadable(row, 0, e))?,
+        name: row.get(1)?,
+        event_kind: row.get(2)?,
+        event_payload: read_json(row, 3)?,
+        fire_at: read_time(row, 4)?,
+        available_at: read_time(row, 5)?,
+        status: parse_status(read_text(row, 6)?)?,
+        created_at: read_time(row, 7)?,
+        processed_at: read_optional_time(row, 8)?,
+        last_error: row.get(9)?,
+    })
+}
+
+/// Every timer `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and the column.
+pub(super) fn query_timers(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> Result<Vec<TimerRow>, Error> {
+    read_all(conn, sql, params, read_timer, |row| {
+        format!("timer {}", raw_text(row, 0))
+    })
+}
+
+/// Times come from `Timestamp`s already checked on the way in; clamp rather than fail.
+pub(super) fn to_sql_time_lossy(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+pub(super) fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
+    let sql = format!(
+        "INSERT INTO timers (workflow_id, {TIMER_COLUMNS}) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
+    );
+    let processed_at = timer
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    let fire_at = to_sql_time("fire_at", timer.fire_at)?;
+    let available_at = to_sql_time("available_at", timer.available_at)?;
+    let created_at = to_sql_time("now", timer.created_at)?;
+    conn.prepare_cached(&sql)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                timer.timer_id.workflow_id().as_str(),
+                timer.timer_id.to_string(),
+                timer.name,
+                timer.event_kind,
+                canonical_json(&timer.event_payload),
+                fire_at,
+                available_at,
+                timer.status.as_str(),
+                created_at,
+                processed_at,
+                timer.last_error,
+            ])
+        })
+        .map_err(storage)?;
+    Ok(())
+}
+
+/// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
+pub(super) fn fire_timer(
+    conn: &Connection,
+    timer_id: &TimerId,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let mut timer = query_timers(conn, SELECT_TIMER, [timer_id.to_string()])?
+        .pop()
+        .ok_or_else(|| Error::TimerNotScheduled {
+            timer_id: timer_id.to_string(),
+            status: "unknown",
+        })?;
+    timer.fire(now)?;
+    conn.prepare_cached(
+        "UPDATE timers SET status = 'fired', processed_at = ?2 WHERE timer_id = ?1",
+    )
+    .and_then(|mut stmt| stmt.execute(params![timer_id.to_string(), to_sql_time_lossy(now)]))
+    .map_err(storage)?;
+    Ok(())
+}
+
+pub(super) fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Error> {
+    let now = to_sql_time("now", commit.now())?;
+    for name in commit.cancel_timers() {
+        conn.prepare_cached(CANCEL_TIMERS)
+            .and_then(|mut stmt| stmt.execute(params![commit.workflow_id().as_str(), name, now]))
+            .map_err(storage)?;
+    }
+    Ok(())
+}
+
+/// Writes a row change the core computed and the feedback it schedules, in the caller's transaction.
+pub(super) fn write_change<T>(conn: &Connection, changed: &Changed<T>) -> Result<(), Error> {
+    write_row(conn, &changed.row)?;
+    match &changed.feedback {
+        Some(timer) => insert_timer(conn, timer),
+        None => Ok(()),
+    }
+}

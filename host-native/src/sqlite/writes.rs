@@ -1,0 +1,259 @@
+//! Writing rows and commits: the row writes, acknowledgements, the commit itself, savepoints.
+
+use super::*;
+
+/// Writes back every column an [`OutboxRow`] method may change.
+pub(super) fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
+    let (w, s, i) = id_params(&row.command_id);
+    let lease = row.lease.as_ref();
+    let lease_expires_at = lease
+        .map(|l| to_sql_time("lease_expires_at", l.expires_at))
+        .transpose()?;
+    let processed_at = row
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    let available_at = to_sql_time("available_at", row.available_at)?;
+    let token = to_sql_u64("lease_token", row.token())?;
+    let mut stmt = conn
+        .prepare_cached(
+            "UPDATE outbox SET status = ?4, attempts = ?5, last_error = ?6, available_at = ?7, \
+             lease_owner = ?8, lease_expires_at = ?9, lease_token = ?10, processed_at = ?11, \
+             manual_retries = ?12, resolution = ?13, result = ?14, cancel_requested = ?15 \
+             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+        )
+        .map_err(storage)?;
+    stmt.execute(params![
+        w,
+        s,
+        i,
+        row.status.as_str(),
+        row.attempts,
+        row.last_error,
+        available_at,
+        lease.map(|l| l.owner.as_str()),
+        lease_expires_at,
+        token,
+        processed_at,
+        row.manual_retries,
+        row.resolution,
+        row.result.as_ref().map(canonical_json),
+        row.cancel_requested,
+    ])
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// Writes the columns a claim changes: the hot path of [`Outbox::claim`].
+pub(super) fn write_lease(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
+    let (w, s, i) = id_params(&row.command_id);
+    let lease = row.lease.as_ref().ok_or_else(|| {
+        Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
+    })?;
+    let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
+    conn.prepare_cached(
+        "UPDATE outbox SET status = 'leased', attempts = ?4, available_at = ?5, lease_owner = ?6, \
+         lease_expires_at = ?5, lease_token = ?7 WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            w,
+            s,
+            i,
+            row.attempts,
+            expires_at,
+            lease.owner,
+            token_param(lease.token)
+        ])
+    })
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// A token as an SQL parameter; a token too large to store matches no lease.
+pub(super) fn token_param(token: u64) -> i64 {
+    i64::try_from(token).unwrap_or(-1)
+}
+
+/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
+/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
+/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
+/// [`OutboxRow::check_lease`].
+pub(super) fn complete_in(
+    conn: &Connection,
+    id: &CommandId,
+    token: u64,
+    result: Option<&serde_json::Value>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let (w, s, i) = id_params(id);
+    if let Some(result) = result {
+        miniflow_core::JsonLimits::default().check("result", result)?;
+    }
+    let now_sql = to_sql_time("now", now)?;
+    let changed = conn
+        .prepare_cached(
+            "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
+             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+             AND status = 'leased' AND lease_token = ?4 \
+             AND report_result = 0 AND cancel_requested = 0",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                w,
+                s,
+                i,
+                token_param(token),
+                now_sql,
+                result.map(canonical_json)
+            ])
+        })
+        .map_err(storage)?;
+    if changed == 1 {
+        return Ok(());
+    }
+    let row = select_row(conn, id)?.ok_or_else(|| Error::UnknownCommand {
+        command_id: id.clone(),
+    })?;
+    let changed = row.change(now, |row| row.complete(token, result, now))?;
+    if !changed.row.reports_completion() {
+        return Err(Error::Corrupt(format!(
+            "command {id} holds lease {token} but did not complete"
+        )));
+    }
+    write_change(conn, &changed)
+}
+
+/// The events of `workflow_id` in seq order, as `conn` sees them.
+pub(super) fn load_events(
+    conn: &Connection,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<EventRecord>, Error> {
+    let read = |row: &Row<'_>| {
+        let seq: i64 = row.get(0)?;
+        Ok(EventRecord {
+            workflow_id: workflow_id.clone(),
+            seq: u64::try_from(seq)
+                .ok()
+                .and_then(|s| Seq::new(s).ok())
+                .ok_or_else(|| unreadable(row, 0, format!("holds {seq}, out of range")))?,
+            kind: row.get(1)?,
+            payload: read_json(row, 2)?,
+            recorded_at: read_time(row, 3)?,
+        })
+    };
+    let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
+    read_all(
+        conn,
+        "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
+        [workflow_id.as_str()],
+        read,
+        name,
+    )
+}
+
+/// Runs `write` inside a savepoint of the caller's transaction: on an error the savepoint is rolled
+/// back, so nothing of the write stays, and the caller's own writes are left as they were.
+pub(crate) fn in_savepoint<T>(
+    conn: &Connection,
+    write: impl FnOnce(&Connection) -> Result<T, Error>,
+) -> Result<T, Error> {
+    conn.execute_batch("SAVEPOINT miniflow_write")
+        .map_err(storage)?;
+    match write(conn) {
+        Ok(out) => {
+            conn.execute_batch("RELEASE miniflow_write")
+                .map_err(storage)?;
+            Ok(out)
+        }
+        Err(e) => {
+            // Rolling back can only fail if the connection is gone; the error that matters is `e`.
+            let _ = conn.execute_batch("ROLLBACK TO miniflow_write; RELEASE miniflow_write");
+            Err(e)
+        }
+    }
+}
+
+/// Writes `commit` on `tx`, which the caller has opened and will commit or roll back (see
+/// [`EventLog::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
+pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error> {
+    let workflow_id = commit.workflow_id().as_str();
+    let actual: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
+        .map_err(storage)?;
+    let actual = Seq::new(actual as u64)?;
+    if actual != commit.expected_seq() {
+        return Err(commit.conflict(actual));
+    }
+    {
+        let mut insert_event = tx
+            .prepare_cached(
+                "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .map_err(storage)?;
+        for event in commit.events() {
+            insert_event
+                .execute(params![
+                    workflow_id,
+                    event.seq.get() as i64,
+                    event.kind,
+                    canonical_json(&event.payload),
+                    to_sql_time("now", event.recorded_at)?,
+                ])
+                .map_err(|e| match e.sqlite_error_code() {
+                    Some(ErrorCode::ConstraintViolation) => commit.conflict(actual),
+                    _ => storage(e),
+                })?;
+        }
+        let mut insert_command = tx
+            .prepare_cached(
+                "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
+                 available_at, created_at, report_result) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
+            )
+            .map_err(storage)?;
+        if let Some(timer_id) = commit.fires() {
+            fire_timer(tx, timer_id, commit.now())?;
+        }
+        cancel_commands(tx, commit)?;
+        for row in commit.commands() {
+            insert_command
+                .execute(params![
+                    workflow_id,
+                    row.command_id.event_seq().get() as i64,
+                    i64::from(row.command_id.index()),
+                    row.kind,
+                    canonical_json(&row.payload),
+                    to_sql_time("now", row.created_at)?,
+                    row.report_result,
+                ])
+                .map_err(storage)?;
+        }
+        cancel_timers(tx, commit)?;
+        for timer in commit.timers() {
+            insert_timer(tx, timer)?;
+        }
+    }
+    Ok(())
+}
+
+/// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
+/// ([`OutboxRow::cancel`]).
+pub(super) fn cancel_commands(conn: &Connection, commit: &Commit) -> Result<(), Error> {
+    if commit.cancel_commands().is_empty() {
+        return Ok(());
+    }
+    let rows = query_rows(
+        conn,
+        SELECT_UNFINISHED_OF_WORKFLOW,
+        [commit.workflow_id().as_str()],
+    )?;
+    for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
+        if row.cancel(commit.now()) != Cancelled::Unchanged {
+            write_row(conn, &row)?;
+        }
+    }
+    Ok(())
+}
