@@ -1,0 +1,381 @@
+//! A worker thread: claim a batch, fire due timers, deliver, settle, report.
+
+use super::*;
+
+pub(super) struct Worker<S> {
+    pub(super) name: String,
+    pub(super) open: Arc<Opener<S>>,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) firer: Option<Arc<dyn Firer<S>>>,
+    pub(super) observer: Option<Arc<Observer>>,
+    pub(super) on_error: Option<Arc<ErrorHook>>,
+    pub(super) clock: Arc<dyn Clock + Send + Sync>,
+    pub(super) config: Config,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) held: Arc<HeldLeases>,
+    pub(super) until_idle: bool,
+}
+
+/// What one worker did, and how its store operations are going.
+#[derive(Default)]
+pub(super) struct Tally {
+    pub(super) stats: Stats,
+    /// Store operations that failed in a row, since the last one that succeeded.
+    pub(super) failures_in_a_row: u32,
+    /// The store error a worker of `run_until_idle` stops on.
+    pub(super) fatal: Option<Error>,
+}
+
+impl Tally {
+    pub(super) fn store_answered(&mut self) {
+        self.failures_in_a_row = 0;
+    }
+}
+
+impl<S: Store> Worker<S> {
+    pub(super) fn run(self) -> Result<Stats, Error> {
+        let mut tally = Tally::default();
+        if let Some(mut store) = self.open_store(&mut tally) {
+            self.work(&mut store, &mut tally);
+        }
+        match tally.fatal {
+            Some(error) => Err(error),
+            None => Ok(tally.stats),
+        }
+    }
+
+    /// Whether the worker is to stop: at shutdown, or on a store error it gives up on.
+    pub(super) fn halted(&self, tally: &Tally) -> bool {
+        tally.fatal.is_some() || self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Opens the worker's store, backing off after each failure, until it opens or the worker halts.
+    pub(super) fn open_store(&self, tally: &mut Tally) -> Option<S> {
+        while !self.halted(tally) {
+            match (self.open)() {
+                Ok(store) => {
+                    tally.store_answered();
+                    return Some(store);
+                }
+                Err(error) => self.store_failed(error, tally),
+            }
+            self.back_off(tally);
+        }
+        None
+    }
+
+    pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
+        let request = self.config.claim_request(self.name.clone());
+        while !self.halted(tally) {
+            let fired = self.fire_due_timers(store, tally);
+            if self.halted(tally) {
+                break;
+            }
+            let batch = match store.claim(&request, self.clock.now()) {
+                Ok(batch) => {
+                    tally.store_answered();
+                    batch
+                }
+                Err(error) => {
+                    self.store_failed(error, tally);
+                    self.back_off(tally);
+                    continue;
+                }
+            };
+            if batch.is_empty() && fired > 0 {
+                continue; // the fired events may have decided new commands or timers
+            }
+            if batch.is_empty() {
+                if self.until_idle {
+                    break;
+                }
+                sleep_unless(&self.stop, self.config.poll_interval);
+                continue;
+            }
+            tally.stats.claimed += batch.len() as u64;
+            self.held.hold(&batch);
+            self.deliver(store, &batch, tally);
+        }
+    }
+
+    /// Pauses after a failed store operation, longer with each failure in a row.
+    pub(super) fn back_off(&self, tally: &Tally) {
+        if !self.halted(tally) {
+            let pause = error_backoff(self.config.poll_interval, tally.failures_in_a_row);
+            sleep_unless(&self.stop, pause);
+        }
+    }
+
+    /// A store operation failed: counts and reports it, and decides whether the worker stops on it
+    /// (`run_until_idle` only; the other workers then stop too).
+    pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
+        tally.stats.store_errors += 1;
+        tally.failures_in_a_row += 1;
+        self.report_error(&error);
+        let give_up =
+            !is_transient(&error) || tally.failures_in_a_row >= TRANSIENT_ERRORS_TOLERATED;
+        if self.until_idle && give_up && tally.fatal.is_none() {
+            tally.fatal = Some(error);
+            self.stop.store(true, Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn report_error(&self, error: &Error) {
+        if let Some(hook) = &self.on_error {
+            hook(error);
+        }
+    }
+
+    /// Fires the due timers this worker can take; returns how many events it committed.
+    pub(super) fn fire_due_timers(&self, store: &mut S, tally: &mut Tally) -> usize {
+        let Some(firer) = &self.firer else { return 0 };
+        let timers = match store.claim_timers(
+            self.config.batch_size,
+            self.config.lease_ttl,
+            self.clock.now(),
+        ) {
+            Ok(timers) => {
+                tally.store_answered();
+                timers
+            }
+            Err(error) => {
+                self.store_failed(error, tally);
+                return 0;
+            }
+        };
+        let mut fired = 0;
+        for timer in &timers {
+            if self.halted(tally) {
+                break; // the rest are taken back when their take runs out
+            }
+            if self.fire(firer.as_ref(), store, timer, tally) {
+                fired += 1;
+            }
+        }
+        fired
+    }
+
+    /// Fires one timer, guarded against a workflow that panics; says whether its event was committed.
+    pub(super) fn fire(
+        &self,
+        firer: &dyn Firer<S>,
+        store: &mut S,
+        timer: &TimerRow,
+        tally: &mut Tally,
+    ) -> bool {
+        let now = self.clock.now();
+        // A panic in `evolve` or `decide` comes before the commit: nothing was written.
+        match catch_unwind(AssertUnwindSafe(|| firer.fire(store, timer, now))) {
+            Ok(Ok(Some(_))) => {
+                tally.store_answered();
+                tally.stats.timers_fired += 1;
+                true
+            }
+            Ok(Ok(None)) => {
+                tally.store_answered(); // fired by another worker, or cancelled
+                false
+            }
+            Ok(Err(Error::Rejected { reason, .. })) => {
+                self.timer_rejected(timer, &reason, tally);
+                false
+            }
+            Ok(Err(error)) => {
+                self.store_failed(error, tally);
+                false
+            }
+            Err(panic) => {
+                self.timer_panicked(timer, &*panic, tally);
+                false
+            }
+        }
+    }
+
+    /// The one place a timer whose event its workflow rejected is handled: counted and reported.
+    /// [`Engine::fire`] has already ended the timer `rejected` with the reason, in the store, so it is
+    /// not offered again and operators see why (`Store::timers`).
+    pub(super) fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
+        tally.stats.timers_rejected += 1;
+        self.report_error(&Error::Rejected {
+            workflow_id: timer.timer_id.workflow_id().clone(),
+            reason: format!("timer {}: {reason}", timer.timer_id),
+        });
+    }
+
+    /// A timer during whose firing the workflow panicked: nothing was written, the timer stays
+    /// scheduled and is offered again when its take runs out. Counted, and reported as a rejection.
+    pub(super) fn timer_panicked(
+        &self,
+        timer: &TimerRow,
+        panic: &(dyn Any + Send),
+        tally: &mut Tally,
+    ) {
+        tally.stats.timer_panics += 1;
+        self.report_error(&Error::Rejected {
+            workflow_id: timer.timer_id.workflow_id().clone(),
+            reason: format!(
+                "the workflow panicked firing timer {}: {}",
+                timer.timer_id,
+                panic_message(panic)
+            ),
+        });
+    }
+
+    /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`.
+    pub(super) fn deliver(&self, store: &mut S, batch: &[Delivery], tally: &mut Tally) {
+        let mut acks: Vec<(&Delivery, Option<Value>)> = Vec::new();
+        let mut since_flush = Instant::now();
+        for (n, delivery) in batch.iter().enumerate() {
+            if self.halted(tally) {
+                self.flush(store, &mut acks, tally);
+                self.release(store, &batch[n..], tally);
+                return;
+            }
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
+                self.handler.handle(delivery)
+            }))
+            .unwrap_or_else(|panic| {
+                tally.stats.panics += 1;
+                Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
+            });
+            if self.held.is_lost(&delivery.command_id) {
+                self.held.drop_lease(&delivery.command_id);
+                self.report(delivery, Settlement::LeaseLost, tally);
+                continue;
+            }
+            match outcome {
+                Outcome::Done => acks.push((delivery, None)),
+                Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
+                Outcome::Retry(error) => {
+                    self.fail(store, delivery, Failure::retryable(error), tally)
+                }
+                Outcome::Permanent(error) => {
+                    self.fail(store, delivery, Failure::permanent(error), tally)
+                }
+            }
+            if since_flush.elapsed() >= self.config.ack_delay {
+                self.flush(store, &mut acks, tally);
+                since_flush = Instant::now();
+            }
+        }
+        self.flush(store, &mut acks, tally);
+    }
+
+    /// Completes `acks` in one durable transaction, then reports them. An ack that did not land is a
+    /// store error: its lease expires and the command is delivered again.
+    pub(super) fn flush(
+        &self,
+        store: &mut S,
+        acks: &mut Vec<(&Delivery, Option<Value>)>,
+        tally: &mut Tally,
+    ) {
+        if acks.is_empty() {
+            return;
+        }
+        let batch: Vec<Ack> = acks
+            .iter_mut()
+            .map(|(d, result)| Ack {
+                command_id: d.command_id.clone(),
+                token: d.token,
+                result: result.take(),
+            })
+            .collect();
+        let mut results = match store.complete_all(&batch, self.clock.now()) {
+            Ok(results) => {
+                tally.store_answered();
+                results.into_iter()
+            }
+            Err(error) => {
+                for (delivery, _) in acks.drain(..) {
+                    self.held.drop_lease(&delivery.command_id);
+                }
+                self.store_failed(error, tally);
+                return;
+            }
+        };
+        for (delivery, _) in acks.drain(..) {
+            self.held.drop_lease(&delivery.command_id);
+            match results.next() {
+                Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
+                Some(Err(Error::StaleLease { .. })) => {
+                    self.report(delivery, Settlement::LeaseLost, tally)
+                }
+                Some(Err(error)) => self.store_failed(error, tally),
+                None => self.store_failed(
+                    Error::Storage(
+                        format!("complete_all gave no result for {}", delivery.command_id).into(),
+                    ),
+                    tally,
+                ),
+            }
+        }
+    }
+
+    pub(super) fn fail(
+        &self,
+        store: &mut S,
+        delivery: &Delivery,
+        failure: Failure,
+        tally: &mut Tally,
+    ) {
+        let result = store.fail(
+            &delivery.command_id,
+            delivery.token,
+            &failure,
+            &self.config.policy,
+            self.clock.now(),
+        );
+        self.held.drop_lease(&delivery.command_id);
+        let settlement = match result {
+            Ok(Settled::RetryAt { at, backoff }) => Settlement::RetryAt {
+                at,
+                backoff,
+                error: failure.error,
+            },
+            Ok(Settled::Dead) => Settlement::Dead {
+                error: failure.error,
+            },
+            Ok(Settled::Cancelled) => Settlement::Cancelled {
+                error: failure.error,
+            },
+            Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
+            Err(error) => return self.store_failed(error, tally),
+        };
+        tally.store_answered();
+        self.report(delivery, settlement, tally);
+    }
+
+    pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
+        for delivery in rest {
+            self.held.drop_lease(&delivery.command_id);
+            match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
+                Ok(()) => self.report(delivery, Settlement::Released, tally),
+                Err(Error::StaleLease { .. }) => {}
+                Err(error) => self.store_failed(error, tally),
+            }
+        }
+    }
+
+    pub(super) fn report(&self, delivery: &Delivery, settlement: Settlement, tally: &mut Tally) {
+        let stats = &mut tally.stats;
+        match &settlement {
+            Settlement::Completed => stats.completed += 1,
+            Settlement::RetryAt { .. } => stats.retried += 1,
+            Settlement::Dead { .. } => stats.dead += 1,
+            Settlement::LeaseLost => stats.lost_leases += 1,
+            Settlement::Released => stats.released += 1,
+            Settlement::Cancelled { .. } => stats.cancelled += 1,
+        }
+        if let Some(observer) = &self.observer {
+            observer(delivery, &settlement);
+        }
+    }
+}
+
+pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic".to_owned())
+}
