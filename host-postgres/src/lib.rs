@@ -30,6 +30,8 @@ pub use idempotency::PostgresIdempotencyStore;
 /// The PostgreSQL driver miniflow is built on, re-exported so that the caller's-transaction entry
 /// points ([`PostgresStore::append_in`], …) take a transaction of the same `postgres` version.
 pub use postgres;
+#[doc(hidden)]
+pub use store::hot_queries;
 pub use store::PostgresStore;
 pub use wakeup::Wakeups;
 #[cfg(feature = "dispatcher")]

@@ -363,21 +363,23 @@ const CLAIM_STRICT: &str = select_rows!(
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
 );
 /// The store's `now` (`$1`, or the database's clock when `$1` is null), whether a command is due, and
-/// when the next one is due after it.
+/// when the next one is due after it: three reads of the first entries of `outbox_due`. (`now` comes
+/// from a CTE because `clock_timestamp()` is volatile: compared row by row, it could bound no index.)
 const COMMANDS_DUE: &str = "WITH clock AS (SELECT COALESCE($1::bigint, \
-         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now) \
-     SELECT clock.now, \
-         EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= clock.now) AS due, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now), \
+     first AS (SELECT min(available_at) AS at FROM outbox WHERE processed_at IS NULL) \
+     SELECT clock.now, COALESCE(first.at <= clock.now, FALSE) AS due, \
          (SELECT min(available_at) FROM outbox \
           WHERE processed_at IS NULL AND available_at > clock.now) AS next \
-     FROM clock";
+     FROM clock, first";
+/// As [`COMMANDS_DUE`], for the timers (`timers_due`).
 const TIMERS_DUE: &str = "WITH clock AS (SELECT COALESCE($1::bigint, \
-         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now) \
-     SELECT clock.now, \
-         EXISTS (SELECT 1 FROM timers WHERE processed_at IS NULL AND available_at <= clock.now) AS due, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now), \
+     first AS (SELECT min(available_at) AS at FROM timers WHERE processed_at IS NULL) \
+     SELECT clock.now, COALESCE(first.at <= clock.now, FALSE) AS due, \
          (SELECT min(available_at) FROM timers \
           WHERE processed_at IS NULL AND available_at > clock.now) AS next \
-     FROM clock";
+     FROM clock, first";
 const CLAIM_TIMERS: &str = select_timers!(
     "WHERE processed_at IS NULL AND available_at <= $1 ORDER BY available_at, timer_id LIMIT $2 \
      FOR UPDATE SKIP LOCKED"
@@ -1079,4 +1081,51 @@ fn claim_timers_in(
         .map_err(storage)?;
     }
     Ok(timers)
+}
+
+/// The queries workers, `pending` and retention run, each with sample arguments (SQL literals) and the
+/// index that must answer it: for the test that reads their plans on a database full of done rows.
+#[doc(hidden)]
+pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+    const NOW: &str = "1800000000000";
+    const AFTER_NOTHING: &str =
+        "1800000000000, 10, -9000000000000000000, '', -9000000000000000000, -9000000000000000000";
+    vec![
+        (
+            "pending",
+            SELECT_PENDING,
+            "'', -1, -1, 100",
+            "outbox_unfinished",
+        ),
+        (
+            "dead letters",
+            SELECT_DEAD,
+            "'', -1, -1, 100",
+            "outbox_dead",
+        ),
+        ("one row", SELECT_ONE, "'w', 1, 0", "outbox_pkey"),
+        ("a workflow's rows", SELECT_WORKFLOW, "'w'", "outbox_pkey"),
+        ("anything due", COMMANDS_DUE, NOW, "outbox_due"),
+        ("claim", CLAIM_DUE_FIRST, AFTER_NOTHING, "outbox_due"),
+        ("strict claim", CLAIM_STRICT, AFTER_NOTHING, "outbox_due"),
+        ("any timer due", TIMERS_DUE, NOW, "timers_due"),
+        (
+            "due timers",
+            CLAIM_TIMERS,
+            "1800000000000, 10",
+            "timers_due",
+        ),
+        (
+            "a workflow's timers",
+            SELECT_WORKFLOW_TIMERS,
+            "'w'",
+            "timers_pkey",
+        ),
+        (
+            "old done rows",
+            PURGE_DONE,
+            "1800000000000, 100",
+            "outbox_done",
+        ),
+    ]
 }

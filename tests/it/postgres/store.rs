@@ -654,3 +654,60 @@ fn the_postgres_dispatcher_runs_until_idle_in_strict_order() {
         assert_eq!(order, [0, 1, 2, 3], "workflow {workflow}");
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Query plans
+
+#[test]
+fn hot_queries_use_their_indexes_among_many_done_rows() {
+    let database = TestDatabase::new();
+    drop(PostgresStore::connect(&database.url()).unwrap());
+    let mut client = database.client();
+    // 20,000 commands, most done, a backlog of 2,000 pending and 500 dead, and 2,000 timers, most
+    // fired, with statistics: a plan that walks done rows or sorts the backlog shows here.
+    client
+        .batch_execute(
+            "INSERT INTO events SELECT 'w' || (n / 10), n % 10 + 1, 'e', '{}', 0
+                 FROM generate_series(0, 19999) n;
+             INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at,
+                     created_at, processed_at)
+                 SELECT 'w' || (n / 10), n % 10 + 1, 0, 'k', '{}', 'done', 0, 0, n
+                 FROM generate_series(0, 19999) n;
+             UPDATE outbox SET status = 'pending', processed_at = NULL, available_at = event_seq
+                 WHERE processed_at < 2000;
+             UPDATE outbox SET status = 'dead' WHERE processed_at BETWEEN 2000 AND 2499;
+             INSERT INTO timers SELECT 'w' || n, 'w' || n || ':1:t0', 't', 'timer_fired', '{}', 0, n,
+                     CASE WHEN n < 200 THEN 'scheduled' ELSE 'fired' END, 0,
+                     CASE WHEN n < 200 THEN NULL ELSE 1 END
+                 FROM generate_series(0, 1999) n;
+             ANALYZE;",
+        )
+        .unwrap();
+    for (name, sql, args, index) in miniflow_postgres_hot_queries() {
+        let plan: Vec<String> = client
+            .simple_query(&format!(
+                "PREPARE q AS {sql}; EXPLAIN EXECUTE q({args}); DEALLOCATE q;"
+            ))
+            .unwrap()
+            .into_iter()
+            .filter_map(|message| match message {
+                miniflow::postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{name} does not use {index}:\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "{name} scans a table:\n{plan}");
+        // One workflow's rows may be sorted: they are few. A backlog must come in index order.
+        let one_workflow = name.starts_with("a workflow's") || name == "one row";
+        assert!(
+            one_workflow || !plan.contains("Sort"),
+            "{name} sorts:\n{plan}"
+        );
+    }
+}
+
+fn miniflow_postgres_hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)>
+{
+    miniflow_postgres::hot_queries()
+}
