@@ -614,6 +614,7 @@ fn claim_in(
             .map(Candidate::read)
             .collect::<Result<Vec<_>, _>>()?;
         let full_page = page.len() == wanted;
+        let leased_before = deliveries.len();
         for candidate in page {
             after = candidate.key.clone();
             let workflow = after.1.clone();
@@ -628,10 +629,7 @@ fn claim_in(
                 Ok(mut row) => {
                     let before = row.status;
                     match row.claim(request, now) {
-                        Some(delivery) => {
-                            write_lease(tx, &row)?;
-                            deliveries.push(delivery);
-                        }
+                        Some(delivery) => deliveries.push(delivery),
                         None => {
                             write_row(tx, &row)?;
                             fed_back |= schedule_feedback(tx, before, &row, now)?;
@@ -641,6 +639,7 @@ fn claim_in(
                 Err(unclaimable) => fed_back |= bury_unreadable(tx, &after, unclaimable, now)?,
             }
         }
+        write_leases(tx, request, &deliveries[leased_before..])?;
         if !full_page {
             break;
         }
@@ -648,25 +647,43 @@ fn claim_in(
     Ok((deliveries, fed_back))
 }
 
-/// Writes the columns a claim changes: the hot path of [`Store::claim`].
-fn write_lease(tx: &mut Transaction<'_>, row: &OutboxRow) -> Result<(), Error> {
-    let (w, s, i) = id_params(&row.command_id);
-    let lease = row.lease.as_ref().ok_or_else(|| {
-        Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
-    })?;
-    let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
+/// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
+/// path of [`Store::claim`].
+fn write_leases(
+    tx: &mut Transaction<'_>,
+    request: &ClaimRequest,
+    deliveries: &[Delivery],
+) -> Result<(), Error> {
+    let Some(first) = deliveries.first() else {
+        return Ok(());
+    };
+    let mut workflows = Vec::with_capacity(deliveries.len());
+    let (mut seqs, mut indexes, mut attempts, mut tokens) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for delivery in deliveries {
+        let (w, s, i) = id_params(&delivery.command_id);
+        workflows.push(w);
+        seqs.push(s);
+        indexes.push(i);
+        attempts.push(i64::from(delivery.attempt));
+        tokens.push(token_param(delivery.token));
+    }
+    // One claim gives every lease the same owner and expiry.
+    let expires_at = to_sql_time("lease_expires_at", first.lease_expires_at)?;
     tx.execute(
-        "UPDATE outbox SET status = 'leased', attempts = $4, available_at = $5, lease_owner = $6, \
-         lease_expires_at = $5, lease_token = $7 \
-         WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
+        "UPDATE outbox o SET status = 'leased', attempts = c.attempts, available_at = $6, \
+         lease_owner = $7, lease_expires_at = $6, lease_token = c.token \
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+             AS c (workflow_id, event_seq, idx, attempts, token) \
+         WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx",
         &[
-            &w,
-            &s,
-            &i,
-            &i64::from(row.attempts),
+            &workflows,
+            &seqs,
+            &indexes,
+            &attempts,
+            &tokens,
             &expires_at,
-            &lease.owner,
-            &token_param(lease.token),
+            &request.worker,
         ],
     )
     .map_err(storage)?;
@@ -768,6 +785,88 @@ fn complete_in(
     }
     write_row(tx, &row)?;
     schedule_feedback(tx, before, &row, now)
+}
+
+/// The answer to one ack of a batch, once it is known.
+type AckResult = Option<Result<(), Error>>;
+
+/// The fast path of [`Store::complete_all`] in one statement: every ack whose command is leased under
+/// its token and feeds nothing back is marked done. Returns, per ack, `Some(Ok(()))` for those it
+/// settled (the first of equal acks) and `Some(Err(InvalidInput))` for a result over the JSON limits,
+/// `None` for the rest (to settle one by one), and whether a settled command unblocks a later one of
+/// its workflow.
+fn complete_plain_acks(
+    tx: &mut Transaction<'_>,
+    acks: &[Ack],
+    now: Timestamp,
+) -> Result<(Vec<AckResult>, bool), Error> {
+    let mut results: Vec<AckResult> = Vec::with_capacity(acks.len());
+    let (mut workflows, mut seqs, mut indexes, mut tokens, mut values) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A command acknowledged twice goes in once: the later acks are settled one by one after it, as
+    // they would be in order.
+    let mut batched = HashSet::new();
+    for ack in acks {
+        if let Some(result) = &ack.result {
+            if let Err(e) = miniflow_core::JsonLimits::default().check("result", result) {
+                results.push(Some(Err(e)));
+                continue;
+            }
+        }
+        results.push(None);
+        if !batched.insert(&ack.command_id) {
+            continue;
+        }
+        let (w, s, i) = id_params(&ack.command_id);
+        workflows.push(w);
+        seqs.push(s);
+        indexes.push(i);
+        tokens.push(token_param(ack.token));
+        values.push(ack.result.as_ref().map(canonical_json));
+    }
+    if workflows.is_empty() {
+        return Ok((results, false));
+    }
+    let settled = tx
+        .query(
+            "UPDATE outbox o SET status = 'done', processed_at = $6, result = c.result \
+             FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[]) \
+                 AS c (workflow_id, event_seq, idx, token, result) \
+             WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx \
+             AND o.status = 'leased' AND o.lease_token = c.token \
+             AND NOT o.report_result AND NOT o.cancel_requested \
+             RETURNING o.workflow_id, o.event_seq, o.idx, o.lease_token, \
+                 EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
+                     AND e.processed_at IS NULL AND (e.event_seq, e.idx) > (o.event_seq, o.idx))",
+            &[
+                &workflows,
+                &seqs,
+                &indexes,
+                &tokens,
+                &values,
+                &to_sql_time("now", now)?,
+            ],
+        )
+        .map_err(storage)?;
+    let mut work = false;
+    for row in &settled {
+        let key: (String, i64, i64, i64) = (
+            row.try_get(0).map_err(storage)?,
+            row.try_get(1).map_err(storage)?,
+            row.try_get(2).map_err(storage)?,
+            row.try_get(3).map_err(storage)?,
+        );
+        work |= row.try_get::<_, bool>(4).map_err(storage)?;
+        let first = acks.iter().zip(&mut results).find(|(ack, result)| {
+            let (w, s, i) = id_params(&ack.command_id);
+            result.is_none()
+                && (w, s, i, token_param(ack.token)) == (key.0.as_str(), key.1, key.2, key.3)
+        });
+        if let Some((_, result)) = first {
+            *result = Some(Ok(()));
+        }
+    }
+    Ok((results, work))
 }
 
 /// `settled` with its retry time in the caller's clock.
@@ -897,11 +996,14 @@ impl Store for PostgresStore {
         let mut client = self.shared.client()?;
         let mut tx = client.transaction().map_err(storage)?;
         let clock = self.clock(&mut tx, now)?;
-        let mut results = Vec::with_capacity(acks.len());
-        let mut work = false;
-        for ack in acks {
-            // A refused ack writes nothing before it is refused, so the others stay in the batch;
-            // a database error ends the whole batch.
+        let (mut results, mut work) = complete_plain_acks(&mut tx, acks, clock.now)?;
+        for (ack, result) in acks.iter().zip(&mut results) {
+            if result.is_some() {
+                continue;
+            }
+            // The acks the one statement did not settle, one by one, in order: a refused ack writes
+            // nothing before it is refused, so the others stay in the batch; a database error ends
+            // the whole batch.
             let completed = complete_in(
                 &mut tx,
                 &ack.command_id,
@@ -909,7 +1011,7 @@ impl Store for PostgresStore {
                 ack.result.as_ref(),
                 clock.now,
             );
-            results.push(match completed {
+            *result = Some(match completed {
                 Ok(made_work) => {
                     work |= made_work;
                     Ok(())
@@ -918,6 +1020,10 @@ impl Store for PostgresStore {
                 Err(e) => Err(e),
             });
         }
+        let results = results
+            .into_iter()
+            .map(|result| result.unwrap_or(Ok(())))
+            .collect();
         self.notify_if(&mut tx, work)?;
         tx.commit().map_err(storage)?;
         Ok(results)

@@ -238,7 +238,12 @@ fn running_as_root() -> bool {
 /// `program` run as the `postgres` user when the tests run as root (PostgreSQL refuses root).
 fn as_postgres(root: bool, program: &Path) -> Command {
     if root {
-        let mut command = Command::new("runuser");
+        // util-linux's runuser lives in /usr/sbin, which a CI job's PATH may leave out.
+        let runuser = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"]
+            .into_iter()
+            .find(|path| Path::new(path).is_file())
+            .unwrap_or("runuser");
+        let mut command = Command::new(runuser);
         command.args(["-u", "postgres", "--"]).arg(program);
         command
     } else {

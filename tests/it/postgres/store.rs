@@ -400,6 +400,67 @@ fn a_commit_in_the_callers_transaction_stands_or_falls_with_it() {
     assert_eq!(orders, 2);
 }
 
+#[test]
+fn a_batch_of_acks_settles_like_the_same_acks_one_by_one() {
+    use miniflow::{Ack, MemoryStore};
+    let database = TestDatabase::new();
+    let mut postgres = PostgresStore::connect(&database.url()).unwrap();
+    let mut memory = MemoryStore::new();
+    let stores: [&mut dyn Store; 2] = [&mut memory, &mut postgres];
+    let mut answers = Vec::new();
+    for store in stores {
+        let id = wid("w");
+        let decision = Decision::new()
+            .command(Command::new("plain", json!({})))
+            .command(Command::new("plain", json!({})))
+            .command(Command::new("reported", json!({})).report_result());
+        let commit = Commit::new(
+            id.clone(),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            decision,
+            T0,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        let d = store.claim(&ClaimRequest::new("w").limit(3), T0).unwrap();
+        let acks = [
+            Ack::new(d[0].command_id.clone(), d[0].token).with_result(json!({ "first": 1 })),
+            Ack::new(d[0].command_id.clone(), d[0].token).with_result(json!({ "second": 2 })),
+            Ack::new(d[1].command_id.clone(), d[1].token + 1),
+            Ack::new(d[1].command_id.clone(), d[1].token),
+            Ack::new(d[2].command_id.clone(), d[2].token).with_result(json!("booked")),
+            Ack::new("w:9:9".parse().unwrap(), 1),
+        ];
+        let results: Vec<Result<(), &str>> = store
+            .complete_all(&acks, T0)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.map_err(|e| e.code()))
+            .collect();
+        let rows: Vec<(String, Status, Option<serde_json::Value>)> = store
+            .commands(&id)
+            .unwrap()
+            .into_iter()
+            .map(|row| (row.command_id.to_string(), row.status, row.result))
+            .collect();
+        let timers = store.timers(&id).unwrap().len();
+        answers.push((results, rows, timers));
+    }
+    assert_eq!(answers[0], answers[1], "memory, then PostgreSQL");
+    assert_eq!(
+        answers[1].0,
+        [
+            Ok(()),
+            Err("STALE_LEASE"),
+            Err("STALE_LEASE"),
+            Ok(()),
+            Ok(()),
+            Err("NOT_FOUND")
+        ]
+    );
+}
+
 // ------------------------------------------------------------------------------------------------
 // One clock for leases (DESIGN rule 18)
 
@@ -710,4 +771,30 @@ fn hot_queries_use_their_indexes_among_many_done_rows() {
 fn miniflow_postgres_hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)>
 {
     miniflow_postgres::hot_queries()
+}
+
+#[test]
+#[ignore = "a measurement, not a check: cargo test --features postgres --test it throughput -- --ignored --nocapture"]
+fn throughput_of_claims_and_acks() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    for n in 0..100 {
+        append(&mut store, &format!("w{n:03}"), 50, T0);
+    }
+    let request = ClaimRequest::new("bench").limit(64);
+    let started = Instant::now();
+    let mut done = 0;
+    loop {
+        let batch = store.claim(&request, T0).unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        let acks: Vec<miniflow::Ack> = batch
+            .iter()
+            .map(|d| miniflow::Ack::new(d.command_id.clone(), d.token))
+            .collect();
+        done += store.complete_all(&acks, T0).unwrap().len();
+    }
+    let rate = done as f64 / started.elapsed().as_secs_f64();
+    eprintln!("{done} commands claimed and acknowledged in batches of 64: {rate:.0}/s");
 }
