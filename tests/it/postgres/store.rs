@@ -548,6 +548,75 @@ fn with_the_database_clock_a_lease_still_runs_out_in_real_time() {
     ));
 }
 
+/// The system clock, off by `offset_ms` (negative: behind).
+struct SkewedClock {
+    offset_ms: i64,
+}
+
+impl Clock for SkewedClock {
+    fn now(&self) -> Timestamp {
+        let now = SystemClock
+            .now()
+            .as_millis()
+            .saturating_add_signed(self.offset_ms);
+        Timestamp::from_millis(now)
+    }
+}
+
+#[test]
+fn dispatchers_two_hours_apart_share_leases_by_the_database_clock() {
+    let options = PostgresOptions::new().database_clock(true);
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect_with(&database.url(), &options).unwrap();
+    let hour = 3_600_000;
+    // Committed by a producer on the lagging clock: due for both dispatchers whatever the clock.
+    let lagging = SkewedClock { offset_ms: -hour };
+    for n in 0..2 {
+        append(&mut store, &format!("w{n}"), 1, lagging.now());
+    }
+    let delivered = Arc::new(Mutex::new(Vec::<(String, CommandId)>::new()));
+    let run = |name: &'static str, offset_ms: i64, batch_size: usize| {
+        let log = delivered.clone();
+        Dispatcher::postgres(&store, move |d: &Delivery| {
+            log.lock()
+                .unwrap()
+                .push((name.to_owned(), d.command_id.clone()));
+            // Longer than the lease: only heartbeats keep it.
+            std::thread::sleep(Duration::from_millis(700));
+            Outcome::Done
+        })
+        .unwrap()
+        .name(name)
+        .batch_size(batch_size)
+        .lease_ttl(Duration::from_millis(200))
+        .clock(Arc::new(SkewedClock { offset_ms }))
+    };
+    let (behind, ahead) = (run("behind", -hour, 2), run("ahead", hour, 1));
+    // The lagging dispatcher leases both commands and delivers them one after the other, its
+    // heartbeat keeping both leases; the one two hours ahead comes looking for work meanwhile.
+    let behind = std::thread::spawn(move || behind.run_until_idle());
+    std::thread::sleep(Duration::from_millis(100));
+    let ahead = std::thread::spawn(move || ahead.run_until_idle());
+    let (behind, ahead) = (
+        behind.join().unwrap().unwrap(),
+        ahead.join().unwrap().unwrap(),
+    );
+    assert_eq!(
+        behind.lost_leases + ahead.lost_leases,
+        0,
+        "{behind:?} {ahead:?}"
+    );
+    assert_eq!(
+        (behind.completed, ahead.completed),
+        (2, 0),
+        "{behind:?} {ahead:?}"
+    );
+    let delivered = delivered.lock().unwrap();
+    let distinct: HashSet<_> = delivered.iter().map(|(_, id)| id).collect();
+    assert_eq!((delivered.len(), distinct.len()), (2, 2), "{delivered:?}");
+    assert!(store.pending(10).unwrap().is_empty());
+}
+
 // ------------------------------------------------------------------------------------------------
 // Wake-ups
 
