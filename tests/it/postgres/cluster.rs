@@ -19,6 +19,8 @@ use miniflow::postgres::{Client, NoTls};
 
 /// The server for this test process: how to reach it, and a connection to create databases with.
 struct Server {
+    /// The directory of a throwaway cluster.
+    dir: Option<PathBuf>,
     /// A URL whose database part [`Server::url`] replaces.
     base: String,
     admin: Mutex<Client>,
@@ -86,6 +88,11 @@ impl TestDatabase {
     }
 }
 
+/// The directory of the throwaway cluster this process started, if it started one.
+pub fn throwaway_dir() -> Option<PathBuf> {
+    server().dir.clone()
+}
+
 impl Drop for TestDatabase {
     fn drop(&mut self) {
         if let Some(Ok(server)) = SERVER.get() {
@@ -107,6 +114,7 @@ impl Server {
         let mut admin = Client::connect(url, NoTls).map_err(|e| format!("{url}: {e}"))?;
         let icu = supports_icu(&mut admin);
         Ok(Self {
+            dir: None,
             base: url.to_owned(),
             admin: Mutex::new(admin),
             icu,
@@ -168,6 +176,7 @@ impl Server {
                         Client::connect(&base, NoTls).map_err(|e| format!("{base}: {e}"))?;
                     let icu = supports_icu(&mut admin);
                     return Ok(Self {
+                        dir: Some(dir),
                         base,
                         admin: Mutex::new(admin),
                         icu,
@@ -286,8 +295,12 @@ cat > /dev/null
 pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null)
 if [ -n "$pid" ]; then
   kill -INT "$pid" 2>/dev/null
+  # A server that shut down removed its pid file (it may linger as a zombie nobody reaps).
   i=0
-  while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  while [ -f "$1/data/postmaster.pid" ] && kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
   kill -QUIT "$pid" 2>/dev/null
 fi
 rm -rf "$1"
@@ -321,6 +334,62 @@ fn replace_database(base: &str, database: &str) -> String {
         .find('/')
         .map_or(address.len(), |i| authority_start + i);
     format!("{}/{database}{query}", &address[..host_end])
+}
+
+#[test]
+fn child_starts_a_cluster_and_dies() {
+    if crate::child::role().as_deref() != Some("postgres_cluster") {
+        return;
+    }
+    let database = TestDatabase::new();
+    database.client().batch_execute("SELECT 1").unwrap();
+    let dir = throwaway_dir().expect("a throwaway cluster");
+    let pid = std::fs::read_to_string(dir.join("data/postmaster.pid")).unwrap();
+    println!(
+        "cluster_dir={} server_pid={}",
+        dir.display(),
+        pid.lines().next().unwrap_or("")
+    );
+    crate::child::kill_self();
+}
+
+#[test]
+fn a_test_process_killed_while_its_cluster_runs_leaves_nothing_behind() {
+    if std::env::var("MINIFLOW_TEST_DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
+        return; // no throwaway cluster to leave behind
+    }
+    let child = crate::child::spawn(
+        "postgres::cluster::child_starts_a_cluster_and_dies",
+        "postgres_cluster",
+        &[],
+    );
+    let out = child.wait_with_output().expect("wait for the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = crate::child::reported(&stdout, "cluster_dir").unwrap_or_else(|| {
+        panic!(
+            "the child reported no cluster:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let pid = crate::child::reported(&stdout, "server_pid").expect("the server's pid");
+    assert!(!out.status.success(), "the child was to be killed");
+    // Running: the process exists and is not a zombie.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    let started = std::time::Instant::now();
+    while (running() || Path::new(&dir).exists()) && started.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !running(),
+        "the server {pid} of the killed test process still runs"
+    );
+    assert!(!Path::new(&dir).exists(), "{dir} was left behind");
 }
 
 #[test]
