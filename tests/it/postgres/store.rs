@@ -118,6 +118,35 @@ fn connection_failures_and_bad_settings_are_reported_as_their_kinds() {
 }
 
 #[test]
+fn a_row_locked_past_the_lock_timeout_is_busy_and_changes_nothing() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    append(&mut store, "w", 1, T0);
+    let name: String = database
+        .client()
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    database
+        .client()
+        .batch_execute(&format!("ALTER DATABASE {name} SET lock_timeout = '100ms'"))
+        .unwrap();
+    // A new pool, so its connections start with the database's lock timeout.
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    let mut holder = database.client();
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute("SELECT * FROM outbox FOR UPDATE").unwrap();
+    let id: CommandId = "w:1:0".parse().unwrap();
+    match store.mark_done(&id, T0) {
+        Err(e @ Error::Busy(_)) => assert_eq!(e.code(), "BUSY"),
+        other => panic!("a lock held past the lock timeout gave {other:?}"),
+    }
+    tx.rollback().unwrap();
+    assert_eq!(store.command(&id).unwrap().unwrap().status, Status::Pending);
+    store.mark_done(&id, T0).unwrap();
+}
+
+#[test]
 fn a_server_that_may_lose_commits_is_refused_unless_the_caller_opts_in() {
     let database = TestDatabase::new();
     let name: String = database
