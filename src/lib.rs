@@ -14,3 +14,17 @@ pub use miniflow_native::{
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::rusqlite;
+
+#[cfg(feature = "postgres")]
+pub use miniflow_postgres::{
+    PostgresIdempotencyStore, PostgresOptions, PostgresStore, Wakeups, NOTIFY_CHANNEL,
+    SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION,
+};
+
+/// `Dispatcher::postgres`: the dispatcher over a [`PostgresStore`], woken by notifications.
+#[cfg(all(feature = "postgres", feature = "sqlite"))]
+pub use miniflow_postgres::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};
+
+/// The PostgreSQL driver the `postgres` feature is built on (see `PostgresStore::append_in`).
+#[cfg(feature = "postgres")]
+pub use miniflow_postgres::postgres;

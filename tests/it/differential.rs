@@ -1,5 +1,6 @@
 //! The seeded differential test: random sequences of every [`Store`] operation run against a
-//! [`MemoryStore`] and a [`SqliteStore`] on a real file side by side, with the clock moving forwards and
+//! [`MemoryStore`] and a [`SqliteStore`] on a real file side by side (and, with the `postgres`
+//! feature, against a [`MemoryStore`] and a `PostgresStore`, so all three agree), with the clock moving forwards and
 //! backwards. Every answer must agree (values, and error kinds by [`Error::code`]), and so must the
 //! state: the unfinished commands after every step, and every workflow's events, commands and timers
 //! and the dead letters every ten steps and after the last. A disagreement fails with the seed, the
@@ -36,12 +37,27 @@ const REMEMBERED_DELIVERIES: usize = 40;
 
 #[test]
 fn memory_and_sqlite_agree_on_random_operations() {
-    for seed in seeds() {
-        Run::new(seed).play(STEPS);
+    for seed in seeds(DEFAULT_SEEDS) {
+        Run::sqlite(seed).play(STEPS);
     }
 }
 
-fn seeds() -> Vec<u64> {
+/// The seeds CI runs against PostgreSQL: fewer, as each step is a few round trips.
+#[cfg(feature = "postgres")]
+const DEFAULT_POSTGRES_SEEDS: std::ops::Range<u64> = 0..8;
+
+#[cfg(feature = "postgres")]
+#[test]
+fn memory_and_postgres_agree_on_random_operations() {
+    for seed in seeds(DEFAULT_POSTGRES_SEEDS) {
+        let database = crate::postgres::TestDatabase::new();
+        let store = miniflow::PostgresStore::connect(&database.url())
+            .expect("connect to the PostgreSQL store");
+        Run::new(seed, store, "PostgresStore", Box::new(database)).play(STEPS);
+    }
+}
+
+fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
     let setting = |name: &str| {
         std::env::var(name).ok().map(|value| {
             value
@@ -59,7 +75,7 @@ fn seeds() -> Vec<u64> {
         eprintln!("differential: {runs} seeds from {start}");
         return (0..runs).map(|i| start.wrapping_add(i)).collect();
     }
-    DEFAULT_SEEDS.collect()
+    default.collect()
 }
 
 fn ms(millis: u64) -> Duration {
@@ -71,22 +87,25 @@ fn wid(text: &str) -> WorkflowId {
 }
 
 /// One seeded run: both stores, the clock, and what the run has seen so far.
-struct Run {
+struct Run<S> {
     seed: u64,
     rng: fastrand::Rng,
     step: usize,
     now: Timestamp,
     memory: MemoryStore,
-    sqlite: SqliteStore,
-    _dir: tempfile::TempDir,
+    /// The store compared with the memory store, and its name in reports.
+    other: S,
+    name: &'static str,
+    /// What the other store lives in (a directory, a database), kept until the run ends.
+    _home: Box<dyn std::any::Any>,
     /// Deliveries handed out so far, current or stale: the tokens acks and failures are made with.
     deliveries: Vec<Delivery>,
     /// Each step's operation, for the report of a disagreement.
     log: Vec<String>,
 }
 
-impl Run {
-    fn new(seed: u64) -> Self {
+impl Run<SqliteStore> {
+    fn sqlite(seed: u64) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         // The test compares answers, not durability: NORMAL spares an fsync per step.
         let options = SqliteOptions {
@@ -95,14 +114,21 @@ impl Run {
         };
         let sqlite = SqliteStore::open_with(dir.path().join("differential.db"), &options)
             .expect("open the SQLite store");
+        Run::new(seed, sqlite, "SqliteStore", Box::new(dir))
+    }
+}
+
+impl<S: Store> Run<S> {
+    fn new(seed: u64, other: S, name: &'static str, home: Box<dyn std::any::Any>) -> Self {
         Self {
             seed,
             rng: fastrand::Rng::with_seed(seed),
             step: 0,
             now: Timestamp::from_millis(START),
             memory: MemoryStore::new(),
-            sqlite,
-            _dir: dir,
+            other,
+            name,
+            _home: home,
             deliveries: Vec::new(),
             log: Vec::new(),
         }
@@ -165,11 +191,12 @@ impl Run {
     fn disagree(&self, operation: &str, memory: &[String], sqlite: &[String]) -> ! {
         let recent = self.log.len().saturating_sub(30);
         panic!(
-            "MemoryStore and SqliteStore disagree: seed {seed}, step {step}\n\
+            "MemoryStore and {name} disagree: seed {seed}, step {step}\n\
              operation: {operation}\n\
-             answers (- memory, + sqlite):\n{diff}\n\
+             answers (- memory, + {name}):\n{diff}\n\
              replay: MINIFLOW_DIFF_SEED={seed} cargo test -p miniflow --test it differential::\n\
              the last steps:\n{steps}",
+            name = self.name,
             seed = self.seed,
             step = self.step,
             diff = diff(memory, sqlite),
@@ -185,7 +212,7 @@ impl Run {
     ) -> Option<T> {
         self.record(&operation);
         let memory = run(&mut self.memory, self.now);
-        let sqlite = run(&mut self.sqlite, self.now);
+        let sqlite = run(&mut self.other, self.now);
         self.agree(&operation, memory, sqlite)
     }
 
@@ -200,7 +227,7 @@ impl Run {
         self.agree(
             "after the step: pending(all)",
             self.memory.pending(usize::MAX),
-            self.sqlite.pending(usize::MAX),
+            self.other.pending(usize::MAX),
         );
     }
 
@@ -211,28 +238,28 @@ impl Run {
             self.agree(
                 &format!("after the step: load({w})"),
                 self.memory.load(&w),
-                self.sqlite.load(&w),
+                self.other.load(&w),
             );
             self.agree(
                 &format!("after the step: commands({w})"),
                 self.memory.commands(&w),
-                self.sqlite.commands(&w),
+                self.other.commands(&w),
             );
             self.agree(
                 &format!("after the step: timers({w})"),
                 self.memory.timers(&w),
-                self.sqlite.timers(&w),
+                self.other.timers(&w),
             );
         }
         self.agree(
             "after the step: pending(all)",
             self.memory.pending(usize::MAX),
-            self.sqlite.pending(usize::MAX),
+            self.other.pending(usize::MAX),
         );
         self.agree(
             "after the step: dead_letters(all)",
             self.memory.dead_letters(usize::MAX),
-            self.sqlite.dead_letters(usize::MAX),
+            self.other.dead_letters(usize::MAX),
         );
     }
 

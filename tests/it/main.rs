@@ -9,6 +9,8 @@ mod delivery;
 mod differential;
 mod dispatcher;
 mod examples;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod receiver;
 mod simulation;
 mod sqlite;

@@ -1,0 +1,519 @@
+//! Connections: the pool every store handle shares, its options, the schema migrations, and how
+//! driver errors map onto miniflow's kinds.
+
+use std::ops::DerefMut;
+use std::sync::Arc;
+use std::time::Duration;
+
+use miniflow_core::{Error, Timestamp};
+use postgres::error::SqlState;
+use postgres::tls::{MakeTlsConnect, TlsConnect};
+use postgres::{Client, Config, GenericClient, NoTls, Socket};
+use r2d2_postgres::PostgresConnectionManager;
+
+/// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
+const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+
+/// The newest schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The advisory lock class of miniflow's locks (`pg_advisory_xact_lock(class, id)`, a key space of
+/// its own): "mflw".
+pub(crate) const LOCK_CLASS: i32 = 0x6d66_6c77;
+/// The lock id, within [`LOCK_CLASS`], that migrations take.
+const MIGRATION_LOCK: i32 = 1;
+/// The lock id, within [`LOCK_CLASS`] + 1, of an idempotency key is `hashtext(key)`.
+pub(crate) const KEY_LOCK_CLASS: i32 = LOCK_CLASS + 1;
+
+/// The channel commits that make work claimable notify (see [`crate::Wakeups`]).
+pub const NOTIFY_CHANNEL: &str = "miniflow_outbox";
+
+/// Settings of a [`crate::PostgresStore`] and [`crate::PostgresIdempotencyStore`]; the defaults
+/// keep every commit durable and take `now` from the caller, like every miniflow store.
+///
+/// ```
+/// use std::time::Duration;
+/// use miniflow_postgres::PostgresOptions;
+///
+/// let options = PostgresOptions::new()
+///     .pool_size(16)
+///     .connect_timeout(Duration::from_secs(5))
+///     .database_clock(true);
+/// assert!(options.uses_database_clock());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresOptions {
+    pool_size: u32,
+    connect_timeout: Duration,
+    database_clock: bool,
+    notify: bool,
+    require_durable_commits: bool,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            pool_size: 10,
+            connect_timeout: Duration::from_secs(10),
+            database_clock: false,
+            notify: true,
+            require_durable_commits: true,
+        }
+    }
+}
+
+impl PostgresOptions {
+    /// The largest pool a store may keep.
+    pub const MAX_POOL_SIZE: u32 = 1_000;
+
+    /// The defaults: a pool of up to 10 connections, 10 s to get one, the caller's clock, NOTIFY on,
+    /// durable commits required.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps up to `size` connections (1 to [`PostgresOptions::MAX_POOL_SIZE`]); every clone of a
+    /// store shares them. A dispatcher needs one per worker, one for its heartbeat, and its listener
+    /// opens one more of its own.
+    #[must_use]
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// How long an operation waits for a free connection, and a new connection for the server, before
+    /// it fails (1 ms to 10 min).
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// One clock for leases (DESIGN rule 18). With `true`, every operation reads the database's clock
+    /// (`clock_timestamp()`, in milliseconds) at the start of its transaction and uses it instead of
+    /// the caller's `now`: lease expiries, due times, retry times, the times a commit writes and the
+    /// retention cut-off all come from the one server, so workers on machines whose clocks disagree
+    /// still agree on when a lease ran out. The times an operation *returns* (a delivery's lease
+    /// expiry, an extended lease, a retry time, a taken timer's times) are translated back into the
+    /// caller's clock by the offset measured in that transaction, so a heartbeat that compares them
+    /// with its own clock keeps working; the times stored and read back by `pending`, `command`,
+    /// `commands`, `timers` and `load` are the database's.
+    ///
+    /// Off by default: then `now` is the caller's, as for every other miniflow store (and the
+    /// conformance suite, which controls time). Turn it on when workers run on more than one
+    /// machine.
+    #[must_use]
+    pub fn database_clock(mut self, on: bool) -> Self {
+        self.database_clock = on;
+        self
+    }
+
+    /// Whether a transaction that makes work claimable (new commands or timers, a command pending
+    /// again, a finished command whose workflow has later ones) ends with `NOTIFY miniflow_outbox`,
+    /// the hint that wakes idle [`crate::Wakeups`] listeners. On by default. PostgreSQL sends one
+    /// notification per transaction however often it is raised in it; it also serialises the
+    /// commits of notifying transactions briefly, so a store whose workers only poll may turn it off.
+    #[must_use]
+    pub fn notify(mut self, on: bool) -> Self {
+        self.notify = on;
+        self
+    }
+
+    /// Whether connecting refuses a server that may lose a commit that returned: `fsync = off`, or
+    /// `synchronous_commit = off` for this connection's user and database (DESIGN rule 3: when a
+    /// commit returns it survives a crash). On by default; turning it off is the explicit opt-in to
+    /// weaker durability.
+    #[must_use]
+    pub fn require_durable_commits(mut self, on: bool) -> Self {
+        self.require_durable_commits = on;
+        self
+    }
+
+    /// Whether the store reads the database's clock (see [`PostgresOptions::database_clock`]).
+    pub fn uses_database_clock(&self) -> bool {
+        self.database_clock
+    }
+
+    /// Whether committing transactions notify (see [`PostgresOptions::notify`]).
+    pub fn notifies(&self) -> bool {
+        self.notify
+    }
+
+    /// Refuses settings out of bounds, naming the setting and its value.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming the setting.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !(1..=Self::MAX_POOL_SIZE).contains(&self.pool_size) {
+            return Err(Error::invalid(
+                "pool_size",
+                self.pool_size,
+                format!("must be 1 to {}", Self::MAX_POOL_SIZE),
+            ));
+        }
+        let timeouts = Duration::from_millis(1)..=Duration::from_secs(600);
+        if !timeouts.contains(&self.connect_timeout) {
+            return Err(Error::invalid(
+                "connect_timeout",
+                format!("{:?}", self.connect_timeout),
+                "must be 1ms to 600s",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A connection checked out of the pool; it goes back when dropped.
+pub type PooledClient = Box<dyn DerefMut<Target = Client> + Send>;
+
+/// Where connections come from, whatever TLS connector the pool was built with.
+trait Connections: Send + Sync {
+    fn get(&self) -> Result<PooledClient, Error>;
+    fn dedicated(&self) -> Result<Client, Error>;
+}
+
+struct Pool<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    pool: r2d2::Pool<PostgresConnectionManager<T>>,
+    config: Config,
+    tls: T,
+}
+
+impl<T> Connections for Pool<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn get(&self) -> Result<PooledClient, Error> {
+        self.pool
+            .get()
+            .map(|client| Box::new(client) as PooledClient)
+            .map_err(|e| Error::Storage(format!("no PostgreSQL connection: {e}").into()))
+    }
+
+    fn dedicated(&self) -> Result<Client, Error> {
+        self.config.connect(self.tls.clone()).map_err(storage)
+    }
+}
+
+/// The connections and options every handle of one store shares.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    connections: Arc<dyn Connections>,
+    pub(crate) options: PostgresOptions,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// A pool on `url` without TLS.
+    pub(crate) fn connect(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
+        let config: Config = url.parse().map_err(|e: postgres::Error| {
+            Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
+        })?;
+        Self::connect_tls(config, NoTls, options)
+    }
+
+    /// A pool on `config` through `tls`: checks the server's durability, migrates the schema.
+    pub(crate) fn connect_tls<T>(
+        mut config: Config,
+        tls: T,
+        options: &PostgresOptions,
+    ) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::TlsConnect: Send,
+        T::Stream: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        options.validate()?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("miniflow");
+        }
+        let manager = PostgresConnectionManager::new(config.clone(), tls.clone());
+        let pool = r2d2::Pool::builder()
+            .max_size(options.pool_size)
+            .min_idle(Some(0))
+            .connection_timeout(options.connect_timeout)
+            // A connection the server closed fails its next operation with a storage error and is
+            // then dropped; testing each checkout would cost a round trip on every operation.
+            .test_on_check_out(false)
+            .build(manager)
+            .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
+        let shared = Self {
+            connections: Arc::new(Pool { pool, config, tls }),
+            options: options.clone(),
+        };
+        let mut client = shared.client()?;
+        if options.require_durable_commits {
+            check_durability(&mut client)?;
+        }
+        migrate(&mut client)?;
+        Ok(shared)
+    }
+
+    /// A connection from the pool.
+    pub(crate) fn client(&self) -> Result<PooledClient, Error> {
+        self.connections.get()
+    }
+
+    /// A connection of its own, outside the pool (for a listener).
+    pub(crate) fn dedicated(&self) -> Result<Client, Error> {
+        self.connections.dedicated()
+    }
+}
+
+/// `url` without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Maps a driver error onto miniflow's kinds: a lost serialization race, a deadlock, a lock or
+/// statement timeout and a full server are [`Error::Busy`] (retry later); anything else, including
+/// a lost connection, is [`Error::Storage`].
+pub(crate) fn storage(e: postgres::Error) -> Error {
+    let busy = [
+        SqlState::T_R_SERIALIZATION_FAILURE,
+        SqlState::T_R_DEADLOCK_DETECTED,
+        SqlState::LOCK_NOT_AVAILABLE,
+        SqlState::QUERY_CANCELED,
+        SqlState::TOO_MANY_CONNECTIONS,
+    ];
+    match e.code() {
+        Some(code) if busy.contains(code) => Error::Busy(Box::new(e)),
+        _ => Error::Storage(Box::new(e)),
+    }
+}
+
+/// Whether `e` is a unique violation (of `constraint`, when given).
+pub(crate) fn is_unique_violation(e: &postgres::Error, constraint: &str) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        *db.code() == SqlState::UNIQUE_VIOLATION && db.constraint() == Some(constraint)
+    })
+}
+
+/// Refuses a server that may lose a commit that returned (see
+/// [`PostgresOptions::require_durable_commits`]).
+fn check_durability(client: &mut Client) -> Result<(), Error> {
+    for (setting, weak) in [("fsync", "off"), ("synchronous_commit", "off")] {
+        let value: String = client
+            .query_one(&format!("SHOW {setting}"), &[])
+            .and_then(|row| row.try_get(0))
+            .map_err(storage)?;
+        if value == weak {
+            return Err(Error::Storage(
+                format!(
+                    "the server runs with {setting} = {value}: a commit that returned can be lost \
+                     in a crash, and with it a command a worker already delivered; set {setting} \
+                     back on, or opt in with PostgresOptions::require_durable_commits(false)"
+                )
+                .into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The schema version recorded in `client`'s database (0 when miniflow never migrated it).
+fn schema_version(client: &mut impl GenericClient) -> Result<i64, Error> {
+    let exists: bool = client
+        .query_one("SELECT to_regclass('miniflow_schema') IS NOT NULL", &[])
+        .and_then(|row| row.try_get(0))
+        .map_err(storage)?;
+    if !exists {
+        return Ok(0);
+    }
+    client
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM miniflow_schema", &[])
+        .and_then(|row| row.try_get(0))
+        .map_err(storage)
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`]: every missing migration in one transaction, under an
+/// advisory lock so that two processes migrating at once apply each migration once. A newer schema
+/// is refused untouched.
+fn migrate(client: &mut Client) -> Result<(), Error> {
+    let unsupported = |found| Error::UnsupportedSchema {
+        found,
+        supported: SCHEMA_VERSION,
+    };
+    match schema_version(client)? {
+        found if found == SCHEMA_VERSION => return Ok(()),
+        found if found > SCHEMA_VERSION => return Err(unsupported(found)),
+        _ => {}
+    }
+    let mut tx = client.transaction().map_err(storage)?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock($1, $2)",
+        &[&LOCK_CLASS, &MIGRATION_LOCK],
+    )
+    .map_err(storage)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS miniflow_schema (
+             version    BIGINT PRIMARY KEY,
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+         )",
+    )
+    .map_err(storage)?;
+    // Read again under the lock: another process may have migrated meanwhile.
+    let found = schema_version(&mut tx)?;
+    if found > SCHEMA_VERSION {
+        return Err(unsupported(found));
+    }
+    for (version, sql) in (1_i64..)
+        .zip(MIGRATIONS)
+        .skip(usize::try_from(found).unwrap_or(0))
+    {
+        tx.batch_execute(sql).map_err(|e| {
+            Error::Storage(format!("schema migration {version} failed: {e}").into())
+        })?;
+        tx.execute(
+            "INSERT INTO miniflow_schema (version) VALUES ($1)",
+            &[&version],
+        )
+        .map_err(storage)?;
+    }
+    tx.commit().map_err(storage)
+}
+
+/// The database's clock, in milliseconds since the Unix epoch.
+pub(crate) fn database_now(client: &mut impl GenericClient) -> Result<Timestamp, Error> {
+    let millis: i64 = client
+        .query_one(
+            "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
+            &[],
+        )
+        .and_then(|row| row.try_get(0))
+        .map_err(storage)?;
+    u64::try_from(millis)
+        .map(Timestamp::from_millis)
+        .map_err(|_| Error::Storage(format!("the database's clock reads {millis} ms").into()))
+}
+
+/// The times of one operation: `now` in the store's clock (the caller's, or the database's), and the
+/// caller's `now`, to translate times between the two.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    pub(crate) now: Timestamp,
+    caller: Timestamp,
+}
+
+impl Clock {
+    /// The store's `now` for an operation the caller made at `caller`: the database's clock read on
+    /// `client` when the options say so, or `caller` itself.
+    pub(crate) fn read(
+        options: &PostgresOptions,
+        client: &mut impl GenericClient,
+        caller: Timestamp,
+    ) -> Result<Self, Error> {
+        let now = if options.database_clock {
+            database_now(client)?
+        } else {
+            caller
+        };
+        Ok(Self { now, caller })
+    }
+
+    /// A time of the caller's clock in the store's.
+    pub(crate) fn inward(&self, t: Timestamp) -> Timestamp {
+        shift(
+            t,
+            i128::from(self.now.as_millis()) - i128::from(self.caller.as_millis()),
+        )
+    }
+
+    /// A time of the store's clock in the caller's.
+    pub(crate) fn outward(&self, t: Timestamp) -> Timestamp {
+        shift(
+            t,
+            i128::from(self.caller.as_millis()) - i128::from(self.now.as_millis()),
+        )
+    }
+}
+
+fn shift(t: Timestamp, by: i128) -> Timestamp {
+    let millis = (i128::from(t.as_millis()) + by).clamp(0, i128::from(i64::MAX));
+    Timestamp::from_millis(u64::try_from(millis).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_in_messages_hide_the_password() {
+        assert_eq!(
+            redact("postgresql://app:s3cret@db:5432/flow"),
+            "postgresql://app:***@db:5432/flow"
+        );
+        assert_eq!(
+            redact("postgresql://app@db/flow"),
+            "postgresql://app@db/flow"
+        );
+        assert_eq!(redact("host=db user=app"), "host=db user=app");
+    }
+
+    #[test]
+    fn options_out_of_bounds_are_refused_naming_the_setting() {
+        let field = |options: PostgresOptions| match options.validate() {
+            Err(Error::InvalidInput { field, .. }) => Some(field),
+            _ => None,
+        };
+        assert_eq!(field(PostgresOptions::new()), None);
+        assert_eq!(
+            field(PostgresOptions::new().pool_size(0)),
+            Some("pool_size")
+        );
+        assert_eq!(
+            field(PostgresOptions::new().pool_size(1_001)),
+            Some("pool_size")
+        );
+        assert_eq!(
+            field(PostgresOptions::new().connect_timeout(Duration::ZERO)),
+            Some("connect_timeout")
+        );
+    }
+
+    #[test]
+    fn clocks_translate_both_ways() {
+        let clock = Clock {
+            now: Timestamp::from_millis(10_000),
+            caller: Timestamp::from_millis(4_000),
+        };
+        assert_eq!(
+            clock.inward(Timestamp::from_millis(5_000)).as_millis(),
+            11_000
+        );
+        assert_eq!(
+            clock.outward(Timestamp::from_millis(11_000)).as_millis(),
+            5_000
+        );
+        assert_eq!(clock.outward(Timestamp::from_millis(1_000)).as_millis(), 0);
+    }
+}

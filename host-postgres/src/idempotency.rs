@@ -1,0 +1,321 @@
+//! [`PostgresIdempotencyStore`]: a receiver's idempotency records in PostgreSQL.
+
+use miniflow_core::{
+    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
+    IdempotencyStore, RecordState, Timestamp,
+};
+use postgres::{GenericClient, Transaction};
+
+use crate::connect::{storage, Clock, PostgresOptions, Shared, KEY_LOCK_CLASS};
+use crate::rows::to_sql_time;
+use crate::PostgresStore;
+
+/// The receiver's [`IdempotencyStore`] on PostgreSQL: the same database as a
+/// [`PostgresStore`] or another one. Every `begin`, `finish` and `abandon` is one transaction that
+/// first takes a transaction-scoped advisory lock on the key, so of two processes beginning the same
+/// key at once one gets [`Begin::Fresh`] and the other [`Begin::InProgress`].
+///
+/// ```no_run
+/// use miniflow_core::{json, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Timestamp};
+/// use miniflow_postgres::PostgresIdempotencyStore;
+///
+/// let mut keys = PostgresIdempotencyStore::connect("postgresql://supplier@db.internal/bookings", IdempotencyPolicy::default())?;
+/// let key = IdempotencyKey::new("trip-001:1:0")?;
+/// let digest = Digest::of_intent(&json!({ "trip_id": "trip-001", "amount": 1200 }), &["trip_id", "amount"]);
+/// let now = Timestamp::from_millis(0);
+/// let Begin::Fresh { token } = keys.begin(&key, digest, now)? else { panic!("a new key is fresh") };
+/// keys.finish(&key, token, &json!({ "reference": "REF-1" }), now)?; // after the effect
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresIdempotencyStore {
+    shared: Shared,
+    policy: IdempotencyPolicy,
+}
+
+impl PostgresIdempotencyStore {
+    /// Connects to the database at `url` with the default [`PostgresOptions`] and brings its schema
+    /// up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a policy out of bounds ([`IdempotencyPolicy::validate`]), and as
+    /// [`PostgresStore::connect`].
+    pub fn connect(url: &str, policy: IdempotencyPolicy) -> Result<Self, Error> {
+        Self::connect_with(url, policy, &PostgresOptions::default())
+    }
+
+    /// As [`PostgresIdempotencyStore::connect`], with `options`; with
+    /// [`PostgresOptions::database_clock`], reservation times come from the database's clock.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresIdempotencyStore::connect`].
+    pub fn connect_with(
+        url: &str,
+        policy: IdempotencyPolicy,
+        options: &PostgresOptions,
+    ) -> Result<Self, Error> {
+        policy.validate()?;
+        Ok(Self {
+            shared: Shared::connect(url, options)?,
+            policy,
+        })
+    }
+
+    /// Records on the database of `store`, sharing its pool and options.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a policy out of bounds.
+    pub fn on(store: &PostgresStore, policy: IdempotencyPolicy) -> Result<Self, Error> {
+        policy.validate()?;
+        Ok(Self {
+            shared: store.shared().clone(),
+            policy,
+        })
+    }
+
+    /// A connection from the store's pool, for diagnostics, tests and the caller's own transactions
+    /// ([`PostgresIdempotencyStore::finish_in`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when no connection can be had within the connect timeout.
+    pub fn client(&self) -> Result<crate::PooledClient, Error> {
+        self.shared.client()
+    }
+
+    /// [`IdempotencyStore::finish`] inside the caller's own transaction `tx` (on the same database),
+    /// so that the receiver's effect and the record of it commit together or not at all. The store
+    /// never commits `tx`. When the reservation was taken over, `finish_in` returns
+    /// [`Error::StaleReservation`] and writes nothing: roll `tx` back, and the effect is undone with
+    /// it — such a receiver is at most once whatever the timing (DESIGN rule 14).
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::finish`].
+    pub fn finish_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let mut savepoint = tx.transaction().map_err(storage)?;
+        lock_key(&mut savepoint, key)?;
+        let clock = Clock::read(&self.shared.options, &mut savepoint, now)?;
+        finish_on(&mut savepoint, key, token, result, clock.now)?;
+        savepoint.commit().map_err(storage)
+    }
+
+    /// Runs `operation` in one transaction holding the key's advisory lock, with the store's `now`.
+    fn locked<T>(
+        &mut self,
+        key: &IdempotencyKey,
+        now: Timestamp,
+        operation: impl FnOnce(&mut Transaction<'_>, &IdempotencyPolicy, Timestamp) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        lock_key(&mut tx, key)?;
+        let clock = Clock::read(&self.shared.options, &mut tx, now)?;
+        let out = operation(&mut tx, &self.policy, clock.now)?;
+        tx.commit().map_err(storage)?;
+        Ok(out)
+    }
+}
+
+/// Takes the advisory lock of `key` until the transaction ends: the record's row may not exist yet.
+fn lock_key(client: &mut impl GenericClient, key: &IdempotencyKey) -> Result<(), Error> {
+    client
+        .execute(
+            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+            &[&KEY_LOCK_CLASS, &key.as_str()],
+        )
+        .map_err(storage)?;
+    Ok(())
+}
+
+fn select(
+    client: &mut impl GenericClient,
+    key: &IdempotencyKey,
+) -> Result<Option<IdempotencyRecord>, Error> {
+    let Some(row) = client
+        .query_opt(
+            "SELECT digest, reserved_at, result, completed_at, token, abandoned \
+             FROM idempotency WHERE key = $1",
+            &[&key.as_str()],
+        )
+        .map_err(storage)?
+    else {
+        return Ok(None);
+    };
+    let corrupt = |what: String| Error::Corrupt(format!("idempotency key {key}: {what}"));
+    let column = |e: postgres::Error| corrupt(e.to_string());
+    let time = |millis: i64| {
+        u64::try_from(millis)
+            .map(Timestamp::from_millis)
+            .map_err(|_| corrupt(format!("negative time {millis}")))
+    };
+    let digest: String = row.try_get("digest").map_err(column)?;
+    let result: Option<String> = row.try_get("result").map_err(column)?;
+    let completed_at: Option<i64> = row.try_get("completed_at").map_err(column)?;
+    let abandoned: bool = row.try_get("abandoned").map_err(column)?;
+    let token: i64 = row.try_get("token").map_err(column)?;
+    let state = match (result, completed_at, abandoned) {
+        (Some(result), Some(completed_at), _) => RecordState::Completed {
+            result: serde_json::from_str(&result)
+                .map_err(|e| corrupt(format!("the result is not JSON: {e}")))?,
+            completed_at: time(completed_at)?,
+        },
+        (_, _, true) => RecordState::Abandoned,
+        _ => RecordState::Reserved,
+    };
+    Ok(Some(IdempotencyRecord {
+        key: key.clone(),
+        digest: digest
+            .parse()
+            .map_err(|e| corrupt(format!("digest: {e}")))?,
+        reserved_at: time(row.try_get("reserved_at").map_err(column)?)?,
+        token: u64::try_from(token).map_err(|_| corrupt(format!("negative token {token}")))?,
+        state,
+    }))
+}
+
+fn write(client: &mut impl GenericClient, record: &IdempotencyRecord) -> Result<(), Error> {
+    let (result, completed_at, abandoned) = match &record.state {
+        RecordState::Completed {
+            result,
+            completed_at,
+        } => (
+            Some(canonical_json(result)),
+            Some(to_sql_time("completed_at", *completed_at)?),
+            false,
+        ),
+        RecordState::Reserved => (None, None, false),
+        RecordState::Abandoned => (None, None, true),
+    };
+    let token = i64::try_from(record.token)
+        .map_err(|_| Error::invalid("token", record.token, "is past i64::MAX"))?;
+    client
+        .execute(
+            "INSERT INTO idempotency \
+             (key, digest, reserved_at, result, completed_at, settled_at, token, abandoned) \
+             VALUES ($1, $2, $3::bigint, $4, $5::bigint, COALESCE($5::bigint, $3::bigint), $6, $7) \
+             ON CONFLICT (key) DO UPDATE SET digest = EXCLUDED.digest, \
+             reserved_at = EXCLUDED.reserved_at, result = EXCLUDED.result, \
+             completed_at = EXCLUDED.completed_at, settled_at = EXCLUDED.settled_at, \
+             token = EXCLUDED.token, abandoned = EXCLUDED.abandoned",
+            &[
+                &record.key.as_str(),
+                &record.digest.to_string(),
+                &to_sql_time("now", record.reserved_at)?,
+                &result,
+                &completed_at,
+                &token,
+                &abandoned,
+            ],
+        )
+        .map_err(storage)?;
+    Ok(())
+}
+
+fn finish_on(
+    client: &mut impl GenericClient,
+    key: &IdempotencyKey,
+    token: u64,
+    result: &serde_json::Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let mut record = select_for_update(client, key)?.ok_or_else(|| Error::UnknownKey {
+        key: key.to_string(),
+    })?;
+    record.finish(token, result.clone(), now)?;
+    write(client, &record)
+}
+
+/// The record of `key`, locked until the transaction ends.
+fn select_for_update(
+    client: &mut impl GenericClient,
+    key: &IdempotencyKey,
+) -> Result<Option<IdempotencyRecord>, Error> {
+    client
+        .execute(
+            "SELECT 1 FROM idempotency WHERE key = $1 FOR UPDATE",
+            &[&key.as_str()],
+        )
+        .map_err(storage)?;
+    select(client, key)
+}
+
+impl IdempotencyStore for PostgresIdempotencyStore {
+    fn policy(&self) -> &IdempotencyPolicy {
+        &self.policy
+    }
+
+    fn begin(
+        &mut self,
+        key: &IdempotencyKey,
+        digest: Digest,
+        now: Timestamp,
+    ) -> Result<Begin, Error> {
+        self.locked(key, now, |tx, policy, now| {
+            let existing = select_for_update(tx, key)?;
+            let (answer, record) =
+                IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
+            if let Some(record) = record {
+                write(tx, &record)?;
+            }
+            Ok(answer)
+        })
+    }
+
+    fn finish(
+        &mut self,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &serde_json::Value,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.locked(key, now, |tx, _, now| {
+            finish_on(tx, key, token, result, now)
+        })
+    }
+
+    fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
+        self.locked(key, Timestamp::EPOCH, |tx, _, _| {
+            if let Some(mut record) = select_for_update(tx, key)? {
+                record.abandon(token)?;
+                write(tx, &record)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
+        select(&mut **self.shared.client()?, key)
+    }
+
+    fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
+        let mut client = self.shared.client()?;
+        let clock = Clock::read(&self.shared.options, &mut **client, now)?;
+        // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
+        let Some(cutoff) = clock.now.checked_sub(self.policy.retention) else {
+            return Ok(0);
+        };
+        let deleted = client
+            .execute(
+                "DELETE FROM idempotency WHERE key IN \
+                 (SELECT key FROM idempotency WHERE settled_at <= $1 ORDER BY settled_at \
+                  LIMIT $2 FOR UPDATE SKIP LOCKED)",
+                &[
+                    &to_sql_time("now", cutoff)?,
+                    &i64::try_from(batch).unwrap_or(i64::MAX),
+                ],
+            )
+            .map_err(storage)?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+}

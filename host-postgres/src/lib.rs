@@ -1,0 +1,38 @@
+//! The miniflow store on PostgreSQL, for several processes and machines sharing one outbox.
+//!
+//! - [`PostgresStore`]: the [`miniflow_core::Store`] on a pooled set of connections. Commits,
+//!   acknowledgements and failures are short `READ COMMITTED` transactions that read the rows they
+//!   change `FOR UPDATE` and apply the core's rules; claims take the longest-due commands with
+//!   `FOR UPDATE SKIP LOCKED`, so workers on many machines never wait for each other and never hold
+//!   the same command.
+//! - [`PostgresIdempotencyStore`]: a receiver's idempotency records.
+//! - [`Wakeups`]: a `LISTEN` on the hint that committing transactions `NOTIFY`, so idle workers start
+//!   early and otherwise leave the database alone; polling stays the fallback.
+//! - `PostgresDispatcher` (feature `dispatcher`): `Dispatcher::postgres(&store, handler)`, the native
+//!   host's worker pool over a `PostgresStore`, woken by notifications.
+//! - [`PostgresOptions::database_clock`]: one clock for leases (DESIGN rule 18), the database's, so
+//!   workers whose clocks disagree still agree on when a lease ran out.
+//!
+//! The schema is migrated when a store connects: numbered SQL migrations applied in one transaction
+//! under an advisory lock, the version kept in `miniflow_schema`. The tables are those of the SQLite
+//! store (`events`, `outbox`, `timers`, `idempotency`), keyed by workflow ID first.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod connect;
+mod idempotency;
+mod rows;
+mod store;
+mod wakeup;
+
+pub use connect::{PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};
+pub use idempotency::PostgresIdempotencyStore;
+/// The PostgreSQL driver miniflow is built on, re-exported so that the caller's-transaction entry
+/// points ([`PostgresStore::append_in`], …) take a transaction of the same `postgres` version.
+pub use postgres;
+#[doc(hidden)]
+pub use store::hot_queries;
+pub use store::PostgresStore;
+pub use wakeup::Wakeups;
+#[cfg(feature = "dispatcher")]
+pub use wakeup::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};

@@ -1,0 +1,391 @@
+//! Reading and writing miniflow's rows: the columns of each table, each stored value read back with
+//! the column it came from named when it cannot be (DESIGN rule 13).
+
+use miniflow_core::{
+    canonical_json, CommandId, Error, EventRecord, Lease, OutboxRow, Seq, Status, TimerId,
+    TimerRow, Timestamp, WorkflowId,
+};
+use postgres::types::{FromSql, ToSql};
+use postgres::{GenericClient, Row};
+
+use crate::connect::storage;
+
+/// The columns of an [`OutboxRow`], as [`read_outbox_row`] reads them.
+macro_rules! row_columns {
+    () => {
+        "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
+         lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
+         resolution, report_result, result, cancel_requested"
+    };
+}
+
+/// A `SELECT` of whole outbox rows (table alias `o`) followed by `$rest`.
+macro_rules! select_rows {
+    ($rest:literal) => {
+        concat!(
+            "SELECT ",
+            $crate::rows::row_columns!(),
+            " FROM outbox o ",
+            $rest
+        )
+    };
+}
+
+/// A `SELECT` of whole timer rows followed by `$rest`.
+macro_rules! select_timers {
+    ($rest:literal) => {
+        concat!(
+            "SELECT timer_id, name, event_kind, event_payload, fire_at, available_at, status, \
+             created_at, processed_at, last_error FROM timers ",
+            $rest
+        )
+    };
+}
+
+pub(crate) use {row_columns, select_rows, select_timers};
+
+/// SQL parameters.
+pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
+
+/// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
+/// this one cannot parse): its column, and why.
+#[derive(Debug)]
+pub(crate) struct Unreadable {
+    pub(crate) column: &'static str,
+    pub(crate) reason: String,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "column {} {}", self.column, self.reason)
+    }
+}
+
+fn unreadable(column: &'static str, reason: impl std::fmt::Display) -> Unreadable {
+    Unreadable {
+        column,
+        reason: reason.to_string(),
+    }
+}
+
+pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, column: &'static str) -> Result<T, Unreadable> {
+    row.try_get(column)
+        .map_err(|e| unreadable(column, format!("cannot be read: {e}")))
+}
+
+pub(crate) fn time(row: &Row, column: &'static str) -> Result<Timestamp, Unreadable> {
+    let millis: i64 = get(row, column)?;
+    u64::try_from(millis)
+        .map(Timestamp::from_millis)
+        .map_err(|_| unreadable(column, format!("holds the negative time {millis}")))
+}
+
+fn optional_time(row: &Row, column: &'static str) -> Result<Option<Timestamp>, Unreadable> {
+    match get::<Option<i64>>(row, column)? {
+        Some(_) => time(row, column).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn json(row: &Row, column: &'static str) -> Result<serde_json::Value, Unreadable> {
+    let text: &str = get(row, column)?;
+    serde_json::from_str(text)
+        .map_err(|e| unreadable(column, format!("cannot be read as JSON: {e}")))
+}
+
+fn optional_json(row: &Row, column: &'static str) -> Result<Option<serde_json::Value>, Unreadable> {
+    match get::<Option<&str>>(row, column)? {
+        Some(_) => json(row, column).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn count(row: &Row, column: &'static str) -> Result<u32, Unreadable> {
+    let n: i64 = get(row, column)?;
+    u32::try_from(n).map_err(|_| unreadable(column, format!("holds {n}, out of range")))
+}
+
+pub(crate) fn command_id(row: &Row) -> Result<CommandId, Unreadable> {
+    let workflow_id = WorkflowId::new(get::<String>(row, "workflow_id")?)
+        .map_err(|e| unreadable("workflow_id", e))?;
+    let seq: i64 = get(row, "event_seq")?;
+    let seq = u64::try_from(seq)
+        .ok()
+        .and_then(|s| Seq::new(s).ok())
+        .ok_or_else(|| unreadable("event_seq", format!("holds {seq}, out of range")))?;
+    let idx: i64 = get(row, "idx")?;
+    let index =
+        u32::try_from(idx).map_err(|_| unreadable("idx", format!("holds {idx}, out of range")))?;
+    CommandId::new(workflow_id, seq, index).map_err(|e| unreadable("idx", e))
+}
+
+/// The command ID an outbox row's key columns spell, whatever they hold.
+pub(crate) fn raw_command_id(row: &Row) -> String {
+    let workflow_id: String = row.try_get("workflow_id").unwrap_or_else(|_| "?".into());
+    let seq: i64 = row.try_get("event_seq").unwrap_or_default();
+    let idx: i64 = row.try_get("idx").unwrap_or_default();
+    format!("{workflow_id}:{seq}:{idx}")
+}
+
+pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
+    let lease = match get::<Option<String>>(row, "lease_owner")? {
+        Some(owner) => Some(Lease {
+            owner,
+            expires_at: time(row, "lease_expires_at")?,
+            token: u64::try_from(get::<i64>(row, "lease_token")?)
+                .map_err(|_| unreadable("lease_token", "holds a negative token"))?,
+        }),
+        None => None,
+    };
+    Ok(OutboxRow {
+        command_id: command_id(row)?,
+        kind: get(row, "kind")?,
+        payload: json(row, "payload")?,
+        status: get::<&str>(row, "status")?
+            .parse()
+            .map_err(|e| unreadable("status", e))?,
+        attempts: count(row, "attempts")?,
+        last_error: get(row, "last_error")?,
+        available_at: time(row, "available_at")?,
+        lease,
+        created_at: time(row, "created_at")?,
+        processed_at: optional_time(row, "processed_at")?,
+        manual_retries: count(row, "manual_retries")?,
+        resolution: get(row, "resolution")?,
+        report_result: get(row, "report_result")?,
+        result: optional_json(row, "result")?,
+        cancel_requested: get(row, "cancel_requested")?,
+    })
+}
+
+/// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
+/// that read, a null payload, and empty values for the others; `None` when its key columns do not
+/// spell a command ID (then there is no workflow to tell).
+pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
+    Some(OutboxRow {
+        command_id: command_id(row).ok()?,
+        kind: get(row, "kind").unwrap_or_default(),
+        payload: serde_json::Value::Null,
+        status: get::<&str>(row, "status")
+            .ok()
+            .and_then(|status| status.parse().ok())
+            .unwrap_or(Status::Pending),
+        attempts: count(row, "attempts").unwrap_or_default(),
+        last_error: None,
+        available_at: time(row, "available_at").unwrap_or_default(),
+        lease: None,
+        created_at: time(row, "created_at").unwrap_or_default(),
+        processed_at: None,
+        manual_retries: count(row, "manual_retries").unwrap_or_default(),
+        resolution: None,
+        report_result: get(row, "report_result").unwrap_or_default(),
+        result: None,
+        cancel_requested: get(row, "cancel_requested").unwrap_or_default(),
+    })
+}
+
+pub(crate) fn read_timer(row: &Row) -> Result<TimerRow, Unreadable> {
+    Ok(TimerRow {
+        timer_id: get::<&str>(row, "timer_id")?
+            .parse()
+            .map_err(|e| unreadable("timer_id", e))?,
+        name: get(row, "name")?,
+        event_kind: get(row, "event_kind")?,
+        event_payload: json(row, "event_payload")?,
+        fire_at: time(row, "fire_at")?,
+        available_at: time(row, "available_at")?,
+        status: get::<&str>(row, "status")?
+            .parse()
+            .map_err(|e| unreadable("status", e))?,
+        created_at: time(row, "created_at")?,
+        processed_at: optional_time(row, "processed_at")?,
+        last_error: get(row, "last_error")?,
+    })
+}
+
+/// Every outbox row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming the command
+/// and the column.
+pub(crate) fn query_rows(
+    client: &mut impl GenericClient,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<Vec<OutboxRow>, Error> {
+    client
+        .query(sql, params)
+        .map_err(storage)?
+        .iter()
+        .map(|row| {
+            read_outbox_row(row)
+                .map_err(|why| Error::Corrupt(format!("command {}: {why}", raw_command_id(row))))
+        })
+        .collect()
+}
+
+/// Every timer `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and the column.
+pub(crate) fn query_timers(
+    client: &mut impl GenericClient,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<Vec<TimerRow>, Error> {
+    client
+        .query(sql, params)
+        .map_err(storage)?
+        .iter()
+        .map(|row| {
+            read_timer(row).map_err(|why| {
+                let id: String = row.try_get("timer_id").unwrap_or_else(|_| "?".into());
+                Error::Corrupt(format!("timer {id}: {why}"))
+            })
+        })
+        .collect()
+}
+
+/// The events of `workflow_id` in seq order, as `client` sees them.
+pub(crate) fn load_events(
+    client: &mut impl GenericClient,
+    workflow_id: &WorkflowId,
+) -> Result<Vec<EventRecord>, Error> {
+    let rows = client
+        .query(
+            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = $1 ORDER BY seq",
+            &[&workflow_id.as_str()],
+        )
+        .map_err(storage)?;
+    rows.iter()
+        .map(|row| {
+            let read = || -> Result<EventRecord, Unreadable> {
+                let seq: i64 = get(row, "seq")?;
+                Ok(EventRecord {
+                    workflow_id: workflow_id.clone(),
+                    seq: u64::try_from(seq)
+                        .ok()
+                        .and_then(|s| Seq::new(s).ok())
+                        .ok_or_else(|| unreadable("seq", format!("holds {seq}, out of range")))?,
+                    kind: get(row, "kind")?,
+                    payload: json(row, "payload")?,
+                    recorded_at: time(row, "recorded_at")?,
+                })
+            };
+            read().map_err(|why| {
+                let seq: i64 = row.try_get("seq").unwrap_or_default();
+                Error::Corrupt(format!("event {workflow_id}#{seq}: {why}"))
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
+    i64::try_from(t.as_millis())
+        .map_err(|_| Error::invalid(field, t, "is past the year 292 million"))
+}
+
+fn to_sql_u64(field: &'static str, n: u64) -> Result<i64, Error> {
+    i64::try_from(n).map_err(|_| Error::invalid(field, n, "is too large to store"))
+}
+
+/// A token as an SQL parameter; a token too large to store matches no lease.
+pub(crate) fn token_param(token: u64) -> i64 {
+    i64::try_from(token).unwrap_or(-1)
+}
+
+/// Free text (an error, a note) as PostgreSQL stores it: its `TEXT` holds no NUL character, so each
+/// one becomes U+FFFD.
+pub(crate) fn text(value: &str) -> std::borrow::Cow<'_, str> {
+    if value.contains('\0') {
+        std::borrow::Cow::Owned(value.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(value)
+    }
+}
+
+pub(crate) fn id_params(id: &CommandId) -> (&str, i64, i64) {
+    (
+        id.workflow_id().as_str(),
+        i64::try_from(id.event_seq().get()).unwrap_or(i64::MAX),
+        i64::from(id.index()),
+    )
+}
+
+/// Writes back every column an [`OutboxRow`] method may change.
+pub(crate) fn write_row(client: &mut impl GenericClient, row: &OutboxRow) -> Result<(), Error> {
+    let (w, s, i) = id_params(&row.command_id);
+    let lease = row.lease.as_ref();
+    let lease_expires_at = lease
+        .map(|l| to_sql_time("lease_expires_at", l.expires_at))
+        .transpose()?;
+    let processed_at = row
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    let available_at = to_sql_time("available_at", row.available_at)?;
+    let token = to_sql_u64("lease_token", row.token())?;
+    let last_error = row.last_error.as_deref().map(text);
+    let resolution = row.resolution.as_deref().map(text);
+    client
+        .execute(
+            "UPDATE outbox SET status = $4, attempts = $5, last_error = $6, available_at = $7, \
+             lease_owner = $8, lease_expires_at = $9, lease_token = $10, processed_at = $11, \
+             manual_retries = $12, resolution = $13, result = $14, cancel_requested = $15 \
+             WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
+            &[
+                &w,
+                &s,
+                &i,
+                &row.status.as_str(),
+                &i64::from(row.attempts),
+                &last_error.as_deref(),
+                &available_at,
+                &lease.map(|l| l.owner.as_str()),
+                &lease_expires_at,
+                &token,
+                &processed_at,
+                &i64::from(row.manual_retries),
+                &resolution.as_deref(),
+                &row.result.as_ref().map(canonical_json),
+                &row.cancel_requested,
+            ],
+        )
+        .map_err(storage)?;
+    Ok(())
+}
+
+pub(crate) fn insert_timer(client: &mut impl GenericClient, timer: &TimerRow) -> Result<(), Error> {
+    let processed_at = timer
+        .processed_at
+        .map(|t| to_sql_time("processed_at", t))
+        .transpose()?;
+    client
+        .execute(
+            "INSERT INTO timers (workflow_id, timer_id, name, event_kind, event_payload, fire_at, \
+             available_at, status, created_at, processed_at, last_error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            &[
+                &timer.timer_id.workflow_id().as_str(),
+                &timer.timer_id.to_string(),
+                &timer.name,
+                &timer.event_kind,
+                &canonical_json(&timer.event_payload),
+                &to_sql_time("fire_at", timer.fire_at)?,
+                &to_sql_time("available_at", timer.available_at)?,
+                &timer.status.as_str(),
+                &to_sql_time("now", timer.created_at)?,
+                &processed_at,
+                &timer.last_error.as_deref().map(text),
+            ],
+        )
+        .map_err(storage)?;
+    Ok(())
+}
+
+pub(crate) fn timer_exists(
+    client: &mut impl GenericClient,
+    timer_id: &TimerId,
+) -> Result<bool, Error> {
+    client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = $1)",
+            &[&timer_id.to_string()],
+        )
+        .and_then(|row| row.try_get(0))
+        .map_err(storage)
+}

@@ -1,0 +1,1227 @@
+//! [`PostgresStore`]: the miniflow [`Store`] on a PostgreSQL database.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use miniflow_core::prelude::*;
+use miniflow_core::{
+    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, OutboxRow, RetryPolicy, Seq,
+    Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+};
+use postgres::tls::{MakeTlsConnect, TlsConnect};
+use postgres::{Config, GenericClient, Row, Socket, Transaction};
+
+use crate::connect::{
+    is_unique_violation, storage, Clock, PooledClient, PostgresOptions, Shared, NOTIFY_CHANNEL,
+};
+use crate::rows::{
+    id_params, insert_timer, load_events, query_rows, query_timers, raw_command_id,
+    read_outbox_row, read_timer, salvage, select_rows, select_timers, text, timer_exists,
+    to_sql_time, token_param, write_row, Params, Unreadable,
+};
+use crate::wakeup::Wakeups;
+
+/// The miniflow [`Store`] on PostgreSQL, for several processes and machines sharing one outbox.
+///
+/// A `PostgresStore` is a handle on a pool of connections: clone it for each thread (the clones
+/// share the pool), or let a dispatcher do it. Every write is one short transaction in PostgreSQL's
+/// default `READ COMMITTED` isolation: the rows an operation changes are read `FOR UPDATE`, changed by
+/// the core's rules ([`OutboxRow`], [`TimerRow`]) and written back with the feedback they schedule,
+/// and a claim takes the longest-due commands with `FOR UPDATE SKIP LOCKED`, so claiming workers
+/// never wait for each other and never take the same command.
+///
+/// ```no_run
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+/// use miniflow_postgres::PostgresStore;
+/// use serde_json::json;
+///
+/// let mut store = PostgresStore::connect("postgresql://app@db.internal/flow")?;
+/// let trip = WorkflowId::new("trip-001")?;
+/// let decision = Decision::new().command(Command::new("lock_budget", json!({ "trip_id": "trip-001" })));
+/// let event = Event::new("trip_requested", json!({ "city": "成都" }));
+/// store.append_with_commands(&Commit::new(trip, Seq::ZERO, event, decision, Timestamp::from_millis(0))?)?;
+/// assert_eq!(store.pending(10)?[0].command_id.to_string(), "trip-001:1:0");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    shared: Shared,
+    wakeups: Option<(Wakeups, Duration)>,
+    /// Idle claims skipped until a wake-up (see [`PostgresStore::woken_by`]).
+    idle_commands: Idle,
+    idle_timers: Idle,
+}
+
+/// When an idle store asks the database again: after a notification newer than `generation`, or at
+/// `until` (the next due time it saw, or the fallback poll).
+#[derive(Debug, Clone, Copy, Default)]
+struct Idle(Option<(u64, Instant)>);
+
+impl PostgresStore {
+    /// Connects to the database at `url` (`postgresql://user:password@host:port/database`, or
+    /// `host=… user=… dbname=…`) without TLS, with the default [`PostgresOptions`], and brings its
+    /// schema up to date.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL; [`Error::Storage`] when the server cannot be
+    /// reached or may lose commits (see [`PostgresOptions::require_durable_commits`]);
+    /// [`Error::UnsupportedSchema`] when a newer miniflow migrated the database (it is left as it is).
+    pub fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, &PostgresOptions::default())
+    }
+
+    /// As [`PostgresStore::connect`], with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresStore::connect`], and [`Error::InvalidInput`] for options out of bounds.
+    pub fn connect_with(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
+        Ok(Self::from_shared(Shared::connect(url, options)?))
+    }
+
+    /// Connects with a parsed `config` through the TLS connector `tls` (e.g. from
+    /// `postgres-native-tls` or `postgres-openssl`).
+    ///
+    /// # Errors
+    ///
+    /// As [`PostgresStore::connect_with`].
+    pub fn connect_tls<T>(config: Config, tls: T, options: &PostgresOptions) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::TlsConnect: Send,
+        T::Stream: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        Ok(Self::from_shared(Shared::connect_tls(
+            config, tls, options,
+        )?))
+    }
+
+    fn from_shared(shared: Shared) -> Self {
+        Self {
+            shared,
+            wakeups: None,
+            idle_commands: Idle::default(),
+            idle_timers: Idle::default(),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    /// The options the store was connected with.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.shared.options
+    }
+
+    /// A connection from the store's pool, for diagnostics, tests and the caller's own transactions
+    /// ([`PostgresStore::append_in`]). Writing miniflow's tables through it bypasses every rule
+    /// miniflow keeps.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when no connection can be had within the connect timeout.
+    pub fn client(&self) -> Result<PooledClient, Error> {
+        self.shared.client()
+    }
+
+    /// This store, skipping the database on idle polls: after a claim (or a timer claim) that found
+    /// nothing, the next ones return at once without a query until `wakeups` hears a notification,
+    /// the earliest due time that claim saw arrives, or `fallback` has passed. A worker that polls
+    /// often then costs the database one query per `fallback` while idle, and still starts within
+    /// its poll interval of a notifying commit. `fallback` catches what no notification announces
+    /// (a transaction that locked due rows and rolled back, a listener reconnecting).
+    #[must_use]
+    pub fn woken_by(mut self, wakeups: &Wakeups, fallback: Duration) -> Self {
+        self.wakeups = Some((wakeups.clone(), fallback));
+        self.idle_commands = Idle::default();
+        self.idle_timers = Idle::default();
+        self
+    }
+
+    /// Writes `commit` inside the caller's own transaction `tx`, so the caller's rows commit together
+    /// with the event and its commands, or not at all. The store never commits `tx`; on an error
+    /// nothing of the commit stays in it (a savepoint is rolled back) and the caller decides whether
+    /// to roll back the rest. `tx` must be on the store's database, in `READ COMMITTED` or stronger.
+    ///
+    /// ```no_run
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+    /// use miniflow_postgres::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect("postgresql://app@db.internal/shop")?;
+    /// let mut client = store.client()?;
+    /// let mut tx = client.transaction()?;
+    /// tx.execute("INSERT INTO orders VALUES ('order-7', 1200)", &[])?;
+    /// let order = WorkflowId::new("order-7")?;
+    /// let decision = Decision::new().command(Command::new("charge_card", json!({ "amount": 1200 })));
+    /// let commit = Commit::new(order, Seq::ZERO, Event::new("placed", json!({})), decision, Timestamp::from_millis(0))?;
+    /// store.append_in(&mut tx, &commit)?;
+    /// tx.commit()?; // the order row, the event and its command, together
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`EventLog::append_with_commands`].
+    pub fn append_in(&self, tx: &mut Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+        let mut savepoint = tx.transaction().map_err(storage)?;
+        let clock = self.clock(&mut savepoint, commit.now())?;
+        match write_commit(&mut savepoint, commit, clock) {
+            Ok(notify) => {
+                self.notify_if(&mut savepoint, notify)?;
+                savepoint.commit().map_err(storage)
+            }
+            Err(CommitError::Raced) => {
+                drop(savepoint);
+                let actual = last_seq(tx, commit.workflow_id())?;
+                Err(commit.conflict(actual))
+            }
+            Err(CommitError::Failed(e)) => Err(e),
+        }
+    }
+
+    /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
+    /// decides, and writes the commit with [`PostgresStore::append_in`]. A concurrent commit of the
+    /// same workflow makes it fail with [`Error::Conflict`]; the caller rolls back and tries again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_in<W: Workflow>(
+        &self,
+        tx: &mut Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let events = load_events(tx, workflow_id)?;
+        let commit = engine.plan(&events, workflow_id, event, now)?;
+        self.append_in(tx, &commit)?;
+        Ok(Handled::of(&commit, 0))
+    }
+
+    /// The store's `now` for an operation the caller made at `now` (see
+    /// [`PostgresOptions::database_clock`]).
+    fn clock(&self, client: &mut impl GenericClient, now: Timestamp) -> Result<Clock, Error> {
+        Clock::read(&self.shared.options, client, now)
+    }
+
+    /// Raises the wake-up hint in `tx` when `work` says it made work claimable.
+    fn notify_if(&self, tx: &mut Transaction<'_>, work: bool) -> Result<(), Error> {
+        if work && self.shared.options.notifies() {
+            tx.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
+                .map_err(storage)?;
+        }
+        Ok(())
+    }
+
+    /// Applies `change` to one row, read `FOR UPDATE`, inside one transaction; an error rolls it
+    /// back. The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
+    fn update<T>(
+        &mut self,
+        command_id: &CommandId,
+        now: Timestamp,
+        change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error>,
+    ) -> Result<(T, Clock), Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let clock = self.clock(&mut tx, now)?;
+        let (w, s, i) = id_params(command_id);
+        let row = query_rows(&mut tx, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
+            .pop()
+            .ok_or_else(|| Error::UnknownCommand {
+                command_id: command_id.clone(),
+            })?;
+        let before = row.status;
+        let changed = row.change(clock.now, |row| change(row, clock.now))?;
+        let fed_back = write_change(&mut tx, &changed)?;
+        self.notify_if(&mut tx, fed_back || changed.row.status != before)?;
+        tx.commit().map_err(storage)?;
+        Ok((changed.value, clock))
+    }
+
+    /// Whether an idle claim may skip the database (see [`PostgresStore::woken_by`]).
+    fn still_idle(&self, idle: Idle) -> bool {
+        match (&self.wakeups, idle.0) {
+            (Some((wakeups, _)), Some((generation, until))) => {
+                wakeups.generation() == generation && Instant::now() < until
+            }
+            _ => false,
+        }
+    }
+
+    /// The notification generation before a poll, to sleep on after it.
+    fn generation(&self) -> u64 {
+        self.wakeups.as_ref().map_or(0, |(w, _)| w.generation())
+    }
+
+    /// How long a poll that found nothing at `now` may sleep: until `next` (the next due time it saw)
+    /// or the fallback poll, whichever comes first.
+    fn idle_after(&self, generation: u64, now: Timestamp, next: Option<Timestamp>) -> Idle {
+        let Some((_, fallback)) = &self.wakeups else {
+            return Idle::default();
+        };
+        let until_due = next.map_or(*fallback, |next| next.saturating_since(now));
+        Idle(Some((
+            generation,
+            Instant::now() + until_due.min(*fallback),
+        )))
+    }
+
+    /// Whether anything is due at the caller's `now` in the table `due_sql` asks about, and the next
+    /// time something is due after it, in the store's clock: one query, outside any transaction, so
+    /// idle workers take no lock.
+    fn due(
+        &self,
+        due_sql: &str,
+        now: Timestamp,
+    ) -> Result<(Timestamp, bool, Option<Timestamp>), Error> {
+        let caller = if self.shared.options.uses_database_clock() {
+            None
+        } else {
+            Some(to_sql_time("now", now)?)
+        };
+        let mut client = self.shared.client()?;
+        let row = client.query_one(due_sql, &[&caller]).map_err(storage)?;
+        let read =
+            |column| crate::rows::time(&row, column).map_err(|why| Error::Corrupt(why.to_string()));
+        let store_now = read("now")?;
+        let due: bool = row.try_get("due").map_err(storage)?;
+        let next = match row.try_get::<_, Option<i64>>("next").map_err(storage)? {
+            Some(_) => Some(read("next")?),
+            None => None,
+        };
+        Ok((store_now, due, next))
+    }
+
+    /// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
+    /// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
+    fn read_readable(&self, sql: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        let mut client = self.shared.client()?;
+        let mut out = Vec::new();
+        let mut after = (String::new(), i64::MIN, i64::MIN);
+        while out.len() < limit {
+            let wanted = limit - out.len();
+            let page = client
+                .query(sql, &[&after.0, &after.1, &after.2, &sql_limit(wanted)])
+                .map_err(storage)?;
+            for row in &page {
+                after = (
+                    row.try_get("workflow_id").map_err(storage)?,
+                    row.try_get("event_seq").map_err(storage)?,
+                    row.try_get("idx").map_err(storage)?,
+                );
+                if let Ok(outbox_row) = read_outbox_row(row) {
+                    out.push(outbox_row);
+                }
+            }
+            if page.len() < wanted {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A row count as an SQL `LIMIT`.
+fn sql_limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+const SELECT_ONE: &str = select_rows!("WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3");
+const SELECT_ONE_FOR_UPDATE: &str =
+    select_rows!("WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3 FOR UPDATE");
+/// Keyset pages of the unfinished rows, in command ID order.
+const SELECT_PENDING: &str = select_rows!(
+    "WHERE processed_at IS NULL AND (workflow_id, event_seq, idx) > ($1, $2, $3) \
+     ORDER BY workflow_id, event_seq, idx LIMIT $4"
+);
+const SELECT_DEAD: &str = select_rows!(
+    "WHERE status = 'dead' AND (workflow_id, event_seq, idx) > ($1, $2, $3) \
+     ORDER BY workflow_id, event_seq, idx LIMIT $4"
+);
+const SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE: &str = select_rows!(
+    "WHERE workflow_id = $1 AND processed_at IS NULL ORDER BY event_seq, idx FOR UPDATE"
+);
+const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = $1 ORDER BY event_seq, idx");
+/// A claim reads its candidates in pages, in claim order, each page after the key `($3, $4, $5, $6)`
+/// of the last candidate it looked at, skipping rows another claim holds (see [`claim_in`]).
+const CLAIM_DUE_FIRST: &str = select_rows!(
+    "WHERE processed_at IS NULL AND available_at <= $1 \
+     AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
+);
+const CLAIM_STRICT: &str = select_rows!(
+    "WHERE processed_at IS NULL AND available_at <= $1 \
+     AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
+     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
+         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
+);
+/// The store's `now` (`$1`, or the database's clock when `$1` is null), whether a command is due, and
+/// when the next one is due after it: three reads of the first entries of `outbox_due`. (`now` comes
+/// from a CTE because `clock_timestamp()` is volatile: compared row by row, it could bound no index.)
+const COMMANDS_DUE: &str = "WITH clock AS (SELECT COALESCE($1::bigint, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now), \
+     first AS (SELECT min(available_at) AS at FROM outbox WHERE processed_at IS NULL) \
+     SELECT clock.now, COALESCE(first.at <= clock.now, FALSE) AS due, \
+         (SELECT min(available_at) FROM outbox \
+          WHERE processed_at IS NULL AND available_at > clock.now) AS next \
+     FROM clock, first";
+/// As [`COMMANDS_DUE`], for the timers (`timers_due`).
+const TIMERS_DUE: &str = "WITH clock AS (SELECT COALESCE($1::bigint, \
+         floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now), \
+     first AS (SELECT min(available_at) AS at FROM timers WHERE processed_at IS NULL) \
+     SELECT clock.now, COALESCE(first.at <= clock.now, FALSE) AS due, \
+         (SELECT min(available_at) FROM timers \
+          WHERE processed_at IS NULL AND available_at > clock.now) AS next \
+     FROM clock, first";
+const CLAIM_TIMERS: &str = select_timers!(
+    "WHERE processed_at IS NULL AND available_at <= $1 ORDER BY available_at, timer_id LIMIT $2 \
+     FOR UPDATE SKIP LOCKED"
+);
+const SELECT_TIMER_FOR_UPDATE: &str = select_timers!("WHERE timer_id = $1 FOR UPDATE");
+const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = $1 ORDER BY timer_id");
+/// The oldest done rows first; rows another purge is deleting are left to it.
+const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
+     (SELECT workflow_id, event_seq, idx FROM outbox \
+      WHERE status IN ('done', 'cancelled') AND processed_at <= $1 \
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Why a commit did not apply.
+enum CommitError {
+    /// Another commit wrote the workflow's next event first (a unique violation on the event's key).
+    Raced,
+    Failed(Error),
+}
+
+impl From<Error> for CommitError {
+    fn from(e: Error) -> Self {
+        CommitError::Failed(e)
+    }
+}
+
+fn last_seq(client: &mut impl GenericClient, workflow_id: &WorkflowId) -> Result<Seq, Error> {
+    let actual: i64 = client
+        .query_one(
+            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = $1",
+            &[&workflow_id.as_str()],
+        )
+        .and_then(|row| row.try_get(0))
+        .map_err(storage)?;
+    Seq::new(u64::try_from(actual).unwrap_or(0))
+}
+
+/// Writes `commit` on `tx` (see [`EventLog::append_with_commands`] for what is written), its times in
+/// the store's clock; returns whether it made work claimable (commands or timers).
+fn write_commit(
+    tx: &mut Transaction<'_>,
+    commit: &Commit,
+    clock: Clock,
+) -> Result<bool, CommitError> {
+    let workflow_id = commit.workflow_id().as_str();
+    let actual = last_seq(tx, commit.workflow_id())?;
+    if actual != commit.expected_seq() {
+        return Err(commit.conflict(actual).into());
+    }
+    for event in commit.events() {
+        let inserted = tx.execute(
+            "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+             VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &workflow_id,
+                &i64::try_from(event.seq.get()).unwrap_or(i64::MAX),
+                &event.kind,
+                &canonical_json(&event.payload),
+                &to_sql_time("now", clock.inward(event.recorded_at))?,
+            ],
+        );
+        match inserted {
+            Err(e) if is_unique_violation(&e, "events_pkey") => return Err(CommitError::Raced),
+            other => {
+                other.map_err(storage)?;
+            }
+        }
+    }
+    if let Some(timer_id) = commit.fires() {
+        fire_timer(tx, timer_id, clock.now)?;
+    }
+    cancel_commands(tx, commit, clock.now)?;
+    for row in commit.commands() {
+        let created_at = to_sql_time("now", clock.inward(row.created_at))?;
+        tx.execute(
+            "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
+             available_at, created_at, report_result) \
+             VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $7)",
+            &[
+                &workflow_id,
+                &i64::try_from(row.command_id.event_seq().get()).unwrap_or(i64::MAX),
+                &i64::from(row.command_id.index()),
+                &row.kind,
+                &canonical_json(&row.payload),
+                &created_at,
+                &row.report_result,
+            ],
+        )
+        .map_err(storage)?;
+    }
+    let now = to_sql_time("now", clock.now)?;
+    for name in commit.cancel_timers() {
+        tx.execute(
+            "UPDATE timers SET status = 'cancelled', processed_at = $3 \
+             WHERE workflow_id = $1 AND name = $2 AND processed_at IS NULL",
+            &[&workflow_id, name, &now],
+        )
+        .map_err(storage)?;
+    }
+    for timer in commit.timers() {
+        let mut timer = timer.clone();
+        timer.fire_at = clock.inward(timer.fire_at);
+        timer.available_at = clock.inward(timer.available_at);
+        timer.created_at = clock.inward(timer.created_at);
+        insert_timer(tx, &timer)?;
+    }
+    Ok(!commit.commands().is_empty() || !commit.timers().is_empty())
+}
+
+/// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
+/// ([`OutboxRow::cancel`]).
+fn cancel_commands(tx: &mut Transaction<'_>, commit: &Commit, now: Timestamp) -> Result<(), Error> {
+    if commit.cancel_commands().is_empty() {
+        return Ok(());
+    }
+    let rows = query_rows(
+        tx,
+        SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE,
+        &[&commit.workflow_id().as_str()],
+    )?;
+    for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
+        if row.cancel(now) != Cancelled::Unchanged {
+            write_row(tx, &row)?;
+        }
+    }
+    Ok(())
+}
+
+/// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
+fn fire_timer(tx: &mut Transaction<'_>, timer_id: &TimerId, now: Timestamp) -> Result<(), Error> {
+    let mut timer = query_timers(tx, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
+        .pop()
+        .ok_or_else(|| Error::TimerNotScheduled {
+            timer_id: timer_id.to_string(),
+            status: "unknown",
+        })?;
+    timer.fire(now)?;
+    tx.execute(
+        "UPDATE timers SET status = 'fired', processed_at = $2 WHERE timer_id = $1",
+        &[&timer_id.to_string(), &to_sql_time("now", now)?],
+    )
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// Writes a row change the core computed ([`OutboxRow::change`]) and the feedback it schedules, in
+/// the caller's transaction; says whether there was feedback.
+fn write_change<T>(client: &mut impl GenericClient, changed: &Changed<T>) -> Result<bool, Error> {
+    write_row(client, &changed.row)?;
+    match &changed.feedback {
+        Some(timer) => insert_timer(client, timer).map(|()| true),
+        None => Ok(false),
+    }
+}
+
+/// A claim candidate's key in claim order: `(available_at, workflow_id, event_seq, idx)`.
+type ClaimKey = (i64, String, i64, i64);
+
+/// A command a claim looked at: its key, and its row, or what the claim needs to bury a row that
+/// cannot be read.
+struct Candidate {
+    key: ClaimKey,
+    row: Result<OutboxRow, Unclaimable>,
+}
+
+/// A candidate that cannot be read: which row, why, and what could be read of it.
+struct Unclaimable {
+    name: String,
+    why: Unreadable,
+    salvaged: Option<OutboxRow>,
+}
+
+impl Candidate {
+    fn read(row: &Row) -> Result<Self, Error> {
+        let key = (
+            row.try_get("available_at").map_err(storage)?,
+            row.try_get("workflow_id").map_err(storage)?,
+            row.try_get("event_seq").map_err(storage)?,
+            row.try_get("idx").map_err(storage)?,
+        );
+        let row = read_outbox_row(row).map_err(|why| Unclaimable {
+            name: raw_command_id(row),
+            why,
+            salvaged: salvage(row),
+        });
+        Ok(Self { key, row })
+    }
+}
+
+/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
+/// claim order, like every store (see [`OutboxRow::claim`]); rows another claim holds are skipped.
+/// Returns the deliveries and whether the claim scheduled feedback.
+///
+/// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
+/// out on its last allowed attempt (or whose command was cancelled), and a row that cannot be read
+/// (DESIGN rule 13, see [`bury_unreadable`]). So the claim reads on, a page of what it still needs
+/// at a time, after the last candidate it looked at.
+fn claim_in(
+    tx: &mut Transaction<'_>,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<(Vec<Delivery>, bool), Error> {
+    let sql = match request.order {
+        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
+        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
+    };
+    let now_sql = to_sql_time("now", now)?;
+    let mut after: ClaimKey = (i64::MIN, String::new(), i64::MIN, i64::MIN);
+    // What this claim already looked at: in strict order a burial lets the next command of its
+    // workflow qualify, which was no candidate when the claim began, so it is not taken now.
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen_workflows: HashSet<String> = HashSet::new();
+    let mut deliveries = Vec::new();
+    let mut fed_back = false;
+    while deliveries.len() < request.limit {
+        let wanted = request.limit - deliveries.len();
+        let params: [&(dyn postgres::types::ToSql + Sync); 6] = [
+            &now_sql,
+            &sql_limit(wanted),
+            &after.0,
+            &after.1,
+            &after.2,
+            &after.3,
+        ];
+        let page = tx
+            .query(sql, &params)
+            .map_err(storage)?
+            .iter()
+            .map(Candidate::read)
+            .collect::<Result<Vec<_>, _>>()?;
+        let full_page = page.len() == wanted;
+        let leased_before = deliveries.len();
+        for candidate in page {
+            after = candidate.key.clone();
+            let workflow = after.1.clone();
+            let first_look = match request.order {
+                ClaimOrder::DueFirst => seen.insert(format!("{workflow}:{}:{}", after.2, after.3)),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+            };
+            if !first_look {
+                continue;
+            }
+            match candidate.row {
+                Ok(row) => {
+                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
+                    match changed.value {
+                        Some(ref delivery) => deliveries.push(delivery.clone()),
+                        None => fed_back |= write_change(tx, &changed)?,
+                    }
+                }
+                Err(unclaimable) => fed_back |= bury_unreadable(tx, &after, unclaimable, now)?,
+            }
+        }
+        write_leases(tx, request, &deliveries[leased_before..])?;
+        if !full_page {
+            break;
+        }
+    }
+    Ok((deliveries, fed_back))
+}
+
+/// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
+/// path of [`Outbox::claim`].
+fn write_leases(
+    tx: &mut Transaction<'_>,
+    request: &ClaimRequest,
+    deliveries: &[Delivery],
+) -> Result<(), Error> {
+    let Some(first) = deliveries.first() else {
+        return Ok(());
+    };
+    let mut workflows = Vec::with_capacity(deliveries.len());
+    let (mut seqs, mut indexes, mut attempts, mut tokens) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for delivery in deliveries {
+        let (w, s, i) = id_params(&delivery.command_id);
+        workflows.push(w);
+        seqs.push(s);
+        indexes.push(i);
+        attempts.push(i64::from(delivery.attempt));
+        tokens.push(token_param(delivery.token));
+    }
+    // One claim gives every lease the same owner and expiry.
+    let expires_at = to_sql_time("lease_expires_at", first.lease_expires_at)?;
+    tx.execute(
+        "UPDATE outbox o SET status = 'leased', attempts = c.attempts, available_at = $6, \
+         lease_owner = $7, lease_expires_at = $6, lease_token = c.token \
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) \
+             AS c (workflow_id, event_seq, idx, attempts, token) \
+         WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx",
+        &[
+            &workflows,
+            &seqs,
+            &indexes,
+            &attempts,
+            &tokens,
+            &expires_at,
+            &request.worker,
+        ],
+    )
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no
+/// other delivery (DESIGN rule 13): dead, `last_error` naming the column and the reason, processed at
+/// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
+/// that could be read. Its other columns stay as they are, for whoever repairs it. Says whether it
+/// scheduled feedback.
+fn bury_unreadable(
+    tx: &mut Transaction<'_>,
+    key: &ClaimKey,
+    unclaimable: Unclaimable,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let reason = format!(
+        "the stored command could not be read: command {}: {}",
+        unclaimable.name, unclaimable.why
+    );
+    let (_, workflow_id, event_seq, idx) = key;
+    // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
+    // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
+    let (status, last_error, feedback) = match unclaimable.salvaged {
+        Some(row) => {
+            let changed = row.change(now, |row| {
+                row.bury(reason, now);
+                Ok(())
+            })?;
+            (changed.row.status, changed.row.last_error, changed.feedback)
+        }
+        None => (Status::Dead, Some(reason), None),
+    };
+    tx.execute(
+        "UPDATE outbox SET status = $4, last_error = $5, processed_at = $6 \
+         WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
+        &[
+            workflow_id,
+            event_seq,
+            idx,
+            &status.as_str(),
+            &last_error.as_deref().map(text),
+            &to_sql_time("now", now)?,
+        ],
+    )
+    .map_err(storage)?;
+    match feedback {
+        // A count of manual retries that could not be read may name a failure already reported.
+        Some(timer) if !timer_exists(tx, &timer.timer_id)? => {
+            insert_timer(tx, &timer).map(|()| true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// An acknowledgement; returns whether it made work claimable (feedback, or a later command of the
+/// workflow no longer held back in strict order). The fast path is one `UPDATE` guarded by the
+/// lease, for a command that feeds nothing back; on a miss, the row is read `FOR UPDATE`: a command
+/// that reports its completion is settled by the shared rule ([`OutboxRow::complete`]) with its
+/// feedback, and anything else is explained by [`OutboxRow::check_lease`].
+fn complete_in(
+    tx: &mut Transaction<'_>,
+    id: &CommandId,
+    token: u64,
+    result: Option<&serde_json::Value>,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let (w, s, i) = id_params(id);
+    if let Some(result) = result {
+        miniflow_core::JsonLimits::default().check("result", result)?;
+    }
+    let done = tx
+        .query(
+            "UPDATE outbox SET status = 'done', processed_at = $5, result = $6 \
+             WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3 \
+             AND status = 'leased' AND lease_token = $4 \
+             AND NOT report_result AND NOT cancel_requested \
+             RETURNING EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = $1 \
+                 AND e.processed_at IS NULL AND (e.event_seq, e.idx) > ($2, $3))",
+            &[
+                &w,
+                &s,
+                &i,
+                &token_param(token),
+                &to_sql_time("now", now)?,
+                &result.map(canonical_json),
+            ],
+        )
+        .map_err(storage)?;
+    if let Some(row) = done.first() {
+        return row.try_get(0).map_err(storage);
+    }
+    let row = query_rows(tx, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
+        .pop()
+        .ok_or_else(|| Error::UnknownCommand {
+            command_id: id.clone(),
+        })?;
+    let changed = row.change(now, |row| row.complete(token, result, now))?;
+    if !changed.row.reports_completion() {
+        return Err(Error::Corrupt(format!(
+            "command {id} holds lease {token} but did not complete"
+        )));
+    }
+    write_change(tx, &changed)
+}
+
+/// The answer to one ack of a batch, once it is known.
+type AckResult = Option<Result<(), Error>>;
+
+/// The fast path of [`Outbox::complete_all`] in one statement: every ack whose command is leased under
+/// its token and feeds nothing back is marked done. Returns, per ack, `Some(Ok(()))` for those it
+/// settled (the first of equal acks) and `Some(Err(InvalidInput))` for a result over the JSON limits,
+/// `None` for the rest (to settle one by one), and whether a settled command unblocks a later one of
+/// its workflow.
+fn complete_plain_acks(
+    tx: &mut Transaction<'_>,
+    acks: &[Ack],
+    now: Timestamp,
+) -> Result<(Vec<AckResult>, bool), Error> {
+    let mut results: Vec<AckResult> = Vec::with_capacity(acks.len());
+    let (mut workflows, mut seqs, mut indexes, mut tokens, mut values) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // A command acknowledged twice goes in once: the later acks are settled one by one after it, as
+    // they would be in order.
+    let mut batched = HashSet::new();
+    for ack in acks {
+        if let Some(result) = &ack.result {
+            if let Err(e) = miniflow_core::JsonLimits::default().check("result", result) {
+                results.push(Some(Err(e)));
+                continue;
+            }
+        }
+        results.push(None);
+        if !batched.insert(&ack.command_id) {
+            continue;
+        }
+        let (w, s, i) = id_params(&ack.command_id);
+        workflows.push(w);
+        seqs.push(s);
+        indexes.push(i);
+        tokens.push(token_param(ack.token));
+        values.push(ack.result.as_ref().map(canonical_json));
+    }
+    if workflows.is_empty() {
+        return Ok((results, false));
+    }
+    let settled = tx
+        .query(
+            "UPDATE outbox o SET status = 'done', processed_at = $6, result = c.result \
+             FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[]) \
+                 AS c (workflow_id, event_seq, idx, token, result) \
+             WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx \
+             AND o.status = 'leased' AND o.lease_token = c.token \
+             AND NOT o.report_result AND NOT o.cancel_requested \
+             RETURNING o.workflow_id, o.event_seq, o.idx, o.lease_token, \
+                 EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
+                     AND e.processed_at IS NULL AND (e.event_seq, e.idx) > (o.event_seq, o.idx))",
+            &[
+                &workflows,
+                &seqs,
+                &indexes,
+                &tokens,
+                &values,
+                &to_sql_time("now", now)?,
+            ],
+        )
+        .map_err(storage)?;
+    let mut work = false;
+    for row in &settled {
+        let key: (String, i64, i64, i64) = (
+            row.try_get(0).map_err(storage)?,
+            row.try_get(1).map_err(storage)?,
+            row.try_get(2).map_err(storage)?,
+            row.try_get(3).map_err(storage)?,
+        );
+        work |= row.try_get::<_, bool>(4).map_err(storage)?;
+        let first = acks.iter().zip(&mut results).find(|(ack, result)| {
+            let (w, s, i) = id_params(&ack.command_id);
+            result.is_none()
+                && (w, s, i, token_param(ack.token)) == (key.0.as_str(), key.1, key.2, key.3)
+        });
+        if let Some((_, result)) = first {
+            *result = Some(Ok(()));
+        }
+    }
+    Ok((results, work))
+}
+
+/// `settled` with its retry time in the caller's clock.
+fn settled_outward(settled: Settled, clock: &Clock) -> Settled {
+    match settled {
+        Settled::RetryAt { at, backoff } => Settled::RetryAt {
+            at: clock.outward(at),
+            backoff,
+        },
+        other => other,
+    }
+}
+
+impl EventLog for PostgresStore {
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        load_events(&mut **self.shared.client()?, workflow_id)
+    }
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let clock = self.clock(&mut tx, commit.now())?;
+        match write_commit(&mut tx, commit, clock) {
+            Ok(notify) => {
+                self.notify_if(&mut tx, notify)?;
+                tx.commit().map_err(storage)
+            }
+            Err(CommitError::Raced) => {
+                drop(tx);
+                let actual = last_seq(&mut **client, commit.workflow_id())?;
+                Err(commit.conflict(actual))
+            }
+            Err(CommitError::Failed(e)) => Err(e),
+        }
+    }
+}
+
+impl Outbox for PostgresStore {
+    /// Skips rows that cannot be read (DESIGN rule 13): a claim buries them when they are due.
+    fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.read_readable(SELECT_PENDING, limit)
+    }
+    fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+        let (w, s, i) = id_params(command_id);
+        Ok(query_rows(&mut **self.shared.client()?, SELECT_ONE, &[&w, &s, &i])?.pop())
+    }
+    fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        let params: &Params<'_> = &[&workflow_id.as_str()];
+        query_rows(&mut **self.shared.client()?, SELECT_WORKFLOW, params)
+    }
+    fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row, now| row.mark_done(now))
+            .map(|_| ())
+    }
+    fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
+        request.validate()?;
+        if self.still_idle(self.idle_commands) {
+            return Ok(Vec::new());
+        }
+        let generation = self.generation();
+        let (store_now, due, next) = self.due(COMMANDS_DUE, now)?;
+        let mut deliveries = Vec::new();
+        if due {
+            let mut client = self.shared.client()?;
+            let mut tx = client.transaction().map_err(storage)?;
+            let clock = self.clock(&mut tx, now)?;
+            let (claimed, fed_back) = claim_in(&mut tx, request, clock.now)?;
+            self.notify_if(&mut tx, fed_back)?;
+            tx.commit().map_err(storage)?;
+            deliveries = claimed;
+            for delivery in &mut deliveries {
+                delivery.lease_expires_at = clock.outward(delivery.lease_expires_at);
+            }
+        }
+        self.idle_commands = if deliveries.is_empty() {
+            self.idle_after(generation, store_now, next)
+        } else {
+            Idle::default()
+        };
+        Ok(deliveries)
+    }
+    fn extend(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Extended, Error> {
+        let (extended, clock) =
+            self.update(command_id, now, |row, now| row.extend(token, ttl, now))?;
+        Ok(Extended {
+            expires_at: clock.outward(extended.expires_at),
+            ..extended
+        })
+    }
+    fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row, now| row.release(token, now))
+            .map(|_| ())
+    }
+    fn complete(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        result: Option<&serde_json::Value>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let clock = self.clock(&mut tx, now)?;
+        let work = complete_in(&mut tx, command_id, token, result, clock.now)?;
+        self.notify_if(&mut tx, work)?;
+        tx.commit().map_err(storage)
+    }
+    /// All acks in one transaction: one commit for the batch. The results are returned only after the
+    /// commit, so a reported completion is durable.
+    fn complete_all(
+        &mut self,
+        acks: &[Ack],
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let clock = self.clock(&mut tx, now)?;
+        let (mut results, mut work) = complete_plain_acks(&mut tx, acks, clock.now)?;
+        for (ack, result) in acks.iter().zip(&mut results) {
+            if result.is_some() {
+                continue;
+            }
+            // The acks the one statement did not settle, one by one, in order: a refused ack writes
+            // nothing before it is refused, so the others stay in the batch; a database error ends
+            // the whole batch.
+            let completed = complete_in(
+                &mut tx,
+                &ack.command_id,
+                ack.token,
+                ack.result.as_ref(),
+                clock.now,
+            );
+            *result = Some(match completed {
+                Ok(made_work) => {
+                    work |= made_work;
+                    Ok(())
+                }
+                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+                Err(e) => Err(e),
+            });
+        }
+        let results = results
+            .into_iter()
+            .map(|result| result.unwrap_or(Ok(())))
+            .collect();
+        self.notify_if(&mut tx, work)?;
+        tx.commit().map_err(storage)?;
+        Ok(results)
+    }
+    fn fail(
+        &mut self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        let (settled, clock) = self.update(command_id, now, |row, now| {
+            row.fail(token, failure, policy, now)
+        })?;
+        Ok(settled_outward(settled, &clock))
+    }
+}
+
+impl Timers for PostgresStore {
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        if limit == 0 || self.still_idle(self.idle_timers) {
+            return Ok(Vec::new());
+        }
+        let generation = self.generation();
+        let (store_now, due, next) = self.due(TIMERS_DUE, now)?;
+        let mut timers = Vec::new();
+        if due {
+            let mut client = self.shared.client()?;
+            let mut tx = client.transaction().map_err(storage)?;
+            let clock = self.clock(&mut tx, now)?;
+            timers = claim_timers_in(&mut tx, limit, lease_ttl, clock.now)?;
+            tx.commit().map_err(storage)?;
+            for timer in &mut timers {
+                timer.fire_at = clock.outward(timer.fire_at);
+                timer.available_at = clock.outward(timer.available_at);
+                timer.created_at = clock.outward(timer.created_at);
+            }
+        }
+        self.idle_timers = if timers.is_empty() {
+            self.idle_after(generation, store_now, next)
+        } else {
+            Idle::default()
+        };
+        Ok(timers)
+    }
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let clock = self.clock(&mut tx, now)?;
+        let mut timer = query_timers(&mut tx, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
+            .pop()
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, clock.now)?;
+        tx.execute(
+            "UPDATE timers SET status = $2, processed_at = $3, last_error = $4 WHERE timer_id = $1",
+            &[
+                &timer_id.to_string(),
+                &timer.status.as_str(),
+                &to_sql_time("now", clock.now)?,
+                &timer.last_error.as_deref().map(text),
+            ],
+        )
+        .map_err(storage)?;
+        tx.commit().map_err(storage)
+    }
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        let params: &Params<'_> = &[&workflow_id.as_str()];
+        query_timers(&mut **self.shared.client()?, SELECT_WORKFLOW_TIMERS, params)
+    }
+}
+
+impl Operations for PostgresStore {
+    fn purge_done(
+        &mut self,
+        older_than: Duration,
+        now: Timestamp,
+        batch: usize,
+    ) -> Result<usize, Error> {
+        let mut client = self.shared.client()?;
+        let clock = self.clock(&mut **client, now)?;
+        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
+        let Some(cutoff) = clock.now.checked_sub(older_than) else {
+            return Ok(0);
+        };
+        let deleted = client
+            .execute(
+                PURGE_DONE,
+                &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
+            )
+            .map_err(storage)?;
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+    /// Skips rows that cannot be read (DESIGN rule 13).
+    fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.read_readable(SELECT_DEAD, limit)
+    }
+    fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row, now| row.retry(now))
+            .map(|_| ())
+    }
+    fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
+        self.update(command_id, now, |row, now| row.resolve(note, now))
+            .map(|_| ())
+    }
+}
+
+/// Takes up to `limit` due timers inside `tx` (see [`Timers::claim_timers`]). A timer that cannot be
+/// read stops no other (DESIGN rule 13): it ends `rejected` with the read error, where operators see
+/// it, and is not taken again.
+fn claim_timers_in(
+    tx: &mut Transaction<'_>,
+    limit: usize,
+    lease_ttl: Duration,
+    now: Timestamp,
+) -> Result<Vec<TimerRow>, Error> {
+    let now_sql = to_sql_time("now", now)?;
+    let rows = tx
+        .query(CLAIM_TIMERS, &[&now_sql, &sql_limit(limit)])
+        .map_err(storage)?;
+    let mut timers = Vec::with_capacity(rows.len());
+    for row in &rows {
+        match read_timer(row) {
+            Ok(timer) => timers.push(timer),
+            Err(why) => {
+                let timer_id: String = row.try_get("timer_id").map_err(storage)?;
+                let reason = format!("the stored timer could not be read: timer {timer_id}: {why}");
+                tx.execute(
+                    "UPDATE timers SET status = 'rejected', processed_at = $2, last_error = $3 \
+                     WHERE timer_id = $1 AND processed_at IS NULL",
+                    &[&timer_id, &now_sql, &text(&reason)],
+                )
+                .map_err(storage)?;
+            }
+        }
+    }
+    for timer in &mut timers {
+        timer.take(lease_ttl, now);
+        tx.execute(
+            "UPDATE timers SET available_at = $2 WHERE timer_id = $1",
+            &[
+                &timer.timer_id.to_string(),
+                &to_sql_time("available_at", timer.available_at)?,
+            ],
+        )
+        .map_err(storage)?;
+    }
+    Ok(timers)
+}
+
+/// The queries workers, `pending` and retention run, each with sample arguments (SQL literals) and the
+/// index that must answer it: for the test that reads their plans on a database full of done rows.
+#[doc(hidden)]
+pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+    const NOW: &str = "1800000000000";
+    const AFTER_NOTHING: &str =
+        "1800000000000, 10, -9000000000000000000, '', -9000000000000000000, -9000000000000000000";
+    vec![
+        (
+            "pending",
+            SELECT_PENDING,
+            "'', -1, -1, 100",
+            "outbox_unfinished",
+        ),
+        (
+            "dead letters",
+            SELECT_DEAD,
+            "'', -1, -1, 100",
+            "outbox_dead",
+        ),
+        ("one row", SELECT_ONE, "'w', 1, 0", "outbox_pkey"),
+        ("a workflow's rows", SELECT_WORKFLOW, "'w'", "outbox_pkey"),
+        ("anything due", COMMANDS_DUE, NOW, "outbox_due"),
+        ("claim", CLAIM_DUE_FIRST, AFTER_NOTHING, "outbox_due"),
+        ("strict claim", CLAIM_STRICT, AFTER_NOTHING, "outbox_due"),
+        ("any timer due", TIMERS_DUE, NOW, "timers_due"),
+        (
+            "due timers",
+            CLAIM_TIMERS,
+            "1800000000000, 10",
+            "timers_due",
+        ),
+        (
+            "a workflow's timers",
+            SELECT_WORKFLOW_TIMERS,
+            "'w'",
+            "timers_pkey",
+        ),
+        (
+            "old done rows",
+            PURGE_DONE,
+            "1800000000000, 100",
+            "outbox_done",
+        ),
+    ]
+}

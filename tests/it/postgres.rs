@@ -1,0 +1,99 @@
+//! The PostgreSQL store: the conformance suite, what PostgreSQL adds (several connections claiming at
+//! once, migrations racing, one clock for leases, wake-ups) and the dispatcher over it.
+//!
+//! Each test gets a database of its own on a server [`cluster`] provides: `MINIFLOW_TEST_DATABASE_URL`,
+//! or a throwaway cluster the tests start and stop themselves.
+
+mod cluster;
+mod store;
+
+use miniflow::conformance::{Harness, IdempotencyHarness};
+use miniflow::{IdempotencyPolicy, IdempotencyStore, PostgresIdempotencyStore, PostgresStore};
+
+pub use cluster::TestDatabase;
+
+/// [`PostgresStore`] on databases of its own; reopening connects a new pool to the same database.
+pub struct PostgresHarness {
+    databases: Vec<TestDatabase>,
+}
+
+impl PostgresHarness {
+    pub fn new() -> Self {
+        Self {
+            databases: Vec::new(),
+        }
+    }
+
+    fn new_database(&mut self) -> String {
+        let database = TestDatabase::new();
+        let url = database.url();
+        self.databases.push(database);
+        url
+    }
+
+    /// The URL of the database `client` is connected to.
+    fn url_of(&self, client: &mut miniflow::postgres::Client) -> String {
+        let name: String = client
+            .query_one("SELECT current_database()", &[])
+            .and_then(|row| row.try_get(0))
+            .expect("the store's database");
+        let database = self
+            .databases
+            .iter()
+            .find(|database| database.url().ends_with(&format!("/{name}")))
+            .expect("a database of this harness");
+        database.url()
+    }
+}
+
+impl Harness for PostgresHarness {
+    type Store = PostgresStore;
+
+    fn open(&mut self) -> PostgresStore {
+        PostgresStore::connect(&self.new_database()).expect("connect")
+    }
+
+    fn reopen(&mut self, store: PostgresStore) -> PostgresStore {
+        let url = self.url_of(&mut store.client().expect("a connection"));
+        drop(store);
+        PostgresStore::connect(&url).expect("reconnect")
+    }
+
+    /// A trigger aborts the insert of such a command: the event row and the commands before it are
+    /// already written in the transaction, which must then roll back as a whole.
+    fn fail_commits_with_command_kind(&mut self, store: &mut PostgresStore, kind: &str) {
+        store
+            .client()
+            .expect("a connection")
+            .batch_execute(&format!(
+                "CREATE OR REPLACE FUNCTION miniflow_test_fail() RETURNS trigger \
+                     LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'injected failure'; END $$;
+                 CREATE TRIGGER \"fail_{kind}\" BEFORE INSERT ON outbox FOR EACH ROW \
+                     WHEN (NEW.kind = '{kind}') EXECUTE FUNCTION miniflow_test_fail();"
+            ))
+            .expect("install the failing trigger");
+    }
+}
+
+impl IdempotencyHarness for PostgresHarness {
+    type Store = PostgresIdempotencyStore;
+
+    fn open(&mut self, policy: IdempotencyPolicy) -> PostgresIdempotencyStore {
+        PostgresIdempotencyStore::connect(&self.new_database(), policy).expect("connect")
+    }
+
+    fn reopen(&mut self, store: PostgresIdempotencyStore) -> PostgresIdempotencyStore {
+        let policy = *store.policy();
+        let url = self.url_of(&mut store.client().expect("a connection"));
+        drop(store);
+        PostgresIdempotencyStore::connect(&url, policy).expect("reconnect")
+    }
+}
+
+mod conformance {
+    miniflow::store_conformance_tests!(super::PostgresHarness::new());
+}
+
+mod idempotency_conformance {
+    miniflow::idempotency_conformance_tests!(super::PostgresHarness::new());
+}

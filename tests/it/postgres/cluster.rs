@@ -1,0 +1,405 @@
+//! The PostgreSQL server the tests use, and one fresh database per test so they run in parallel.
+//!
+//! With `MINIFLOW_TEST_DATABASE_URL` set (a role that may `CREATE DATABASE`), each test database is
+//! created on that server and dropped after the test. Otherwise the first test starts a throwaway
+//! cluster for the whole test process: `initdb` into a new temporary directory (as the `postgres`
+//! user when the tests run as root), a free port on 127.0.0.1, `fsync` on, started with
+//! `pg_ctl -w`. A watchdog process stops it (fast shutdown) and removes the directory as soon as
+//! the test process ends, however it ends — normally, on a panic, killed — because it waits on a
+//! pipe that only the test process holds open. Nothing is left running to block the next run.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use miniflow::postgres::{Client, NoTls};
+
+/// The server for this test process: how to reach it, and a connection to create databases with.
+struct Server {
+    /// The directory of a throwaway cluster.
+    dir: Option<PathBuf>,
+    /// A URL whose database part [`Server::url`] replaces.
+    base: String,
+    admin: Mutex<Client>,
+    /// Whether new databases sort text with ICU's en-US rules, so that every test shows miniflow's
+    /// byte order does not depend on the database's collation.
+    icu: bool,
+    /// The pipe the watchdog of a throwaway cluster waits on; closed when the process ends.
+    _watchdog: Option<ChildStdin>,
+}
+
+static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+fn server() -> &'static Server {
+    match SERVER.get_or_init(|| match std::env::var("MINIFLOW_TEST_DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => Server::external(url.trim()),
+        _ => Server::throwaway(),
+    }) {
+        Ok(server) => server,
+        Err(e) => panic!("no PostgreSQL server for the tests: {e}"),
+    }
+}
+
+/// A database of its own for one test, dropped when the test ends.
+pub struct TestDatabase {
+    name: String,
+}
+
+impl TestDatabase {
+    /// A new, empty database.
+    pub fn new() -> Self {
+        let server = server();
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        let name = format!(
+            "miniflow_test_{}_{}_{}",
+            std::process::id(),
+            stamp % 100_000_000,
+            DATABASES.fetch_add(1, Ordering::SeqCst)
+        );
+        let collation = if server.icu {
+            " TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C' LOCALE_PROVIDER icu ICU_LOCALE 'en-US'"
+        } else {
+            ""
+        };
+        server
+            .admin
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .batch_execute(&format!("CREATE DATABASE {name}{collation}"))
+            .unwrap_or_else(|e| panic!("create the test database {name}: {e}"));
+        Self { name }
+    }
+
+    /// Its connection URL.
+    pub fn url(&self) -> String {
+        server().url(&self.name)
+    }
+
+    /// A connection of its own, outside any store.
+    pub fn client(&self) -> Client {
+        Client::connect(&self.url(), NoTls).expect("connect to the test database")
+    }
+}
+
+/// The directory of the throwaway cluster this process started, if it started one.
+pub fn throwaway_dir() -> Option<PathBuf> {
+    server().dir.clone()
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if let Some(Ok(server)) = SERVER.get() {
+            let mut admin = server
+                .admin
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // Best effort: a database left behind only costs disk until the cluster goes.
+            let _ = admin.batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ));
+        }
+    }
+}
+
+impl Server {
+    fn external(url: &str) -> Result<Self, String> {
+        let mut admin = Client::connect(url, NoTls).map_err(|e| format!("{url}: {e}"))?;
+        let icu = supports_icu(&mut admin);
+        Ok(Self {
+            dir: None,
+            base: url.to_owned(),
+            admin: Mutex::new(admin),
+            icu,
+            _watchdog: None,
+        })
+    }
+
+    /// `base` with its database replaced by `database`.
+    fn url(&self, database: &str) -> String {
+        replace_database(&self.base, database)
+    }
+
+    fn throwaway() -> Result<Self, String> {
+        let bin = postgres_bin_dir()?;
+        let root = running_as_root();
+        let parent = if root {
+            PathBuf::from("/tmp")
+        } else {
+            std::env::temp_dir()
+        };
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let dir = parent.join(format!("miniflow-pg-{}-{stamp}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        // The watchdog first: whatever happens from here on, the directory (and a started server)
+        // goes with the test process.
+        let watchdog = watchdog(&dir)?;
+        if root {
+            run(Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir))?;
+        }
+        let data = dir.join("data");
+        run(as_postgres(root, &bin.join("initdb"))
+            .current_dir(&dir)
+            .arg("-D")
+            .arg(&data)
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]))?;
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            let options = format!(
+                "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=300",
+                dir.display()
+            );
+            let started = run(as_postgres(root, &bin.join("pg_ctl"))
+                .current_dir(&dir)
+                .arg("-D")
+                .arg(&data)
+                .args(["-w", "-t", "60", "-l"])
+                .arg(dir.join("server.log"))
+                .args(["-o", &options, "start"]));
+            match started {
+                Ok(()) => {
+                    let base = format!("postgresql://postgres@127.0.0.1:{port}/postgres");
+                    let mut admin =
+                        Client::connect(&base, NoTls).map_err(|e| format!("{base}: {e}"))?;
+                    let icu = supports_icu(&mut admin);
+                    return Ok(Self {
+                        dir: Some(dir),
+                        base,
+                        admin: Mutex::new(admin),
+                        icu,
+                        _watchdog: Some(watchdog),
+                    });
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        Err(format!(
+            "the throwaway cluster did not start: {last_error}\n{log}"
+        ))
+    }
+}
+
+/// Whether the server creates databases with ICU collations (Debian's PostgreSQL does).
+fn supports_icu(admin: &mut Client) -> bool {
+    admin
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_collation WHERE collprovider = 'i')",
+            &[],
+        )
+        .and_then(|row| row.try_get(0))
+        .unwrap_or(false)
+}
+
+/// Where `initdb` and `pg_ctl` are: `MINIFLOW_PG_BIN_DIR`, `pg_config --bindir`, or the newest
+/// `/usr/lib/postgresql/*/bin`.
+fn postgres_bin_dir() -> Result<PathBuf, String> {
+    let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
+    if let Ok(dir) = std::env::var("MINIFLOW_PG_BIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if out.status.success() && has_initdb(&dir) {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| {
+                    let version = entry.file_name().to_string_lossy().parse().ok()?;
+                    Some((version, entry.path().join("bin")))
+                })
+                .filter(|(_, dir)| has_initdb(dir))
+                .collect()
+        })
+        .unwrap_or_default();
+    versions.sort();
+    versions.pop().map(|(_, dir)| dir).ok_or_else(|| {
+        "initdb not found: install PostgreSQL (scripts/setup does: apt-get install postgresql), set \
+         MINIFLOW_PG_BIN_DIR, or point MINIFLOW_TEST_DATABASE_URL at a server"
+            .to_owned()
+    })
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// `program` run as the `postgres` user when the tests run as root (PostgreSQL refuses root).
+fn as_postgres(root: bool, program: &Path) -> Command {
+    if root {
+        // util-linux's runuser lives in /usr/sbin, which a CI job's PATH may leave out.
+        let runuser = ["/usr/sbin/runuser", "/sbin/runuser", "/usr/bin/runuser"]
+            .into_iter()
+            .find(|path| Path::new(path).is_file())
+            .unwrap_or("runuser");
+        let mut command = Command::new(runuser);
+        command.args(["-u", "postgres", "--"]).arg(program);
+        command
+    } else {
+        Command::new(program)
+    }
+}
+
+fn run(command: &mut Command) -> Result<(), String> {
+    let out = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{command:?}: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "{command:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}
+
+/// A port nobody listens on now.
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .map_err(|e| format!("find a free port: {e}"))
+}
+
+/// Starts the process that stops the cluster in `dir` and removes `dir` once the test process is
+/// gone: it blocks reading a pipe whose only writer is the test process, so it wakes when the
+/// test process exits or is killed. It ignores the terminal's signals, so a ^C of the test run
+/// reaches it only as that end of file.
+fn watchdog(dir: &Path) -> Result<ChildStdin, String> {
+    const SCRIPT: &str = r#"
+trap '' INT TERM HUP QUIT
+cat > /dev/null
+pid=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null)
+if [ -n "$pid" ]; then
+  kill -INT "$pid" 2>/dev/null
+  # A server that shut down removed its pid file (it may linger as a zombie nobody reaps).
+  i=0
+  while [ -f "$1/data/postmaster.pid" ] && kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do
+    sleep 0.1
+    i=$((i + 1))
+  done
+  kill -QUIT "$pid" 2>/dev/null
+fi
+rm -rf "$1"
+"#;
+    let mut child = Command::new("sh")
+        .args(["-c", SCRIPT, "miniflow-pg-watchdog"])
+        .arg(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("start the cluster's watchdog: {e}"))?;
+    let mut pipe = child
+        .stdin
+        .take()
+        .ok_or("the watchdog has no stdin".to_owned())?;
+    // Nothing is ever written; the write only checks the pipe is open.
+    pipe.write_all(b"")
+        .map_err(|e| format!("watchdog pipe: {e}"))?;
+    Ok(pipe)
+}
+
+/// `base` with its database replaced by `database`, its parameters kept.
+fn replace_database(base: &str, database: &str) -> String {
+    let (address, query) = match base.split_once('?') {
+        Some((address, query)) => (address, format!("?{query}")),
+        None => (base, String::new()),
+    };
+    let authority_start = address.find("://").map_or(0, |i| i + 3);
+    let host_end = address[authority_start..]
+        .find('/')
+        .map_or(address.len(), |i| authority_start + i);
+    format!("{}/{database}{query}", &address[..host_end])
+}
+
+#[test]
+fn child_starts_a_cluster_and_dies() {
+    if crate::child::role().as_deref() != Some("postgres_cluster") {
+        return;
+    }
+    let database = TestDatabase::new();
+    database.client().batch_execute("SELECT 1").unwrap();
+    let dir = throwaway_dir().expect("a throwaway cluster");
+    let pid = std::fs::read_to_string(dir.join("data/postmaster.pid")).unwrap();
+    println!(
+        "cluster_dir={} server_pid={}",
+        dir.display(),
+        pid.lines().next().unwrap_or("")
+    );
+    crate::child::kill_self();
+}
+
+#[test]
+fn a_test_process_killed_while_its_cluster_runs_leaves_nothing_behind() {
+    if std::env::var("MINIFLOW_TEST_DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
+        return; // no throwaway cluster to leave behind
+    }
+    let child = crate::child::spawn(
+        "postgres::cluster::child_starts_a_cluster_and_dies",
+        "postgres_cluster",
+        &[],
+    );
+    let out = child.wait_with_output().expect("wait for the child");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = crate::child::reported(&stdout, "cluster_dir").unwrap_or_else(|| {
+        panic!(
+            "the child reported no cluster:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let pid = crate::child::reported(&stdout, "server_pid").expect("the server's pid");
+    assert!(!out.status.success(), "the child was to be killed");
+    // Running: the process exists and is not a zombie.
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit(')')
+                .next()
+                .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
+        })
+    };
+    let started = std::time::Instant::now();
+    while (running() || Path::new(&dir).exists()) && started.elapsed().as_secs() < 30 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        !running(),
+        "the server {pid} of the killed test process still runs"
+    );
+    assert!(!Path::new(&dir).exists(), "{dir} was left behind");
+}
+
+#[test]
+fn database_urls_keep_the_server_and_its_parameters() {
+    assert_eq!(
+        replace_database("postgresql://u:p@h:5432/postgres?sslmode=disable", "t1"),
+        "postgresql://u:p@h:5432/t1?sslmode=disable"
+    );
+    assert_eq!(
+        replace_database("postgresql://u@h", "t2"),
+        "postgresql://u@h/t2"
+    );
+}
