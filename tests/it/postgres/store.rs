@@ -871,29 +871,3 @@ fn miniflow_postgres_hot_queries() -> Vec<(&'static str, &'static str, &'static 
 {
     miniflow_postgres::hot_queries()
 }
-
-#[test]
-#[ignore = "a measurement, not a check: cargo test --features postgres --test it throughput -- --ignored --nocapture"]
-fn throughput_of_claims_and_acks() {
-    let database = TestDatabase::new();
-    let mut store = PostgresStore::connect(&database.url()).unwrap();
-    for n in 0..100 {
-        append(&mut store, &format!("w{n:03}"), 50, T0);
-    }
-    let request = ClaimRequest::new("bench").limit(64);
-    let started = Instant::now();
-    let mut done = 0;
-    loop {
-        let batch = store.claim(&request, T0).unwrap();
-        if batch.is_empty() {
-            break;
-        }
-        let acks: Vec<miniflow::Ack> = batch
-            .iter()
-            .map(|d| miniflow::Ack::new(d.command_id.clone(), d.token))
-            .collect();
-        done += store.complete_all(&acks, T0).unwrap().len();
-    }
-    let rate = done as f64 / started.elapsed().as_secs_f64();
-    eprintln!("{done} commands claimed and acknowledged in batches of 64: {rate:.0}/s");
-}
