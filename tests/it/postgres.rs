@@ -5,6 +5,9 @@
 //! or a throwaway cluster the tests start and stop themselves.
 
 mod cluster;
+mod crash;
+mod delivery;
+mod restart;
 mod store;
 
 use miniflow::conformance::{Harness, IdempotencyHarness};

@@ -7,6 +7,8 @@
 //! `pg_ctl -w`. A watchdog process stops it (fast shutdown) and removes the directory as soon as
 //! the test process ends, however it ends — normally, on a panic, killed — because it waits on a
 //! pipe that only the test process holds open. Nothing is left running to block the next run.
+//!
+//! A test that stops and restarts the server starts a [`Cluster`] of its own the same way.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,16 +21,14 @@ use miniflow::postgres::{Client, NoTls};
 
 /// The server for this test process: how to reach it, and a connection to create databases with.
 struct Server {
-    /// The directory of a throwaway cluster.
-    dir: Option<PathBuf>,
+    /// The throwaway cluster this process started, if it started one.
+    cluster: Option<Cluster>,
     /// A URL whose database part [`Server::url`] replaces.
     base: String,
     admin: Mutex<Client>,
     /// Whether new databases sort text with ICU's en-US rules, so that every test shows miniflow's
     /// byte order does not depend on the database's collation.
     icu: bool,
-    /// The pipe the watchdog of a throwaway cluster waits on; closed when the process ends.
-    _watchdog: Option<ChildStdin>,
 }
 
 static SERVER: OnceLock<Result<Server, String>> = OnceLock::new();
@@ -90,7 +90,13 @@ impl TestDatabase {
 
 /// The directory of the throwaway cluster this process started, if it started one.
 pub fn throwaway_dir() -> Option<PathBuf> {
-    server().dir.clone()
+    server().cluster.as_ref().map(|cluster| cluster.dir.clone())
+}
+
+/// Whether the tests run on a server of the caller's (`MINIFLOW_TEST_DATABASE_URL`), which they may
+/// not stop.
+pub fn external_server() -> bool {
+    std::env::var("MINIFLOW_TEST_DATABASE_URL").is_ok_and(|url| !url.trim().is_empty())
 }
 
 impl Drop for TestDatabase {
@@ -114,11 +120,10 @@ impl Server {
         let mut admin = Client::connect(url, NoTls).map_err(|e| format!("{url}: {e}"))?;
         let icu = supports_icu(&mut admin);
         Ok(Self {
-            dir: None,
+            cluster: None,
             base: url.to_owned(),
             admin: Mutex::new(admin),
             icu,
-            _watchdog: None,
         })
     }
 
@@ -128,6 +133,35 @@ impl Server {
     }
 
     fn throwaway() -> Result<Self, String> {
+        let cluster = Cluster::start()?;
+        let base = cluster.url("postgres");
+        let mut admin = Client::connect(&base, NoTls).map_err(|e| format!("{base}: {e}"))?;
+        let icu = supports_icu(&mut admin);
+        Ok(Self {
+            cluster: Some(cluster),
+            base,
+            admin: Mutex::new(admin),
+            icu,
+        })
+    }
+}
+
+/// A throwaway cluster: `initdb` into a new temporary directory, served on a free port of 127.0.0.1
+/// with `fsync` on. Its watchdog stops it and removes the directory when the test process ends.
+/// A test that stops the server ([`Cluster::stop_immediately`]) starts a cluster of its own, so
+/// that no other test loses its server.
+pub struct Cluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    root: bool,
+    port: u16,
+    /// The pipe the watchdog waits on; closed when the process ends.
+    _watchdog: ChildStdin,
+}
+
+impl Cluster {
+    /// Creates and starts a new cluster.
+    pub fn start() -> Result<Self, String> {
         let bin = postgres_bin_dir()?;
         let root = running_as_root();
         let parent = if root {
@@ -149,47 +183,74 @@ impl Server {
                 .args(["-R", "postgres:postgres"])
                 .arg(&dir))?;
         }
-        let data = dir.join("data");
         run(as_postgres(root, &bin.join("initdb"))
             .current_dir(&dir)
             .arg("-D")
-            .arg(&data)
+            .arg(dir.join("data"))
             .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]))?;
+        let mut cluster = Self {
+            dir,
+            bin,
+            root,
+            port: 0,
+            _watchdog: watchdog,
+        };
         let mut last_error = String::new();
         for _ in 0..3 {
-            let port = free_port()?;
-            let options = format!(
-                "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=300",
-                dir.display()
-            );
-            let started = run(as_postgres(root, &bin.join("pg_ctl"))
-                .current_dir(&dir)
-                .arg("-D")
-                .arg(&data)
-                .args(["-w", "-t", "60", "-l"])
-                .arg(dir.join("server.log"))
-                .args(["-o", &options, "start"]));
-            match started {
-                Ok(()) => {
-                    let base = format!("postgresql://postgres@127.0.0.1:{port}/postgres");
-                    let mut admin =
-                        Client::connect(&base, NoTls).map_err(|e| format!("{base}: {e}"))?;
-                    let icu = supports_icu(&mut admin);
-                    return Ok(Self {
-                        dir: Some(dir),
-                        base,
-                        admin: Mutex::new(admin),
-                        icu,
-                        _watchdog: Some(watchdog),
-                    });
-                }
+            cluster.port = free_port()?;
+            match cluster.serve() {
+                Ok(()) => return Ok(cluster),
                 Err(e) => last_error = e,
             }
         }
-        let log = std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(cluster.dir.join("server.log")).unwrap_or_default();
         Err(format!(
             "the throwaway cluster did not start: {last_error}\n{log}"
         ))
+    }
+
+    /// The URL of `database` on this cluster, as the superuser `postgres`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgresql://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    /// Stops the server as a crash would: `pg_ctl stop -m immediate` ends every server process at
+    /// once, without a checkpoint and without telling the clients; the next start recovers from the
+    /// write-ahead log.
+    pub fn stop_immediately(&self) -> Result<(), String> {
+        run(self
+            .pg_ctl()
+            .args(["-w", "-t", "60", "-m", "immediate", "stop"]))
+    }
+
+    /// Starts the stopped server again, on the same directory and port, and waits until it accepts
+    /// connections (after recovering from its write-ahead log, if it was stopped immediately).
+    pub fn start_again(&self) -> Result<(), String> {
+        self.serve()
+    }
+
+    /// Starts the server on its directory and port; waits until it accepts connections.
+    fn serve(&self) -> Result<(), String> {
+        let options = format!(
+            "-k {} -p {} -c listen_addresses=127.0.0.1 -c fsync=on -c max_connections=300",
+            self.dir.display(),
+            self.port
+        );
+        run(self
+            .pg_ctl()
+            .args(["-w", "-t", "60", "-l"])
+            .arg(self.dir.join("server.log"))
+            .args(["-o", &options, "start"]))
+    }
+
+    /// `pg_ctl -D <data>`, as the `postgres` user when the tests run as root.
+    fn pg_ctl(&self) -> Command {
+        let mut command = as_postgres(self.root, &self.bin.join("pg_ctl"));
+        command
+            .current_dir(&self.dir)
+            .arg("-D")
+            .arg(self.dir.join("data"));
+        command
     }
 }
 
@@ -355,7 +416,7 @@ fn child_starts_a_cluster_and_dies() {
 
 #[test]
 fn a_test_process_killed_while_its_cluster_runs_leaves_nothing_behind() {
-    if std::env::var("MINIFLOW_TEST_DATABASE_URL").is_ok_and(|url| !url.trim().is_empty()) {
+    if external_server() {
         return; // no throwaway cluster to leave behind
     }
     let child = crate::child::spawn(
