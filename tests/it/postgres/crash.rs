@@ -199,16 +199,27 @@ fn kill_workers_at(points: &[CrashPoint]) {
                 "{context}: a command done before the crash was not delivered again: {history:?}"
             );
         }
-        if matches!(point, CrashPoint::InsideEffect(_)) {
-            let by: String = one(
+        let effect_by = |subject: &str| -> String {
+            one(
                 &url,
                 "SELECT app FROM effects WHERE command_id = $1",
-                &subject,
-            );
-            assert_eq!(
-                by, "recovery",
+                subject,
+            )
+        };
+        match point {
+            // The effect in flight went with its transaction: the redelivery made the one effect.
+            CrashPoint::InsideEffect(_) => assert_eq!(
+                effect_by(&subject),
+                "recovery",
                 "{context}: its one effect is the redelivery's"
-            );
+            ),
+            // The effect was made, the ack was not: the redelivery was answered from the record.
+            CrashPoint::AfterEffect(_) | CrashPoint::InsideAck(_) => assert_eq!(
+                effect_by(&subject),
+                "victim",
+                "{context}: its one effect is the dead worker's"
+            ),
+            _ => {}
         }
         eprintln!(
             "{context}: recovered in {:.1} s, {history:?}",
