@@ -254,6 +254,15 @@ impl Cluster {
     }
 }
 
+/// A cluster of a test's own stops when the test drops it; its watchdog removes the directory when
+/// the test process ends. (The process's shared cluster lives in a static, never dropped: its
+/// watchdog stops it.)
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop_immediately(); // best effort: the watchdog stops it at the latest
+    }
+}
+
 /// Whether the server creates databases with ICU collations (Debian's PostgreSQL does).
 fn supports_icu(admin: &mut Client) -> bool {
     admin

@@ -47,6 +47,7 @@ fn victim(url: &str, point: CrashPoint) -> Child {
         lease: LEASE,
         orders: ORDERS,
         idempotency: Idempotency::Reservations,
+        connect_timeout: None,
         crash: Some(point),
         deadline: Duration::from_secs(30),
     }
@@ -178,20 +179,50 @@ fn kill_workers_at(points: &[CrashPoint]) {
         let context = format!("{context} on {subject}");
         check_right_after(&url, point, &subject, &format!("{context}, right after"));
         recover(&url, ORDERS, LEASE, &context);
-        check_invariants(&url, ORDERS, &context);
-        if matches!(point, CrashPoint::InsideEffect(_)) {
-            let by: String = one(
-                &url,
-                "SELECT app FROM effects WHERE command_id = $1",
-                &subject,
-            );
-            assert_eq!(
-                by, "recovery",
-                "{context}: its one effect is the redelivery's"
+        let history = check_invariants(&url, ORDERS, &context);
+        if matches!(
+            point,
+            CrashPoint::HoldingLeases(_)
+                | CrashPoint::InsideEffect(_)
+                | CrashPoint::AfterEffect(_)
+                | CrashPoint::InsideAck(_)
+                | CrashPoint::InsideExtend(_)
+        ) {
+            assert!(
+                history.takeovers > 0,
+                "{context}: the dead worker held leases, yet none was taken over: {history:?}"
             );
         }
+        if matches!(point, CrashPoint::AfterEffect(_) | CrashPoint::InsideAck(_)) {
+            assert!(
+                history.repeats > 0,
+                "{context}: a command done before the crash was not delivered again: {history:?}"
+            );
+        }
+        let effect_by = |subject: &str| -> String {
+            one(
+                &url,
+                "SELECT app FROM effects WHERE command_id = $1",
+                subject,
+            )
+        };
+        match point {
+            // The effect in flight went with its transaction: the redelivery made the one effect.
+            CrashPoint::InsideEffect(_) => assert_eq!(
+                effect_by(&subject),
+                "recovery",
+                "{context}: its one effect is the redelivery's"
+            ),
+            // The effect was made, the ack was not: the redelivery was answered from the record.
+            CrashPoint::AfterEffect(_) | CrashPoint::InsideAck(_) => assert_eq!(
+                effect_by(&subject),
+                "victim",
+                "{context}: its one effect is the dead worker's"
+            ),
+            _ => {}
+        }
         eprintln!(
-            "{context}: recovered in {:.1} s",
+            "{context}: recovered in {:.1} s, {history:?}",
             started.elapsed().as_secs_f64()
         );
     }
@@ -288,6 +319,7 @@ fn processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
             lease: LEASE,
             orders,
             idempotency: Idempotency::Reservations,
+            connect_timeout: None,
             crash: None,
             deadline: Duration::from_secs(60),
         };
@@ -326,6 +358,7 @@ fn processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
                 child::wait_ok(process, &format!("{context}: {name}, never killed"));
             }
         }
-        check_invariants(&url, orders, &context);
+        let history = check_invariants(&url, orders, &context);
+        eprintln!("{context}: {history:?}");
     }
 }

@@ -283,9 +283,19 @@ pub fn options() -> PostgresOptions {
     PostgresOptions::new().database_clock(true).pool_size(16)
 }
 
-/// Connects to `url` as `app` (its `application_name`). A crash notice the database raises on one of
-/// its connections kills a child process with SIGKILL on the spot, inside the open transaction.
+/// Connects to `url` as `app` (its `application_name`) with [`options`]. A crash notice the
+/// database raises on one of its connections kills a child process with SIGKILL on the spot, inside
+/// the open transaction.
 pub fn connect(url: &str, app: &str) -> Result<PostgresStore, Error> {
+    connect_with(url, app, &options())
+}
+
+/// As [`connect`], with `options`.
+pub fn connect_with(
+    url: &str,
+    app: &str,
+    options: &PostgresOptions,
+) -> Result<PostgresStore, Error> {
     let mut config: Config = url.parse().expect("a PostgreSQL URL");
     config.application_name(app);
     config.notice_callback(|notice| {
@@ -302,7 +312,7 @@ pub fn connect(url: &str, app: &str) -> Result<PostgresStore, Error> {
             eprintln!("a crash notice reached the test process itself: {crash}");
         }
     });
-    PostgresStore::connect_tls(config, NoTls, &options())
+    PostgresStore::connect_tls(config, NoTls, options)
 }
 
 /// A plain connection as `app`, for checks and monitors.
@@ -617,6 +627,8 @@ pub struct Report {
     /// The errors worker threads stopped on before the shutdown (a started dispatcher's workers
     /// are to ride out every error).
     pub stopped_on: Vec<String>,
+    /// Whether its notification listener was connected at the end.
+    pub listening: bool,
 }
 
 /// How a worker process delivers.
@@ -628,6 +640,9 @@ pub struct Workers {
     pub lease: Duration,
     pub orders: usize,
     pub idempotency: Idempotency,
+    /// How long an operation waits for a connection ([`PostgresOptions::connect_timeout`]), if not
+    /// the default.
+    pub connect_timeout: Option<Duration>,
     pub crash: Option<CrashPoint>,
     /// The longest it waits for everything to settle.
     pub deadline: Duration,
@@ -637,8 +652,12 @@ impl Workers {
     /// Runs a dispatcher (`Dispatcher::postgres`, firing timers and failures too) until every order
     /// is placed and every command and timer settled, or until the deadline.
     pub fn run(&self) -> Report {
+        let options = match self.connect_timeout {
+            Some(timeout) => options().connect_timeout(timeout),
+            None => options(),
+        };
         let store = loop {
-            match connect(&self.url, &self.app) {
+            match connect_with(&self.url, &self.app, &options) {
                 Ok(store) => break store,
                 Err(e) => {
                     eprintln!("{}: connect: {e}", self.app);
@@ -701,6 +720,7 @@ impl Workers {
                 Err(_) => monitor = None, // the server went away: connect again
             }
         }
+        let listening = is_settled && monitor.as_mut().is_some_and(|db| self.listening(db));
         let shutdown = running.shutdown(Duration::from_secs(10));
         assert_eq!(
             shutdown.unfinished_workers, 0,
@@ -714,7 +734,28 @@ impl Workers {
             first_errors,
             settled: is_settled,
             stopped_on: shutdown.errors.iter().map(ToString::to_string).collect(),
+            listening,
         }
+    }
+
+    /// Whether the dispatcher's listener is connected: a session of this process whose last
+    /// statement was its `LISTEN` (waiting up to 10 s for one that reconnects).
+    fn listening(&self, db: &mut Client) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            let sessions: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = $1 AND query ILIKE 'LISTEN%'",
+                    &[&self.app],
+                )
+                .map_or(0, |row| row.get(0));
+            if sessions > 0 {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
     }
 
     /// The settings of a child worker process.
@@ -728,6 +769,12 @@ impl Workers {
             (
                 "MINIFLOW_RECEIPTS",
                 (self.idempotency == Idempotency::Receipts).to_string(),
+            ),
+            (
+                "MINIFLOW_CONNECT_TIMEOUT_MS",
+                self.connect_timeout
+                    .map(|t| t.as_millis().to_string())
+                    .unwrap_or_default(),
             ),
             (
                 "MINIFLOW_CRASH",
@@ -771,6 +818,8 @@ fn child_pg_worker() {
         } else {
             Idempotency::Reservations
         },
+        connect_timeout: child::optional("MINIFLOW_CONNECT_TIMEOUT_MS")
+            .map(|ms| Duration::from_millis(ms.parse().unwrap())),
         crash: child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c)),
         deadline: ms("MINIFLOW_DEADLINE_MS"),
     };
@@ -778,7 +827,7 @@ fn child_pg_worker() {
     let s = report.stats;
     println!(
         "settled={} claimed={} completed={} dead={} retried={} lost_leases={} released={} \
-         timers_fired={} store_errors={} errors={} workers_stopped={}",
+         timers_fired={} store_errors={} errors={} workers_stopped={} listening={}",
         report.settled,
         s.claimed,
         s.completed,
@@ -789,7 +838,8 @@ fn child_pg_worker() {
         s.timers_fired,
         s.store_errors,
         report.errors,
-        report.stopped_on.len()
+        report.stopped_on.len(),
+        report.listening
     );
     for error in &report.first_errors {
         println!("error: {error}");
@@ -893,7 +943,9 @@ fn none(offenders: Vec<String>, context: &str, what: &str) {
 ///   a claim; a claim takes a leased command only once its lease ran out (by the database's
 ///   clock); only the current holder's token completes it; every delivery the receiver saw carries
 ///   a token a claim handed out, and no token was delivered twice.
-pub fn check_invariants(url: &str, orders: usize, context: &str) {
+///
+/// Returns what the history shows of the run.
+pub fn check_invariants(url: &str, orders: usize, context: &str) -> History {
     let mut db = plain_client(url, "check").unwrap();
     let lost = lost(orders) as i64;
     let orders = orders as i64;
@@ -1040,6 +1092,25 @@ pub fn check_invariants(url: &str, orders: usize, context: &str) {
     );
 
     check_leases(&mut db, context);
+    let mut of = |sql: &str| u64::try_from(count(&mut db, sql)).unwrap();
+    History {
+        deliveries: of("SELECT count(*) FROM deliveries"),
+        repeats: of("SELECT count(*) FROM deliveries WHERE answer IN ('completed', 'in_progress')"),
+        takeovers: of(
+            "SELECT count(*) FROM lease_history WHERE new_token > old_token AND old_status = 'leased'",
+        ),
+    }
+}
+
+/// What the history of a run shows, beside its invariants.
+#[derive(Debug)]
+pub struct History {
+    /// Deliveries the receiver saw.
+    pub deliveries: u64,
+    /// Deliveries of a command it had already done or was doing (answered from its record).
+    pub repeats: u64,
+    /// Claims of a command whose lease had run out (its holder crashed, stalled, or lost the server).
+    pub takeovers: u64,
 }
 
 /// The lease checks of [`check_invariants`], on `lease_history` and `deliveries`.
@@ -1132,6 +1203,7 @@ pub fn recover(url: &str, orders: usize, lease: Duration, context: &str) -> Repo
         lease,
         orders,
         idempotency: Idempotency::Reservations,
+        connect_timeout: None,
         crash: None,
         deadline: Duration::from_secs(60),
     }
@@ -1184,6 +1256,7 @@ fn three_processes_deliver_10000_commands_with_one_effect_each_and_no_double_cla
                 lease: Duration::from_secs(30),
                 orders,
                 idempotency: Idempotency::Receipts,
+                connect_timeout: None,
                 crash: None,
                 deadline: Duration::from_secs(120),
             }
@@ -1206,7 +1279,12 @@ fn three_processes_deliver_10000_commands_with_one_effect_each_and_no_double_cla
     let context = &format!("3 worker processes × 3 workers, {PRODUCERS} producer processes");
     let commands = commands_of(orders) as u64;
     let dead = lost(orders) as u64;
-    check_invariants(&url, orders, context);
+    let history = check_invariants(&url, orders, context);
+    assert_eq!(
+        (history.deliveries, history.repeats, history.takeovers),
+        (commands, 0, 0),
+        "{context}: without a crash, one delivery per command and no lease taken over"
+    );
     // Without a crash every command is claimed and delivered exactly once, on its first lease.
     let mut db = plain_client(&url, "check").unwrap();
     none(

@@ -66,9 +66,12 @@ fn dispatchers_ride_out_server_crashes_and_lose_nothing_nor_repeat_an_effect() {
                 url: url.clone(),
                 app: format!("workers-{n}"),
                 workers: 2,
-                lease: Duration::from_secs(2),
+                // Shorter than the outage: leases run out while the server is down.
+                lease: Duration::from_secs(1),
                 orders,
                 idempotency: Idempotency::Reservations,
+                // Shorter than the outage: operations fail while the server is down, not just wait.
+                connect_timeout: Some(Duration::from_millis(500)),
                 crash: None,
                 deadline: Duration::from_secs(120),
             }
@@ -110,28 +113,51 @@ fn dispatchers_ride_out_server_crashes_and_lose_nothing_nor_repeat_an_effect() {
             errors > 0,
             "{context}: a worker process saw no error through on_error:\n{out}"
         );
-    }
-    check_invariants(&url, orders, &context);
-    // Every worker process delivered after the last restart: it came back by itself.
-    let last_up = i64::try_from(restarts.last().unwrap().1).unwrap();
-    let mut db = plain_client(&url, "check").unwrap();
-    for n in 0..3 {
-        let app = format!("workers-{n}");
-        let after: i64 = db
-            .query_one(
-                "SELECT count(*) FROM deliveries WHERE app = $1 AND at > $2",
-                &[&app, &last_up],
-            )
-            .unwrap()
-            .get(0);
-        assert!(
-            after > 0,
-            "{context}: {app} delivered nothing after the last restart"
+        assert_eq!(
+            child::reported(out, "listening").as_deref(),
+            Some("true"),
+            "{context}: a worker process's listener did not reconnect:\n{out}"
         );
     }
+    let history = check_invariants(&url, orders, &context);
+    assert!(
+        history.takeovers > 0,
+        "{context}: the outages outlasted the leases held when they began, yet none was taken \
+         over: {history:?}"
+    );
+    // Every worker process delivered again after each restart: it came back by itself.
+    let mut db = plain_client(&url, "check").unwrap();
+    let mut resumed = Vec::new();
+    for (_, up_at) in &restarts {
+        for n in 0..3 {
+            let app = format!("workers-{n}");
+            let first: Option<i64> = db
+                .query_one(
+                    "SELECT min(at) FROM deliveries WHERE app = $1 AND at > $2",
+                    &[&app, &i64::try_from(*up_at).unwrap()],
+                )
+                .unwrap()
+                .get(0);
+            let first = first.unwrap_or_else(|| {
+                panic!("{context}: {app} delivered nothing after the restart at {up_at}")
+            });
+            resumed.push(format!(
+                "{app} +{} ms",
+                first - i64::try_from(*up_at).unwrap()
+            ));
+        }
+    }
+    let mut seen: Vec<&str> = outputs
+        .iter()
+        .flat_map(|out| out.lines())
+        .filter_map(|line| line.strip_prefix("error: "))
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    eprintln!("delivering again after the server was up: {resumed:?}; errors seen: {seen:#?}");
     eprintln!(
         "{commands} commands, 1 producer and 3 worker processes × 2 workers, 2 server crashes: \
-         {} errors reported, {} leases lost, {:.1} s",
+         {} errors reported, {} leases lost, {history:?}, {:.1} s",
         sum_reported(&outputs, "errors"),
         sum_reported(&outputs, "lost_leases"),
         elapsed.as_secs_f64()
