@@ -1,7 +1,7 @@
 //! Connections: the pool every store handle shares, its options, the schema migrations, and how
 //! driver errors map onto miniflow's kinds.
 
-use std::ops::DerefMut;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +10,9 @@ use postgres::error::SqlState;
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Client, Config, GenericClient, NoTls, Socket};
 use r2d2_postgres::PostgresConnectionManager;
+
+use crate::db::{Connection, Db};
+use crate::notifier::Notifier;
 
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
@@ -108,11 +111,19 @@ impl PostgresOptions {
         self
     }
 
-    /// Whether a transaction that makes work claimable (new commands or timers, a command pending
-    /// again, a finished command whose workflow has later ones) ends with `NOTIFY miniflow_outbox`,
-    /// the hint that wakes idle [`crate::Wakeups`] listeners. On by default. PostgreSQL sends one
-    /// notification per transaction however often it is raised in it; it also serialises the
-    /// commits of notifying transactions briefly, so a store whose workers only poll may turn it off.
+    /// Whether an operation that makes work claimable (new commands or timers, a command pending
+    /// again, a finished command whose workflow has later ones) is followed by `NOTIFY
+    /// miniflow_outbox`, the hint that wakes idle [`crate::Wakeups`] listeners. On by default.
+    ///
+    /// The hint is sent after the operation committed (so whoever it wakes finds the work), by a
+    /// thread of the store's own on one more connection, opened on the first hint: committing never
+    /// waits for it, and operations committing while one is on its way share the next, at most one
+    /// per millisecond per store. PostgreSQL serialises the commits of notifying transactions; the
+    /// hint's own transaction commits without waiting for its WAL flush, so the operations' commits
+    /// do not queue behind one another. A hint lost (in a crash, or with its connection) costs idle
+    /// workers their fallback poll and nothing else. Only [`crate::PostgresStore::append_in`]
+    /// and [`crate::PostgresStore::handle_in`], which commit in the caller's transaction, notify in
+    /// it. A store whose workers only poll may turn hints off.
     #[must_use]
     pub fn notify(mut self, on: bool) -> Self {
         self.notify = on;
@@ -167,10 +178,55 @@ impl PostgresOptions {
 /// A connection checked out of the pool; it goes back when dropped.
 pub type PooledClient = Box<dyn DerefMut<Target = Client> + Send>;
 
+/// A connection of the pool with its prepared statements, checked out; it goes back when dropped.
+pub(crate) type Pooled = Box<dyn DerefMut<Target = Connection> + Send>;
+
+/// The client of a checked-out connection, for the caller.
+struct ClientOf(Pooled);
+
+impl Deref for ClientOf {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.0.client
+    }
+}
+
+impl DerefMut for ClientOf {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.0.client
+    }
+}
+
 /// Where connections come from, whatever TLS connector the pool was built with.
-trait Connections: Send + Sync {
-    fn get(&self) -> Result<PooledClient, Error>;
+pub(crate) trait Connections: Send + Sync {
+    fn get(&self) -> Result<Pooled, Error>;
     fn dedicated(&self) -> Result<Client, Error>;
+}
+
+/// The pool's connections: `r2d2_postgres`'s, each with its statement cache.
+struct Manager<T>(PostgresConnectionManager<T>);
+
+impl<T> r2d2::ManageConnection for Manager<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Connection = Connection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<Connection, postgres::Error> {
+        self.0.connect().map(Connection::new)
+    }
+
+    fn is_valid(&self, connection: &mut Connection) -> Result<(), postgres::Error> {
+        self.0.is_valid(&mut connection.client)
+    }
+
+    fn has_broken(&self, connection: &mut Connection) -> bool {
+        self.0.has_broken(&mut connection.client)
+    }
 }
 
 struct Pool<T>
@@ -180,7 +236,7 @@ where
     T::Stream: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    pool: r2d2::Pool<PostgresConnectionManager<T>>,
+    pool: r2d2::Pool<Manager<T>>,
     config: Config,
     tls: T,
 }
@@ -192,10 +248,10 @@ where
     T::Stream: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    fn get(&self) -> Result<PooledClient, Error> {
+    fn get(&self) -> Result<Pooled, Error> {
         self.pool
             .get()
-            .map(|client| Box::new(client) as PooledClient)
+            .map(|connection| Box::new(connection) as Pooled)
             .map_err(|e| Error::Storage(format!("no PostgreSQL connection: {e}").into()))
     }
 
@@ -208,6 +264,7 @@ where
 #[derive(Clone)]
 pub(crate) struct Shared {
     connections: Arc<dyn Connections>,
+    notifier: Arc<Notifier>,
     pub(crate) options: PostgresOptions,
 }
 
@@ -247,7 +304,7 @@ impl Shared {
         if config.get_application_name().is_none() {
             config.application_name("miniflow");
         }
-        let manager = PostgresConnectionManager::new(config.clone(), tls.clone());
+        let manager = Manager(PostgresConnectionManager::new(config.clone(), tls.clone()));
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(0))
@@ -257,21 +314,36 @@ impl Shared {
             .test_on_check_out(false)
             .build(manager)
             .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
+        let connections: Arc<dyn Connections> = Arc::new(Pool { pool, config, tls });
         let shared = Self {
-            connections: Arc::new(Pool { pool, config, tls }),
+            notifier: Arc::new(Notifier::new(connections.clone())),
+            connections,
             options: options.clone(),
         };
-        let mut client = shared.client()?;
+        let mut connection = shared.connection()?;
         if options.require_durable_commits {
-            check_durability(&mut client)?;
+            check_durability(&mut connection.client)?;
         }
-        migrate(&mut client)?;
+        migrate(&mut connection.client)?;
         Ok(shared)
     }
 
-    /// A connection from the pool.
+    /// A connection from the pool, for the caller.
     pub(crate) fn client(&self) -> Result<PooledClient, Error> {
+        Ok(Box::new(ClientOf(self.connections.get()?)))
+    }
+
+    /// A connection from the pool with its prepared statements.
+    pub(crate) fn connection(&self) -> Result<Pooled, Error> {
         self.connections.get()
+    }
+
+    /// Raises the wake-up hint when `work` says an operation that committed made work claimable
+    /// and the options allow it (see [`crate::notifier`]).
+    pub(crate) fn hint(&self, work: bool) {
+        if work && self.options.notify {
+            self.notifier.raise();
+        }
     }
 
     /// A connection of its own, outside the pool (for a listener).
@@ -403,8 +475,8 @@ fn migrate(client: &mut Client) -> Result<(), Error> {
 }
 
 /// The database's clock, in milliseconds since the Unix epoch.
-pub(crate) fn database_now(client: &mut impl GenericClient) -> Result<Timestamp, Error> {
-    let millis: i64 = client
+pub(crate) fn database_now(db: &mut Db<'_, impl GenericClient>) -> Result<Timestamp, Error> {
+    let millis: i64 = db
         .query_one(
             "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             &[],
@@ -429,15 +501,20 @@ impl Clock {
     /// `client` when the options say so, or `caller` itself.
     pub(crate) fn read(
         options: &PostgresOptions,
-        client: &mut impl GenericClient,
+        db: &mut Db<'_, impl GenericClient>,
         caller: Timestamp,
     ) -> Result<Self, Error> {
         let now = if options.database_clock {
-            database_now(client)?
+            database_now(db)?
         } else {
             caller
         };
         Ok(Self { now, caller })
+    }
+
+    /// The caller's clock, for an operation at `now` (without [`PostgresOptions::database_clock`]).
+    pub(crate) fn caller(now: Timestamp) -> Self {
+        Self { now, caller: now }
     }
 
     /// A time of the caller's clock in the store's.
