@@ -772,7 +772,9 @@ fn run(command: &mut Process) {
 }
 
 /// The process that stops the cluster in `dir` and removes `dir` once this process is gone: it
-/// blocks reading a pipe whose only writer is this process.
+/// blocks reading a pipe whose only writer is this process. It is never waited for: it is to
+/// outlive this process.
+#[allow(clippy::zombie_processes)]
 fn watchdog(dir: &Path) -> ChildStdin {
     const SCRIPT: &str = r#"
 trap '' INT TERM HUP QUIT
