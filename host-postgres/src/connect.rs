@@ -51,6 +51,8 @@ pub struct PostgresOptions {
     database_clock: bool,
     notify: bool,
     require_durable_commits: bool,
+    migrate: bool,
+    read_only: bool,
 }
 
 impl Default for PostgresOptions {
@@ -61,6 +63,8 @@ impl Default for PostgresOptions {
             database_clock: false,
             notify: true,
             require_durable_commits: true,
+            migrate: true,
+            read_only: false,
         }
     }
 }
@@ -138,6 +142,35 @@ impl PostgresOptions {
     pub fn require_durable_commits(mut self, on: bool) -> Self {
         self.require_durable_commits = on;
         self
+    }
+
+    /// Whether connecting brings the database's schema up to date (on by default: numbered
+    /// migrations under an advisory lock, see the crate's documentation). Off, connecting changes
+    /// nothing and refuses a database that does not hold miniflow's schema at this version:
+    /// [`Error::InvalidInput`] for a database without it or with an older one (upgrade it with
+    /// [`crate::PostgresStore::migrate`] or `miniflow migrate URL`), [`Error::UnsupportedSchema`]
+    /// for a newer one. For tools that must not create or upgrade a schema by accident, and for
+    /// roles that may not change it.
+    #[must_use]
+    pub fn migrate(mut self, on: bool) -> Self {
+        self.migrate = on;
+        self
+    }
+
+    /// Read-only sessions: every connection of the pool starts with `default_transaction_read_only
+    /// = on`, so the database refuses any write through the store (an [`Error::Storage`] naming the
+    /// read-only transaction). Connecting then migrates nothing and checks no durability setting
+    /// (as with [`PostgresOptions::migrate`] off, the schema must be this version's), and nothing
+    /// notifies. For inspection: `pending`, `command`, `load`, the listings. Off by default.
+    #[must_use]
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
+    /// Whether connections are read-only sessions (see [`PostgresOptions::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Whether the store reads the database's clock (see [`PostgresOptions::database_clock`]).
@@ -279,15 +312,12 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// A pool on `url` without TLS.
     pub(crate) fn connect(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
-        let config: Config = url.parse().map_err(|e: postgres::Error| {
-            Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
-        })?;
-        Self::connect_tls(config, NoTls, options)
+        Self::open(parse_url(url)?, NoTls, options, ("url", redact(url)))
     }
 
     /// A pool on `config` through `tls`: checks the server's durability, migrates the schema.
     pub(crate) fn connect_tls<T>(
-        mut config: Config,
+        config: Config,
         tls: T,
         options: &PostgresOptions,
     ) -> Result<Self, Error>
@@ -297,7 +327,35 @@ impl Shared {
         T::Stream: Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
+        let database = config.get_dbname().unwrap_or("(the user's)").to_owned();
+        Self::open(config, tls, options, ("database", database))
+    }
+
+    /// A pool on `config` through `tls`: checks the server's durability and migrates the schema, or
+    /// (read-only, or not migrating) checks the schema is this version's. `target` names the
+    /// database in errors (`("url", the URL without its password)`).
+    fn open<T>(
+        mut config: Config,
+        tls: T,
+        options: &PostgresOptions,
+        target: (&'static str, String),
+    ) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::TlsConnect: Send,
+        T::Stream: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         options.validate()?;
+        if options.read_only {
+            // A startup option: every connection of the pool, and each one it reopens, is a
+            // read-only session from its first statement on.
+            let startup = format!(
+                "{} -c default_transaction_read_only=on",
+                config.get_options().unwrap_or_default()
+            );
+            config.options(startup.trim_start());
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }
@@ -320,11 +378,17 @@ impl Shared {
             connections,
             options: options.clone(),
         };
-        let mut connection = shared.connection()?;
-        if options.require_durable_commits {
-            check_durability(&mut connection.client)?;
+        // The checks on a connection of their own: a server that cannot be reached fails the
+        // connect at once with what went wrong, where the pool would retry until its timeout.
+        let mut client = shared.dedicated()?;
+        if options.require_durable_commits && !options.read_only {
+            check_durability(&mut client)?;
         }
-        migrate(&mut connection.client)?;
+        if options.migrate && !options.read_only {
+            migrate(&mut client)?;
+        } else {
+            check_schema(&mut client, target)?;
+        }
         Ok(shared)
     }
 
@@ -341,7 +405,7 @@ impl Shared {
     /// Raises the wake-up hint when `work` says an operation that committed made work claimable
     /// and the options allow it (see [`crate::notifier`]).
     pub(crate) fn hint(&self, work: bool) {
-        if work && self.options.notify {
+        if work && self.options.notify && !self.options.read_only {
             self.notifier.raise();
         }
     }
@@ -349,6 +413,58 @@ impl Shared {
     /// A connection of its own, outside the pool (for a listener).
     pub(crate) fn dedicated(&self) -> Result<Client, Error> {
         self.connections.dedicated()
+    }
+}
+
+/// The connection settings `url` spells.
+fn parse_url(url: &str) -> Result<Config, Error> {
+    url.parse().map_err(|e: postgres::Error| {
+        let e = DriverError(e);
+        Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
+    })
+}
+
+/// Brings the schema of the database at `url` to [`SCHEMA_VERSION`] on a connection of its own (see
+/// [`crate::PostgresStore::migrate`]); returns the version it found.
+pub(crate) fn migrate_url(url: &str) -> Result<i64, Error> {
+    let mut config = parse_url(url)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(PostgresOptions::default().connect_timeout);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("miniflow");
+    }
+    let mut client = config.connect(NoTls).map_err(storage)?;
+    let found = schema_version(&mut client)?;
+    migrate(&mut client)?;
+    Ok(found)
+}
+
+/// Refuses a database whose schema is not this version's, changing nothing: none or an older one is
+/// [`Error::InvalidInput`] naming `target`, a newer one [`Error::UnsupportedSchema`].
+fn check_schema(client: &mut Client, (field, value): (&'static str, String)) -> Result<(), Error> {
+    match schema_version(client)? {
+        found if found == SCHEMA_VERSION => Ok(()),
+        0 => Err(Error::invalid(
+            field,
+            &value,
+            format!(
+                "holds no miniflow schema (no miniflow_schema table in its search path): create it \
+                 with `miniflow migrate {value}`, or connect a store that migrates"
+            ),
+        )),
+        found if found < SCHEMA_VERSION => Err(Error::invalid(
+            field,
+            &value,
+            format!(
+                "holds miniflow schema version {found}, older than version {SCHEMA_VERSION} of \
+                 this miniflow: upgrade it first with `miniflow migrate {value}`"
+            ),
+        )),
+        found => Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
     }
 }
 
@@ -366,6 +482,30 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// A driver error whose message says what went wrong: the driver's own says only "db error" or
+/// "error connecting to server"; this one adds what the server or the system said. The driver's
+/// error stays its source.
+#[derive(Debug)]
+struct DriverError(postgres::Error);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        match std::error::Error::source(&self.0) {
+            Some(cause) if !self.0.to_string().ends_with(&cause.to_string()) => {
+                write!(f, ": {cause}")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 /// Maps a driver error onto miniflow's kinds: a lost serialization race, a deadlock, a lock or
 /// statement timeout and a full server are [`Error::Busy`] (retry later); anything else, including
 /// a lost connection, is [`Error::Storage`].
@@ -378,8 +518,8 @@ pub(crate) fn storage(e: postgres::Error) -> Error {
         SqlState::TOO_MANY_CONNECTIONS,
     ];
     match e.code() {
-        Some(code) if busy.contains(code) => Error::Busy(Box::new(e)),
-        _ => Error::Storage(Box::new(e)),
+        Some(code) if busy.contains(code) => Error::Busy(Box::new(DriverError(e))),
+        _ => Error::Storage(Box::new(DriverError(e))),
     }
 }
 

@@ -36,7 +36,7 @@ pub use idempotency::PostgresIdempotencyStore;
 pub use postgres;
 #[doc(hidden)]
 pub use store::hot_queries;
-pub use store::PostgresStore;
+pub use store::{Listing, PostgresStore, UnreadableCommand};
 pub use wakeup::Wakeups;
 #[cfg(feature = "dispatcher")]
 pub use wakeup::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};

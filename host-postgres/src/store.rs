@@ -105,6 +105,45 @@ impl PostgresStore {
         )?))
     }
 
+    /// Connects to the database at `url` to look into it, changing nothing: read-only sessions, no
+    /// migration, no durability check, a pool of 2 (see [`PostgresOptions::read_only`]). The
+    /// database must hold miniflow's schema at this version.
+    ///
+    /// ```no_run
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_postgres::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect_read_only("postgresql://operator@db.internal/flow")?;
+    /// let listing = store.dead_listing(100)?;
+    /// println!("{} dead, {} unreadable", listing.rows.len(), listing.unreadable.len());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL, or a database without miniflow's schema or with
+    /// an older one; [`Error::UnsupportedSchema`] for a newer one; [`Error::Storage`] when the
+    /// server cannot be reached.
+    pub fn connect_read_only(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, &PostgresOptions::new().read_only(true).pool_size(2))
+    }
+
+    /// Brings the schema of the database at `url` up to this version (creating it in a database
+    /// without one), on a connection of its own, and returns the version it found there: 0 for
+    /// none, [`crate::SCHEMA_VERSION`] when there was nothing to do. Older versions of miniflow
+    /// refuse a database it upgraded. Connecting a store does the same unless
+    /// [`PostgresOptions::migrate`] is off; this is for running migrations ahead, with a role that
+    /// may change the schema.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL; [`Error::UnsupportedSchema`] when a newer
+    /// miniflow migrated the database (it is left as it is); [`Error::Storage`] when the server
+    /// cannot be reached or a migration fails (it is rolled back whole).
+    pub fn migrate(url: &str) -> Result<i64, Error> {
+        crate::connect::migrate_url(url)
+    }
+
     fn from_shared(shared: Shared) -> Self {
         Self {
             shared,
@@ -317,6 +356,50 @@ impl PostgresStore {
         Ok((store_now, due, next))
     }
 
+    /// The first `limit` rows of `sql` (a keyset query as for [`PostgresStore::read_readable`]),
+    /// those that cannot be read apart.
+    fn listing(&self, sql: &'static str, limit: usize) -> Result<Listing, Error> {
+        let mut connection = self.shared.connection()?;
+        let page = connection
+            .db()
+            .query(sql, &[&"", &i64::MIN, &i64::MIN, &sql_limit(limit)])
+            .map_err(storage)?;
+        let mut listing = Listing::default();
+        for row in &page {
+            match read_outbox_row(row) {
+                Ok(outbox_row) => listing.rows.push(outbox_row),
+                Err(why) => listing.unreadable.push(UnreadableCommand {
+                    command_id: raw_command_id(row),
+                    status: row
+                        .try_get::<_, String>("status")
+                        .unwrap_or_else(|_| "?".into()),
+                    error: why.to_string(),
+                }),
+            }
+        }
+        Ok(listing)
+    }
+
+    /// As [`Outbox::pending`], with the unreadable rows among the first `limit` reported apart
+    /// instead of skipped (for operators' tools).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub fn pending_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_PENDING, limit)
+    }
+
+    /// As [`Operations::dead_letters`], with the unreadable rows among the first `limit` reported
+    /// apart instead of skipped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub fn dead_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_DEAD, limit)
+    }
+
     /// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
     /// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
     fn read_readable(&self, sql: &'static str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -345,6 +428,28 @@ impl PostgresStore {
         }
         Ok(out)
     }
+}
+
+/// The outbox rows of a listing ([`PostgresStore::pending_listing`],
+/// [`PostgresStore::dead_listing`]): those that read, and apart from them those that cannot be read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The rows that read, in the listing's order.
+    pub rows: Vec<OutboxRow>,
+    /// The rows among the first `limit` that cannot be read.
+    pub unreadable: Vec<UnreadableCommand>,
+}
+
+/// A row of the outbox that cannot be read (edited by hand, or written by a version that stored it
+/// otherwise), as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableCommand {
+    /// Its ID as stored (`workflow_id:event_seq:idx`).
+    pub command_id: String,
+    /// Its stored status.
+    pub status: String,
+    /// Why it cannot be read, naming the column.
+    pub error: String,
 }
 
 /// A row count as an SQL `LIMIT`.
