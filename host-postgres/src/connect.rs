@@ -1,7 +1,7 @@
 //! Connections: the pool every store handle shares, its options, the schema migrations, and how
 //! driver errors map onto miniflow's kinds.
 
-use std::ops::DerefMut;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,6 +10,9 @@ use postgres::error::SqlState;
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Client, Config, GenericClient, NoTls, Socket};
 use r2d2_postgres::PostgresConnectionManager;
+
+use crate::db::{Connection, Db};
+use crate::notifier::Notifier;
 
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
 const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
@@ -48,6 +51,8 @@ pub struct PostgresOptions {
     database_clock: bool,
     notify: bool,
     require_durable_commits: bool,
+    migrate: bool,
+    read_only: bool,
 }
 
 impl Default for PostgresOptions {
@@ -58,6 +63,8 @@ impl Default for PostgresOptions {
             database_clock: false,
             notify: true,
             require_durable_commits: true,
+            migrate: true,
+            read_only: false,
         }
     }
 }
@@ -108,11 +115,19 @@ impl PostgresOptions {
         self
     }
 
-    /// Whether a transaction that makes work claimable (new commands or timers, a command pending
-    /// again, a finished command whose workflow has later ones) ends with `NOTIFY miniflow_outbox`,
-    /// the hint that wakes idle [`crate::Wakeups`] listeners. On by default. PostgreSQL sends one
-    /// notification per transaction however often it is raised in it; it also serialises the
-    /// commits of notifying transactions briefly, so a store whose workers only poll may turn it off.
+    /// Whether an operation that makes work claimable (new commands or timers, a command pending
+    /// again, a finished command whose workflow has later ones) is followed by `NOTIFY
+    /// miniflow_outbox`, the hint that wakes idle [`crate::Wakeups`] listeners. On by default.
+    ///
+    /// The hint is sent after the operation committed (so whoever it wakes finds the work), by a
+    /// thread of the store's own on one more connection, opened on the first hint: committing never
+    /// waits for it, and operations committing while one is on its way share the next, at most one
+    /// per millisecond per store. PostgreSQL serialises the commits of notifying transactions; the
+    /// hint's own transaction commits without waiting for its WAL flush, so the operations' commits
+    /// do not queue behind one another. A hint lost (in a crash, or with its connection) costs idle
+    /// workers their fallback poll and nothing else. Only [`crate::PostgresStore::append_in`]
+    /// and [`crate::PostgresStore::handle_in`], which commit in the caller's transaction, notify in
+    /// it. A store whose workers only poll may turn hints off.
     #[must_use]
     pub fn notify(mut self, on: bool) -> Self {
         self.notify = on;
@@ -127,6 +142,35 @@ impl PostgresOptions {
     pub fn require_durable_commits(mut self, on: bool) -> Self {
         self.require_durable_commits = on;
         self
+    }
+
+    /// Whether connecting brings the database's schema up to date (on by default: numbered
+    /// migrations under an advisory lock, see the crate's documentation). Off, connecting changes
+    /// nothing and refuses a database that does not hold miniflow's schema at this version:
+    /// [`Error::InvalidInput`] for a database without it or with an older one (upgrade it with
+    /// [`crate::PostgresStore::migrate`] or `miniflow migrate URL`), [`Error::UnsupportedSchema`]
+    /// for a newer one. For tools that must not create or upgrade a schema by accident, and for
+    /// roles that may not change it.
+    #[must_use]
+    pub fn migrate(mut self, on: bool) -> Self {
+        self.migrate = on;
+        self
+    }
+
+    /// Read-only sessions: every connection of the pool starts with `default_transaction_read_only
+    /// = on`, so the database refuses any write through the store (an [`Error::Storage`] naming the
+    /// read-only transaction). Connecting then migrates nothing and checks no durability setting
+    /// (as with [`PostgresOptions::migrate`] off, the schema must be this version's), and nothing
+    /// notifies. For inspection: `pending`, `command`, `load`, the listings. Off by default.
+    #[must_use]
+    pub fn read_only(mut self, on: bool) -> Self {
+        self.read_only = on;
+        self
+    }
+
+    /// Whether connections are read-only sessions (see [`PostgresOptions::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Whether the store reads the database's clock (see [`PostgresOptions::database_clock`]).
@@ -167,10 +211,55 @@ impl PostgresOptions {
 /// A connection checked out of the pool; it goes back when dropped.
 pub type PooledClient = Box<dyn DerefMut<Target = Client> + Send>;
 
+/// A connection of the pool with its prepared statements, checked out; it goes back when dropped.
+pub(crate) type Pooled = Box<dyn DerefMut<Target = Connection> + Send>;
+
+/// The client of a checked-out connection, for the caller.
+struct ClientOf(Pooled);
+
+impl Deref for ClientOf {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.0.client
+    }
+}
+
+impl DerefMut for ClientOf {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.0.client
+    }
+}
+
 /// Where connections come from, whatever TLS connector the pool was built with.
-trait Connections: Send + Sync {
-    fn get(&self) -> Result<PooledClient, Error>;
+pub(crate) trait Connections: Send + Sync {
+    fn get(&self) -> Result<Pooled, Error>;
     fn dedicated(&self) -> Result<Client, Error>;
+}
+
+/// The pool's connections: `r2d2_postgres`'s, each with its statement cache.
+struct Manager<T>(PostgresConnectionManager<T>);
+
+impl<T> r2d2::ManageConnection for Manager<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::TlsConnect: Send,
+    T::Stream: Send,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Connection = Connection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<Connection, postgres::Error> {
+        self.0.connect().map(Connection::new)
+    }
+
+    fn is_valid(&self, connection: &mut Connection) -> Result<(), postgres::Error> {
+        self.0.is_valid(&mut connection.client)
+    }
+
+    fn has_broken(&self, connection: &mut Connection) -> bool {
+        self.0.has_broken(&mut connection.client)
+    }
 }
 
 struct Pool<T>
@@ -180,7 +269,7 @@ where
     T::Stream: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    pool: r2d2::Pool<PostgresConnectionManager<T>>,
+    pool: r2d2::Pool<Manager<T>>,
     config: Config,
     tls: T,
 }
@@ -192,10 +281,10 @@ where
     T::Stream: Send,
     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
 {
-    fn get(&self) -> Result<PooledClient, Error> {
+    fn get(&self) -> Result<Pooled, Error> {
         self.pool
             .get()
-            .map(|client| Box::new(client) as PooledClient)
+            .map(|connection| Box::new(connection) as Pooled)
             .map_err(|e| Error::Storage(format!("no PostgreSQL connection: {e}").into()))
     }
 
@@ -208,6 +297,7 @@ where
 #[derive(Clone)]
 pub(crate) struct Shared {
     connections: Arc<dyn Connections>,
+    notifier: Arc<Notifier>,
     pub(crate) options: PostgresOptions,
 }
 
@@ -222,15 +312,12 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// A pool on `url` without TLS.
     pub(crate) fn connect(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
-        let config: Config = url.parse().map_err(|e: postgres::Error| {
-            Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
-        })?;
-        Self::connect_tls(config, NoTls, options)
+        Self::open(parse_url(url)?, NoTls, options, ("url", redact(url)))
     }
 
     /// A pool on `config` through `tls`: checks the server's durability, migrates the schema.
     pub(crate) fn connect_tls<T>(
-        mut config: Config,
+        config: Config,
         tls: T,
         options: &PostgresOptions,
     ) -> Result<Self, Error>
@@ -240,14 +327,42 @@ impl Shared {
         T::Stream: Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
+        let database = config.get_dbname().unwrap_or("(the user's)").to_owned();
+        Self::open(config, tls, options, ("database", database))
+    }
+
+    /// A pool on `config` through `tls`: checks the server's durability and migrates the schema, or
+    /// (read-only, or not migrating) checks the schema is this version's. `target` names the
+    /// database in errors (`("url", the URL without its password)`).
+    fn open<T>(
+        mut config: Config,
+        tls: T,
+        options: &PostgresOptions,
+        target: (&'static str, String),
+    ) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::TlsConnect: Send,
+        T::Stream: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         options.validate()?;
+        if options.read_only {
+            // A startup option: every connection of the pool, and each one it reopens, is a
+            // read-only session from its first statement on.
+            let startup = format!(
+                "{} -c default_transaction_read_only=on",
+                config.get_options().unwrap_or_default()
+            );
+            config.options(startup.trim_start());
+        }
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }
         if config.get_application_name().is_none() {
             config.application_name("miniflow");
         }
-        let manager = PostgresConnectionManager::new(config.clone(), tls.clone());
+        let manager = Manager(PostgresConnectionManager::new(config.clone(), tls.clone()));
         let pool = r2d2::Pool::builder()
             .max_size(options.pool_size)
             .min_idle(Some(0))
@@ -257,26 +372,99 @@ impl Shared {
             .test_on_check_out(false)
             .build(manager)
             .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
+        let connections: Arc<dyn Connections> = Arc::new(Pool { pool, config, tls });
         let shared = Self {
-            connections: Arc::new(Pool { pool, config, tls }),
+            notifier: Arc::new(Notifier::new(connections.clone())),
+            connections,
             options: options.clone(),
         };
-        let mut client = shared.client()?;
-        if options.require_durable_commits {
+        // The checks on a connection of their own: a server that cannot be reached fails the
+        // connect at once with what went wrong, where the pool would retry until its timeout.
+        let mut client = shared.dedicated()?;
+        if options.require_durable_commits && !options.read_only {
             check_durability(&mut client)?;
         }
-        migrate(&mut client)?;
+        if options.migrate && !options.read_only {
+            migrate(&mut client)?;
+        } else {
+            check_schema(&mut client, target)?;
+        }
         Ok(shared)
     }
 
-    /// A connection from the pool.
+    /// A connection from the pool, for the caller.
     pub(crate) fn client(&self) -> Result<PooledClient, Error> {
+        Ok(Box::new(ClientOf(self.connections.get()?)))
+    }
+
+    /// A connection from the pool with its prepared statements.
+    pub(crate) fn connection(&self) -> Result<Pooled, Error> {
         self.connections.get()
+    }
+
+    /// Raises the wake-up hint when `work` says an operation that committed made work claimable
+    /// and the options allow it (see [`crate::notifier`]).
+    pub(crate) fn hint(&self, work: bool) {
+        if work && self.options.notify && !self.options.read_only {
+            self.notifier.raise();
+        }
     }
 
     /// A connection of its own, outside the pool (for a listener).
     pub(crate) fn dedicated(&self) -> Result<Client, Error> {
         self.connections.dedicated()
+    }
+}
+
+/// The connection settings `url` spells.
+fn parse_url(url: &str) -> Result<Config, Error> {
+    url.parse().map_err(|e: postgres::Error| {
+        let e = DriverError(e);
+        Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
+    })
+}
+
+/// Brings the schema of the database at `url` to [`SCHEMA_VERSION`] on a connection of its own (see
+/// [`crate::PostgresStore::migrate`]); returns the version it found.
+pub(crate) fn migrate_url(url: &str) -> Result<i64, Error> {
+    let mut config = parse_url(url)?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(PostgresOptions::default().connect_timeout);
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("miniflow");
+    }
+    let mut client = config.connect(NoTls).map_err(storage)?;
+    let found = schema_version(&mut client)?;
+    migrate(&mut client)?;
+    Ok(found)
+}
+
+/// Refuses a database whose schema is not this version's, changing nothing: none or an older one is
+/// [`Error::InvalidInput`] naming `target`, a newer one [`Error::UnsupportedSchema`].
+fn check_schema(client: &mut Client, (field, value): (&'static str, String)) -> Result<(), Error> {
+    match schema_version(client)? {
+        found if found == SCHEMA_VERSION => Ok(()),
+        0 => Err(Error::invalid(
+            field,
+            &value,
+            format!(
+                "holds no miniflow schema (no miniflow_schema table in its search path): create it \
+                 with `miniflow migrate {value}`, or connect a store that migrates"
+            ),
+        )),
+        found if found < SCHEMA_VERSION => Err(Error::invalid(
+            field,
+            &value,
+            format!(
+                "holds miniflow schema version {found}, older than version {SCHEMA_VERSION} of \
+                 this miniflow: upgrade it first with `miniflow migrate {value}`"
+            ),
+        )),
+        found => Err(Error::UnsupportedSchema {
+            found,
+            supported: SCHEMA_VERSION,
+        }),
     }
 }
 
@@ -294,6 +482,30 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// A driver error whose message says what went wrong: the driver's own says only "db error" or
+/// "error connecting to server"; this one adds what the server or the system said. The driver's
+/// error stays its source.
+#[derive(Debug)]
+struct DriverError(postgres::Error);
+
+impl std::fmt::Display for DriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        match std::error::Error::source(&self.0) {
+            Some(cause) if !self.0.to_string().ends_with(&cause.to_string()) => {
+                write!(f, ": {cause}")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for DriverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 /// Maps a driver error onto miniflow's kinds: a lost serialization race, a deadlock, a lock or
 /// statement timeout and a full server are [`Error::Busy`] (retry later); anything else, including
 /// a lost connection, is [`Error::Storage`].
@@ -306,8 +518,8 @@ pub(crate) fn storage(e: postgres::Error) -> Error {
         SqlState::TOO_MANY_CONNECTIONS,
     ];
     match e.code() {
-        Some(code) if busy.contains(code) => Error::Busy(Box::new(e)),
-        _ => Error::Storage(Box::new(e)),
+        Some(code) if busy.contains(code) => Error::Busy(Box::new(DriverError(e))),
+        _ => Error::Storage(Box::new(DriverError(e))),
     }
 }
 
@@ -403,8 +615,8 @@ fn migrate(client: &mut Client) -> Result<(), Error> {
 }
 
 /// The database's clock, in milliseconds since the Unix epoch.
-pub(crate) fn database_now(client: &mut impl GenericClient) -> Result<Timestamp, Error> {
-    let millis: i64 = client
+pub(crate) fn database_now(db: &mut Db<'_, impl GenericClient>) -> Result<Timestamp, Error> {
+    let millis: i64 = db
         .query_one(
             "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint",
             &[],
@@ -429,15 +641,20 @@ impl Clock {
     /// `client` when the options say so, or `caller` itself.
     pub(crate) fn read(
         options: &PostgresOptions,
-        client: &mut impl GenericClient,
+        db: &mut Db<'_, impl GenericClient>,
         caller: Timestamp,
     ) -> Result<Self, Error> {
         let now = if options.database_clock {
-            database_now(client)?
+            database_now(db)?
         } else {
             caller
         };
         Ok(Self { now, caller })
+    }
+
+    /// The caller's clock, for an operation at `now` (without [`PostgresOptions::database_clock`]).
+    pub(crate) fn caller(now: Timestamp) -> Self {
+        Self { now, caller: now }
     }
 
     /// A time of the caller's clock in the store's.

@@ -7,6 +7,7 @@ use miniflow_core::{
 use postgres::{GenericClient, Transaction};
 
 use crate::connect::{storage, Clock, PostgresOptions, Shared, KEY_LOCK_CLASS};
+use crate::db::{Db, Statements};
 use crate::rows::to_sql_time;
 use crate::PostgresStore;
 
@@ -104,9 +105,12 @@ impl PostgresIdempotencyStore {
         now: Timestamp,
     ) -> Result<(), Error> {
         let mut savepoint = tx.transaction().map_err(storage)?;
-        lock_key(&mut savepoint, key)?;
-        let clock = Clock::read(&self.shared.options, &mut savepoint, now)?;
-        finish_on(&mut savepoint, key, token, result, clock.now)?;
+        // The caller's connection may not be one of the pool's: statements prepared for this call.
+        let mut statements = Statements::default();
+        let mut db = Db::new(&mut savepoint, &mut statements);
+        lock_key(&mut db, key)?;
+        let clock = Clock::read(&self.shared.options, &mut db, now)?;
+        finish_on(&mut db, key, token, result, clock.now)?;
         savepoint.commit().map_err(storage)
     }
 
@@ -115,34 +119,36 @@ impl PostgresIdempotencyStore {
         &mut self,
         key: &IdempotencyKey,
         now: Timestamp,
-        operation: impl FnOnce(&mut Transaction<'_>, &IdempotencyPolicy, Timestamp) -> Result<T, Error>,
+        operation: impl FnOnce(
+            &mut Db<'_, Transaction<'_>>,
+            &IdempotencyPolicy,
+            Timestamp,
+        ) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        lock_key(&mut tx, key)?;
-        let clock = Clock::read(&self.shared.options, &mut tx, now)?;
-        let out = operation(&mut tx, &self.policy, clock.now)?;
-        tx.commit().map_err(storage)?;
-        Ok(out)
+        let mut connection = self.shared.connection()?;
+        connection.in_transaction(|db| {
+            lock_key(db, key)?;
+            let clock = Clock::read(&self.shared.options, db, now)?;
+            operation(db, &self.policy, clock.now)
+        })
     }
 }
 
 /// Takes the advisory lock of `key` until the transaction ends: the record's row may not exist yet.
-fn lock_key(client: &mut impl GenericClient, key: &IdempotencyKey) -> Result<(), Error> {
-    client
-        .execute(
-            "SELECT pg_advisory_xact_lock($1, hashtext($2))",
-            &[&KEY_LOCK_CLASS, &key.as_str()],
-        )
-        .map_err(storage)?;
+fn lock_key(db: &mut Db<'_, impl GenericClient>, key: &IdempotencyKey) -> Result<(), Error> {
+    db.execute(
+        "SELECT pg_advisory_xact_lock($1, hashtext($2))",
+        &[&KEY_LOCK_CLASS, &key.as_str()],
+    )
+    .map_err(storage)?;
     Ok(())
 }
 
 fn select(
-    client: &mut impl GenericClient,
+    db: &mut Db<'_, impl GenericClient>,
     key: &IdempotencyKey,
 ) -> Result<Option<IdempotencyRecord>, Error> {
-    let Some(row) = client
+    let Some(row) = db
         .query_opt(
             "SELECT digest, reserved_at, result, completed_at, token, abandoned \
              FROM idempotency WHERE key = $1",
@@ -184,7 +190,7 @@ fn select(
     }))
 }
 
-fn write(client: &mut impl GenericClient, record: &IdempotencyRecord) -> Result<(), Error> {
+fn write(db: &mut Db<'_, impl GenericClient>, record: &IdempotencyRecord) -> Result<(), Error> {
     let (result, completed_at, abandoned) = match &record.state {
         RecordState::Completed {
             result,
@@ -199,55 +205,53 @@ fn write(client: &mut impl GenericClient, record: &IdempotencyRecord) -> Result<
     };
     let token = i64::try_from(record.token)
         .map_err(|_| Error::invalid("token", record.token, "is past i64::MAX"))?;
-    client
-        .execute(
-            "INSERT INTO idempotency \
+    db.execute(
+        "INSERT INTO idempotency \
              (key, digest, reserved_at, result, completed_at, settled_at, token, abandoned) \
              VALUES ($1, $2, $3::bigint, $4, $5::bigint, COALESCE($5::bigint, $3::bigint), $6, $7) \
              ON CONFLICT (key) DO UPDATE SET digest = EXCLUDED.digest, \
              reserved_at = EXCLUDED.reserved_at, result = EXCLUDED.result, \
              completed_at = EXCLUDED.completed_at, settled_at = EXCLUDED.settled_at, \
              token = EXCLUDED.token, abandoned = EXCLUDED.abandoned",
-            &[
-                &record.key.as_str(),
-                &record.digest.to_string(),
-                &to_sql_time("now", record.reserved_at)?,
-                &result,
-                &completed_at,
-                &token,
-                &abandoned,
-            ],
-        )
-        .map_err(storage)?;
+        &[
+            &record.key.as_str(),
+            &record.digest.to_string(),
+            &to_sql_time("now", record.reserved_at)?,
+            &result,
+            &completed_at,
+            &token,
+            &abandoned,
+        ],
+    )
+    .map_err(storage)?;
     Ok(())
 }
 
 fn finish_on(
-    client: &mut impl GenericClient,
+    db: &mut Db<'_, impl GenericClient>,
     key: &IdempotencyKey,
     token: u64,
     result: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let mut record = select_for_update(client, key)?.ok_or_else(|| Error::UnknownKey {
+    let mut record = select_for_update(db, key)?.ok_or_else(|| Error::UnknownKey {
         key: key.to_string(),
     })?;
     record.finish(token, result.clone(), now)?;
-    write(client, &record)
+    write(db, &record)
 }
 
 /// The record of `key`, locked until the transaction ends.
 fn select_for_update(
-    client: &mut impl GenericClient,
+    db: &mut Db<'_, impl GenericClient>,
     key: &IdempotencyKey,
 ) -> Result<Option<IdempotencyRecord>, Error> {
-    client
-        .execute(
-            "SELECT 1 FROM idempotency WHERE key = $1 FOR UPDATE",
-            &[&key.as_str()],
-        )
-        .map_err(storage)?;
-    select(client, key)
+    db.execute(
+        "SELECT 1 FROM idempotency WHERE key = $1 FOR UPDATE",
+        &[&key.as_str()],
+    )
+    .map_err(storage)?;
+    select(db, key)
 }
 
 impl IdempotencyStore for PostgresIdempotencyStore {
@@ -295,17 +299,18 @@ impl IdempotencyStore for PostgresIdempotencyStore {
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
-        select(&mut **self.shared.client()?, key)
+        select(&mut self.shared.connection()?.db(), key)
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        let mut client = self.shared.client()?;
-        let clock = Clock::read(&self.shared.options, &mut **client, now)?;
+        let mut connection = self.shared.connection()?;
+        let mut db = connection.db();
+        let clock = Clock::read(&self.shared.options, &mut db, now)?;
         // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
         let Some(cutoff) = clock.now.checked_sub(self.policy.retention) else {
             return Ok(0);
         };
-        let deleted = client
+        let deleted = db
             .execute(
                 "DELETE FROM idempotency WHERE key IN \
                  (SELECT key FROM idempotency WHERE settled_at <= $1 ORDER BY settled_at \

@@ -4,10 +4,12 @@
 //!   acknowledgements and failures are short `READ COMMITTED` transactions that read the rows they
 //!   change `FOR UPDATE` and apply the core's rules; claims take the longest-due commands with
 //!   `FOR UPDATE SKIP LOCKED`, so workers on many machines never wait for each other and never hold
-//!   the same command.
+//!   the same command. Each connection prepares each statement once; a commit without timers or
+//!   cancellations is one statement (one round trip), a batch of acknowledgements one statement.
 //! - [`PostgresIdempotencyStore`]: a receiver's idempotency records.
-//! - [`Wakeups`]: a `LISTEN` on the hint that committing transactions `NOTIFY`, so idle workers start
-//!   early and otherwise leave the database alone; polling stays the fallback.
+//! - [`Wakeups`]: a `LISTEN` on the hint (`NOTIFY`) that follows the commit of an operation that
+//!   made work claimable, so idle workers start early and otherwise leave the database alone;
+//!   polling stays the fallback.
 //! - `PostgresDispatcher` (feature `dispatcher`): `Dispatcher::postgres(&store, handler)`, the native
 //!   host's worker pool over a `PostgresStore`, woken by notifications.
 //! - [`PostgresOptions::database_clock`]: one clock for leases (DESIGN rule 18), the database's, so
@@ -20,7 +22,9 @@
 #![warn(missing_docs)]
 
 mod connect;
+mod db;
 mod idempotency;
+mod notifier;
 mod rows;
 mod store;
 mod wakeup;
@@ -32,7 +36,7 @@ pub use idempotency::PostgresIdempotencyStore;
 pub use postgres;
 #[doc(hidden)]
 pub use store::hot_queries;
-pub use store::PostgresStore;
+pub use store::{Listing, PostgresStore, UnreadableCommand};
 pub use wakeup::Wakeups;
 #[cfg(feature = "dispatcher")]
 pub use wakeup::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};

@@ -5,10 +5,12 @@ use miniflow_core::{
     canonical_json, CommandId, Error, EventRecord, Lease, OutboxRow, Seq, Status, TimerId,
     TimerRow, Timestamp, WorkflowId,
 };
-use postgres::types::{FromSql, ToSql};
+use postgres::types::FromSql;
 use postgres::{GenericClient, Row};
 
 use crate::connect::storage;
+use crate::db::Db;
+pub(crate) use crate::db::Params;
 
 /// The columns of an [`OutboxRow`], as [`read_outbox_row`] reads them.
 macro_rules! row_columns {
@@ -43,9 +45,6 @@ macro_rules! select_timers {
 }
 
 pub(crate) use {row_columns, select_rows, select_timers};
-
-/// SQL parameters.
-pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
 /// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
 /// this one cannot parse): its column, and why.
@@ -206,12 +205,11 @@ pub(crate) fn read_timer(row: &Row) -> Result<TimerRow, Unreadable> {
 /// Every outbox row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming the command
 /// and the column.
 pub(crate) fn query_rows(
-    client: &mut impl GenericClient,
-    sql: &str,
+    db: &mut Db<'_, impl GenericClient>,
+    sql: &'static str,
     params: &Params<'_>,
 ) -> Result<Vec<OutboxRow>, Error> {
-    client
-        .query(sql, params)
+    db.query(sql, params)
         .map_err(storage)?
         .iter()
         .map(|row| {
@@ -223,12 +221,11 @@ pub(crate) fn query_rows(
 
 /// Every timer `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and the column.
 pub(crate) fn query_timers(
-    client: &mut impl GenericClient,
-    sql: &str,
+    db: &mut Db<'_, impl GenericClient>,
+    sql: &'static str,
     params: &Params<'_>,
 ) -> Result<Vec<TimerRow>, Error> {
-    client
-        .query(sql, params)
+    db.query(sql, params)
         .map_err(storage)?
         .iter()
         .map(|row| {
@@ -242,10 +239,10 @@ pub(crate) fn query_timers(
 
 /// The events of `workflow_id` in seq order, as `client` sees them.
 pub(crate) fn load_events(
-    client: &mut impl GenericClient,
+    db: &mut Db<'_, impl GenericClient>,
     workflow_id: &WorkflowId,
 ) -> Result<Vec<EventRecord>, Error> {
-    let rows = client
+    let rows = db
         .query(
             "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = $1 ORDER BY seq",
             &[&workflow_id.as_str()],
@@ -307,7 +304,7 @@ pub(crate) fn id_params(id: &CommandId) -> (&str, i64, i64) {
 }
 
 /// Writes back every column an [`OutboxRow`] method may change.
-pub(crate) fn write_row(client: &mut impl GenericClient, row: &OutboxRow) -> Result<(), Error> {
+pub(crate) fn write_row(db: &mut Db<'_, impl GenericClient>, row: &OutboxRow) -> Result<(), Error> {
     let (w, s, i) = id_params(&row.command_id);
     let lease = row.lease.as_ref();
     let lease_expires_at = lease
@@ -321,71 +318,71 @@ pub(crate) fn write_row(client: &mut impl GenericClient, row: &OutboxRow) -> Res
     let token = to_sql_u64("lease_token", row.token())?;
     let last_error = row.last_error.as_deref().map(text);
     let resolution = row.resolution.as_deref().map(text);
-    client
-        .execute(
-            "UPDATE outbox SET status = $4, attempts = $5, last_error = $6, available_at = $7, \
+    db.execute(
+        "UPDATE outbox SET status = $4, attempts = $5, last_error = $6, available_at = $7, \
              lease_owner = $8, lease_expires_at = $9, lease_token = $10, processed_at = $11, \
              manual_retries = $12, resolution = $13, result = $14, cancel_requested = $15 \
              WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
-            &[
-                &w,
-                &s,
-                &i,
-                &row.status.as_str(),
-                &i64::from(row.attempts),
-                &last_error.as_deref(),
-                &available_at,
-                &lease.map(|l| l.owner.as_str()),
-                &lease_expires_at,
-                &token,
-                &processed_at,
-                &i64::from(row.manual_retries),
-                &resolution.as_deref(),
-                &row.result.as_ref().map(canonical_json),
-                &row.cancel_requested,
-            ],
-        )
-        .map_err(storage)?;
+        &[
+            &w,
+            &s,
+            &i,
+            &row.status.as_str(),
+            &i64::from(row.attempts),
+            &last_error.as_deref(),
+            &available_at,
+            &lease.map(|l| l.owner.as_str()),
+            &lease_expires_at,
+            &token,
+            &processed_at,
+            &i64::from(row.manual_retries),
+            &resolution.as_deref(),
+            &row.result.as_ref().map(canonical_json),
+            &row.cancel_requested,
+        ],
+    )
+    .map_err(storage)?;
     Ok(())
 }
 
-pub(crate) fn insert_timer(client: &mut impl GenericClient, timer: &TimerRow) -> Result<(), Error> {
+pub(crate) fn insert_timer(
+    db: &mut Db<'_, impl GenericClient>,
+    timer: &TimerRow,
+) -> Result<(), Error> {
     let processed_at = timer
         .processed_at
         .map(|t| to_sql_time("processed_at", t))
         .transpose()?;
-    client
-        .execute(
-            "INSERT INTO timers (workflow_id, timer_id, name, event_kind, event_payload, fire_at, \
+    db.execute(
+        "INSERT INTO timers (workflow_id, timer_id, name, event_kind, event_payload, fire_at, \
              available_at, status, created_at, processed_at, last_error) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-            &[
-                &timer.timer_id.workflow_id().as_str(),
-                &timer.timer_id.to_string(),
-                &timer.name,
-                &timer.event_kind,
-                &canonical_json(&timer.event_payload),
-                &to_sql_time("fire_at", timer.fire_at)?,
-                &to_sql_time("available_at", timer.available_at)?,
-                &timer.status.as_str(),
-                &to_sql_time("now", timer.created_at)?,
-                &processed_at,
-                &timer.last_error.as_deref().map(text),
-            ],
-        )
-        .map_err(storage)?;
+        &[
+            &timer.timer_id.workflow_id().as_str(),
+            &timer.timer_id.to_string(),
+            &timer.name,
+            &timer.event_kind,
+            &canonical_json(&timer.event_payload),
+            &to_sql_time("fire_at", timer.fire_at)?,
+            &to_sql_time("available_at", timer.available_at)?,
+            &timer.status.as_str(),
+            &to_sql_time("now", timer.created_at)?,
+            &processed_at,
+            &timer.last_error.as_deref().map(text),
+        ],
+    )
+    .map_err(storage)?;
     Ok(())
 }
 
 pub(crate) fn timer_exists(
-    client: &mut impl GenericClient,
+    db: &mut Db<'_, impl GenericClient>,
     timer_id: &TimerId,
 ) -> Result<bool, Error> {
-    client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = $1)",
-            &[&timer_id.to_string()],
-        )
-        .and_then(|row| row.try_get(0))
-        .map_err(storage)
+    db.query_one(
+        "SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = $1)",
+        &[&timer_id.to_string()],
+    )
+    .and_then(|row| row.try_get(0))
+    .map_err(storage)
 }

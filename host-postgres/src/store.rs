@@ -1,6 +1,7 @@
 //! [`PostgresStore`]: the miniflow [`Store`] on a PostgreSQL database.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use miniflow_core::prelude::*;
@@ -15,6 +16,7 @@ use postgres::{Config, GenericClient, Row, Socket, Transaction};
 use crate::connect::{
     is_unique_violation, storage, Clock, PooledClient, PostgresOptions, Shared, NOTIFY_CHANNEL,
 };
+use crate::db::{Db, Statements};
 use crate::rows::{
     id_params, insert_timer, load_events, query_rows, query_timers, raw_command_id,
     read_outbox_row, read_timer, salvage, select_rows, select_timers, text, timer_exists,
@@ -52,6 +54,9 @@ pub struct PostgresStore {
     /// Idle claims skipped until a wake-up (see [`PostgresStore::woken_by`]).
     idle_commands: Idle,
     idle_timers: Idle,
+    /// The last claim came back full: the next one goes straight to claiming, without asking first
+    /// whether anything is due (there most likely is).
+    busy: bool,
 }
 
 /// When an idle store asks the database again: after a notification newer than `generation`, or at
@@ -100,12 +105,52 @@ impl PostgresStore {
         )?))
     }
 
+    /// Connects to the database at `url` to look into it, changing nothing: read-only sessions, no
+    /// migration, no durability check, a pool of 2 (see [`PostgresOptions::read_only`]). The
+    /// database must hold miniflow's schema at this version.
+    ///
+    /// ```no_run
+    /// use miniflow_core::prelude::*;
+    /// use miniflow_postgres::PostgresStore;
+    ///
+    /// let store = PostgresStore::connect_read_only("postgresql://operator@db.internal/flow")?;
+    /// let listing = store.dead_listing(100)?;
+    /// println!("{} dead, {} unreadable", listing.rows.len(), listing.unreadable.len());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL, or a database without miniflow's schema or with
+    /// an older one; [`Error::UnsupportedSchema`] for a newer one; [`Error::Storage`] when the
+    /// server cannot be reached.
+    pub fn connect_read_only(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, &PostgresOptions::new().read_only(true).pool_size(2))
+    }
+
+    /// Brings the schema of the database at `url` up to this version (creating it in a database
+    /// without one), on a connection of its own, and returns the version it found there: 0 for
+    /// none, [`crate::SCHEMA_VERSION`] when there was nothing to do. Older versions of miniflow
+    /// refuse a database it upgraded. Connecting a store does the same unless
+    /// [`PostgresOptions::migrate`] is off; this is for running migrations ahead, with a role that
+    /// may change the schema.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a malformed URL; [`Error::UnsupportedSchema`] when a newer
+    /// miniflow migrated the database (it is left as it is); [`Error::Storage`] when the server
+    /// cannot be reached or a migration fails (it is rolled back whole).
+    pub fn migrate(url: &str) -> Result<i64, Error> {
+        crate::connect::migrate_url(url)
+    }
+
     fn from_shared(shared: Shared) -> Self {
         Self {
             shared,
             wakeups: None,
             idle_commands: Idle::default(),
             idle_timers: Idle::default(),
+            busy: false,
         }
     }
 
@@ -169,16 +214,29 @@ impl PostgresStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(&self, tx: &mut Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        let mut savepoint = tx.transaction().map_err(storage)?;
-        let clock = self.clock(&mut savepoint, commit.now())?;
-        match write_commit(&mut savepoint, commit, clock) {
-            Ok(notify) => {
-                self.notify_if(&mut savepoint, notify)?;
+        // The caller's connection may not be one of the pool's: its statements are prepared for this
+        // call only.
+        let mut statements = Statements::default();
+        self.append_in_db(&mut Db::new(tx, &mut statements), commit)
+    }
+
+    fn append_in_db(&self, db: &mut Db<'_, Transaction<'_>>, commit: &Commit) -> Result<(), Error> {
+        let (mut savepoint, statements) = db.savepoint()?;
+        let mut inner = Db::new(&mut savepoint, statements);
+        let clock = self.clock(&mut inner, commit.now())?;
+        match write_commit(&mut inner, commit, clock) {
+            Ok(work) => {
+                // The caller commits: the hint goes with its transaction.
+                if work && self.shared.options.notifies() {
+                    inner
+                        .execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
+                        .map_err(storage)?;
+                }
                 savepoint.commit().map_err(storage)
             }
             Err(CommitError::Raced) => {
                 drop(savepoint);
-                let actual = last_seq(tx, commit.workflow_id())?;
+                let actual = last_seq(db, commit.workflow_id())?;
                 Err(commit.conflict(actual))
             }
             Err(CommitError::Failed(e)) => Err(e),
@@ -200,25 +258,18 @@ impl PostgresStore {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
-        let events = load_events(tx, workflow_id)?;
+        let mut statements = Statements::default();
+        let mut db = Db::new(tx, &mut statements);
+        let events = load_events(&mut db, workflow_id)?;
         let commit = engine.plan(&events, workflow_id, event, now)?;
-        self.append_in(tx, &commit)?;
+        self.append_in_db(&mut db, &commit)?;
         Ok(Handled::of(&commit, 0))
     }
 
     /// The store's `now` for an operation the caller made at `now` (see
     /// [`PostgresOptions::database_clock`]).
-    fn clock(&self, client: &mut impl GenericClient, now: Timestamp) -> Result<Clock, Error> {
-        Clock::read(&self.shared.options, client, now)
-    }
-
-    /// Raises the wake-up hint in `tx` when `work` says it made work claimable.
-    fn notify_if(&self, tx: &mut Transaction<'_>, work: bool) -> Result<(), Error> {
-        if work && self.shared.options.notifies() {
-            tx.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
-                .map_err(storage)?;
-        }
-        Ok(())
+    fn clock(&self, db: &mut Db<'_, impl GenericClient>, now: Timestamp) -> Result<Clock, Error> {
+        Clock::read(&self.shared.options, db, now)
     }
 
     /// Applies `change` to one row, read `FOR UPDATE`, inside one transaction; an error rolls it
@@ -229,21 +280,23 @@ impl PostgresStore {
         now: Timestamp,
         change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error>,
     ) -> Result<(T, Clock), Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        let clock = self.clock(&mut tx, now)?;
-        let (w, s, i) = id_params(command_id);
-        let row = query_rows(&mut tx, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
-            .pop()
-            .ok_or_else(|| Error::UnknownCommand {
-                command_id: command_id.clone(),
-            })?;
-        let before = row.status;
-        let changed = row.change(clock.now, |row| change(row, clock.now))?;
-        let fed_back = write_change(&mut tx, &changed)?;
-        self.notify_if(&mut tx, fed_back || changed.row.status != before)?;
-        tx.commit().map_err(storage)?;
-        Ok((changed.value, clock))
+        let mut connection = self.shared.connection()?;
+        let (value, clock, work) = connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            let (w, s, i) = id_params(command_id);
+            let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
+                .pop()
+                .ok_or_else(|| Error::UnknownCommand {
+                    command_id: command_id.clone(),
+                })?;
+            let before = row.status;
+            let changed = row.change(clock.now, |row| change(row, clock.now))?;
+            let fed_back = write_change(db, &changed)?;
+            let work = fed_back || changed.row.status != before;
+            Ok::<_, Error>((changed.value, clock, work))
+        })?;
+        self.shared.hint(work);
+        Ok((value, clock))
     }
 
     /// Whether an idle claim may skip the database (see [`PostgresStore::woken_by`]).
@@ -279,7 +332,7 @@ impl PostgresStore {
     /// idle workers take no lock.
     fn due(
         &self,
-        due_sql: &str,
+        due_sql: &'static str,
         now: Timestamp,
     ) -> Result<(Timestamp, bool, Option<Timestamp>), Error> {
         let caller = if self.shared.options.uses_database_clock() {
@@ -287,8 +340,11 @@ impl PostgresStore {
         } else {
             Some(to_sql_time("now", now)?)
         };
-        let mut client = self.shared.client()?;
-        let row = client.query_one(due_sql, &[&caller]).map_err(storage)?;
+        let mut connection = self.shared.connection()?;
+        let row = connection
+            .db()
+            .query_one(due_sql, &[&caller])
+            .map_err(storage)?;
         let read =
             |column| crate::rows::time(&row, column).map_err(|why| Error::Corrupt(why.to_string()));
         let store_now = read("now")?;
@@ -300,15 +356,60 @@ impl PostgresStore {
         Ok((store_now, due, next))
     }
 
+    /// The first `limit` rows of `sql` (a keyset query as for [`PostgresStore::read_readable`]),
+    /// those that cannot be read apart.
+    fn listing(&self, sql: &'static str, limit: usize) -> Result<Listing, Error> {
+        let mut connection = self.shared.connection()?;
+        let page = connection
+            .db()
+            .query(sql, &[&"", &i64::MIN, &i64::MIN, &sql_limit(limit)])
+            .map_err(storage)?;
+        let mut listing = Listing::default();
+        for row in &page {
+            match read_outbox_row(row) {
+                Ok(outbox_row) => listing.rows.push(outbox_row),
+                Err(why) => listing.unreadable.push(UnreadableCommand {
+                    command_id: raw_command_id(row),
+                    status: row
+                        .try_get::<_, String>("status")
+                        .unwrap_or_else(|_| "?".into()),
+                    error: why.to_string(),
+                }),
+            }
+        }
+        Ok(listing)
+    }
+
+    /// As [`Outbox::pending`], with the unreadable rows among the first `limit` reported apart
+    /// instead of skipped (for operators' tools).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub fn pending_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_PENDING, limit)
+    }
+
+    /// As [`Operations::dead_letters`], with the unreadable rows among the first `limit` reported
+    /// apart instead of skipped.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub fn dead_listing(&self, limit: usize) -> Result<Listing, Error> {
+        self.listing(SELECT_DEAD, limit)
+    }
+
     /// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
     /// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
-    fn read_readable(&self, sql: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
-        let mut client = self.shared.client()?;
+    fn read_readable(&self, sql: &'static str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        let mut connection = self.shared.connection()?;
+        let mut db = connection.db();
         let mut out = Vec::new();
         let mut after = (String::new(), i64::MIN, i64::MIN);
         while out.len() < limit {
             let wanted = limit - out.len();
-            let page = client
+            let page = db
                 .query(sql, &[&after.0, &after.1, &after.2, &sql_limit(wanted)])
                 .map_err(storage)?;
             for row in &page {
@@ -327,6 +428,28 @@ impl PostgresStore {
         }
         Ok(out)
     }
+}
+
+/// The outbox rows of a listing ([`PostgresStore::pending_listing`],
+/// [`PostgresStore::dead_listing`]): those that read, and apart from them those that cannot be read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Listing {
+    /// The rows that read, in the listing's order.
+    pub rows: Vec<OutboxRow>,
+    /// The rows among the first `limit` that cannot be read.
+    pub unreadable: Vec<UnreadableCommand>,
+}
+
+/// A row of the outbox that cannot be read (edited by hand, or written by a version that stored it
+/// otherwise), as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableCommand {
+    /// Its ID as stored (`workflow_id:event_seq:idx`).
+    pub command_id: String,
+    /// Its stored status.
+    pub status: String,
+    /// Why it cannot be read, naming the column.
+    pub error: String,
 }
 
 /// A row count as an SQL `LIMIT`.
@@ -407,8 +530,8 @@ impl From<Error> for CommitError {
     }
 }
 
-fn last_seq(client: &mut impl GenericClient, workflow_id: &WorkflowId) -> Result<Seq, Error> {
-    let actual: i64 = client
+fn last_seq(db: &mut Db<'_, impl GenericClient>, workflow_id: &WorkflowId) -> Result<Seq, Error> {
+    let actual: i64 = db
         .query_one(
             "SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = $1",
             &[&workflow_id.as_str()],
@@ -418,65 +541,200 @@ fn last_seq(client: &mut impl GenericClient, workflow_id: &WorkflowId) -> Result
     Seq::new(u64::try_from(actual).unwrap_or(0))
 }
 
-/// Writes `commit` on `tx` (see [`EventLog::append_with_commands`] for what is written), its times in
-/// the store's clock; returns whether it made work claimable (commands or timers).
+/// A commit's events, and with them its commands, in one statement: nothing is inserted unless the
+/// workflow's last seq (`$2`) is the one the commit expects, and the statement returns that last
+/// seq and how many events it inserted. Commands go in only together with the events.
+const INSERT_COMMIT: &str = "WITH last AS (\
+         SELECT COALESCE(MAX(seq), 0) AS seq FROM events WHERE workflow_id = $1), \
+     e AS (\
+         INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+         SELECT $1, n.seq, n.kind, n.payload, n.recorded_at \
+         FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bigint[]) \
+             AS n (seq, kind, payload, recorded_at), last \
+         WHERE last.seq = $2 \
+         RETURNING seq), \
+     c AS (\
+         INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
+             created_at, report_result) \
+         SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
+             c.report_result \
+         FROM unnest($7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::bigint[], \
+             $12::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result) \
+         WHERE EXISTS (SELECT 1 FROM e)) \
+     SELECT last.seq, (SELECT count(*) FROM e) FROM last";
+
+/// A commit's commands alone (see [`insert_commands`]).
+const INSERT_COMMANDS: &str = "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
+         status, available_at, created_at, report_result) \
+     SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
+         c.report_result \
+     FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], \
+         $7::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result)";
+
+/// The columns of a commit's commands, one array each, as [`INSERT_COMMIT`] and [`INSERT_COMMANDS`]
+/// take them.
+#[derive(Default)]
+struct CommandColumns {
+    seqs: Vec<i64>,
+    indexes: Vec<i64>,
+    kinds: Vec<String>,
+    payloads: Vec<String>,
+    created: Vec<i64>,
+    report: Vec<bool>,
+}
+
+impl CommandColumns {
+    fn of(commit: &Commit, clock: Clock) -> Result<Self, Error> {
+        let rows = commit.commands();
+        let mut columns = Self {
+            seqs: Vec::with_capacity(rows.len()),
+            indexes: Vec::with_capacity(rows.len()),
+            kinds: Vec::with_capacity(rows.len()),
+            payloads: Vec::with_capacity(rows.len()),
+            created: Vec::with_capacity(rows.len()),
+            report: Vec::with_capacity(rows.len()),
+        };
+        for row in rows {
+            columns
+                .seqs
+                .push(i64::try_from(row.command_id.event_seq().get()).unwrap_or(i64::MAX));
+            columns.indexes.push(i64::from(row.command_id.index()));
+            columns.kinds.push(row.kind.clone());
+            columns.payloads.push(canonical_json(&row.payload));
+            columns
+                .created
+                .push(to_sql_time("now", clock.inward(row.created_at))?);
+            columns.report.push(row.report_result);
+        }
+        Ok(columns)
+    }
+}
+
+/// Whether `commit` is written by [`INSERT_COMMIT`] alone: no timer to fire, schedule or cancel, no
+/// command to cancel. With the caller's clock, such a commit needs no transaction of its own around
+/// the one statement: one round trip.
+fn is_plain(commit: &Commit) -> bool {
+    commit.fires().is_none()
+        && commit.cancel_commands().is_empty()
+        && commit.cancel_timers().is_empty()
+        && commit.timers().is_empty()
+}
+
+/// Inserts `commit`'s events, and its commands unless `commands` is false, in one statement (see
+/// [`INSERT_COMMIT`]): a workflow whose last seq is not the one expected is a conflict, and a commit
+/// that raced another one of the same workflow (a unique violation on a key it writes) is
+/// [`CommitError::Raced`].
+fn insert_events(
+    db: &mut Db<'_, impl GenericClient>,
+    commit: &Commit,
+    clock: Clock,
+    commands: bool,
+) -> Result<(), CommitError> {
+    let events = commit.events();
+    let mut seqs = Vec::with_capacity(events.len());
+    let mut kinds = Vec::with_capacity(events.len());
+    let mut payloads = Vec::with_capacity(events.len());
+    let mut recorded = Vec::with_capacity(events.len());
+    for event in events {
+        seqs.push(i64::try_from(event.seq.get()).unwrap_or(i64::MAX));
+        kinds.push(event.kind.as_str());
+        payloads.push(canonical_json(&event.payload));
+        recorded.push(to_sql_time("now", clock.inward(event.recorded_at))?);
+    }
+    let columns = if commands {
+        CommandColumns::of(commit, clock)?
+    } else {
+        CommandColumns::default()
+    };
+    let expected = i64::try_from(commit.expected_seq().get()).unwrap_or(i64::MAX);
+    let row = db.query_one(
+        INSERT_COMMIT,
+        &[
+            &commit.workflow_id().as_str(),
+            &expected,
+            &seqs,
+            &kinds,
+            &payloads,
+            &recorded,
+            &columns.seqs,
+            &columns.indexes,
+            &columns.kinds,
+            &columns.payloads,
+            &columns.created,
+            &columns.report,
+        ],
+    );
+    let row = match row {
+        Err(e)
+            if is_unique_violation(&e, "events_pkey") || is_unique_violation(&e, "outbox_pkey") =>
+        {
+            return Err(CommitError::Raced)
+        }
+        other => other.map_err(storage)?,
+    };
+    let actual: i64 = row.try_get(0).map_err(storage)?;
+    let inserted: i64 = row.try_get(1).map_err(storage)?;
+    if actual != expected || inserted != seqs.len() as i64 {
+        let actual = Seq::new(u64::try_from(actual).unwrap_or(0))?;
+        return Err(commit.conflict(actual).into());
+    }
+    Ok(())
+}
+
+/// Inserts `commit`'s commands in one statement.
+fn insert_commands(
+    db: &mut Db<'_, impl GenericClient>,
+    commit: &Commit,
+    clock: Clock,
+) -> Result<(), Error> {
+    if commit.commands().is_empty() {
+        return Ok(());
+    }
+    let columns = CommandColumns::of(commit, clock)?;
+    db.execute(
+        INSERT_COMMANDS,
+        &[
+            &commit.workflow_id().as_str(),
+            &columns.seqs,
+            &columns.indexes,
+            &columns.kinds,
+            &columns.payloads,
+            &columns.created,
+            &columns.report,
+        ],
+    )
+    .map_err(storage)?;
+    Ok(())
+}
+
+/// Writes `commit` on `db` (see [`EventLog::append_with_commands`] for what is written), its times in
+/// the store's clock; returns whether it made work claimable (commands or timers). All but a
+/// [plain](is_plain) commit need `db` to be a transaction.
 fn write_commit(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, impl GenericClient>,
     commit: &Commit,
     clock: Clock,
 ) -> Result<bool, CommitError> {
-    let workflow_id = commit.workflow_id().as_str();
-    let actual = last_seq(tx, commit.workflow_id())?;
-    if actual != commit.expected_seq() {
-        return Err(commit.conflict(actual).into());
-    }
-    for event in commit.events() {
-        let inserted = tx.execute(
-            "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
-             VALUES ($1, $2, $3, $4, $5)",
-            &[
-                &workflow_id,
-                &i64::try_from(event.seq.get()).unwrap_or(i64::MAX),
-                &event.kind,
-                &canonical_json(&event.payload),
-                &to_sql_time("now", clock.inward(event.recorded_at))?,
-            ],
-        );
-        match inserted {
-            Err(e) if is_unique_violation(&e, "events_pkey") => return Err(CommitError::Raced),
-            other => {
-                other.map_err(storage)?;
-            }
-        }
-    }
+    // Commands a commit cancels are withdrawn before its own are written (the cancellation may
+    // name their kind): then the commands go in after the cancellation, not with the events.
+    let cancels = !commit.cancel_commands().is_empty();
+    insert_events(db, commit, clock, !cancels)?;
     if let Some(timer_id) = commit.fires() {
-        fire_timer(tx, timer_id, clock.now)?;
+        fire_timer(db, timer_id, clock.now)?;
     }
-    cancel_commands(tx, commit, clock.now)?;
-    for row in commit.commands() {
-        let created_at = to_sql_time("now", clock.inward(row.created_at))?;
-        tx.execute(
-            "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-             available_at, created_at, report_result) \
-             VALUES ($1, $2, $3, $4, $5, 'pending', $6, $6, $7)",
-            &[
-                &workflow_id,
-                &i64::try_from(row.command_id.event_seq().get()).unwrap_or(i64::MAX),
-                &i64::from(row.command_id.index()),
-                &row.kind,
-                &canonical_json(&row.payload),
-                &created_at,
-                &row.report_result,
-            ],
-        )
-        .map_err(storage)?;
+    if cancels {
+        cancel_commands(db, commit, clock.now)?;
+        insert_commands(db, commit, clock)?;
     }
-    let now = to_sql_time("now", clock.now)?;
-    for name in commit.cancel_timers() {
-        tx.execute(
+    if !commit.cancel_timers().is_empty() {
+        db.execute(
             "UPDATE timers SET status = 'cancelled', processed_at = $3 \
-             WHERE workflow_id = $1 AND name = $2 AND processed_at IS NULL",
-            &[&workflow_id, name, &now],
+             WHERE workflow_id = $1 AND name = ANY($2::text[]) AND processed_at IS NULL",
+            &[
+                &commit.workflow_id().as_str(),
+                &commit.cancel_timers(),
+                &to_sql_time("now", clock.now)?,
+            ],
         )
         .map_err(storage)?;
     }
@@ -485,40 +743,48 @@ fn write_commit(
         timer.fire_at = clock.inward(timer.fire_at);
         timer.available_at = clock.inward(timer.available_at);
         timer.created_at = clock.inward(timer.created_at);
-        insert_timer(tx, &timer)?;
+        insert_timer(db, &timer)?;
     }
     Ok(!commit.commands().is_empty() || !commit.timers().is_empty())
 }
 
 /// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
 /// ([`OutboxRow::cancel`]).
-fn cancel_commands(tx: &mut Transaction<'_>, commit: &Commit, now: Timestamp) -> Result<(), Error> {
+fn cancel_commands(
+    db: &mut Db<'_, impl GenericClient>,
+    commit: &Commit,
+    now: Timestamp,
+) -> Result<(), Error> {
     if commit.cancel_commands().is_empty() {
         return Ok(());
     }
     let rows = query_rows(
-        tx,
+        db,
         SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE,
         &[&commit.workflow_id().as_str()],
     )?;
     for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
         if row.cancel(now) != Cancelled::Unchanged {
-            write_row(tx, &row)?;
+            write_row(db, &row)?;
         }
     }
     Ok(())
 }
 
 /// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
-fn fire_timer(tx: &mut Transaction<'_>, timer_id: &TimerId, now: Timestamp) -> Result<(), Error> {
-    let mut timer = query_timers(tx, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
+fn fire_timer(
+    db: &mut Db<'_, impl GenericClient>,
+    timer_id: &TimerId,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
         .pop()
         .ok_or_else(|| Error::TimerNotScheduled {
             timer_id: timer_id.to_string(),
             status: "unknown",
         })?;
     timer.fire(now)?;
-    tx.execute(
+    db.execute(
         "UPDATE timers SET status = 'fired', processed_at = $2 WHERE timer_id = $1",
         &[&timer_id.to_string(), &to_sql_time("now", now)?],
     )
@@ -528,10 +794,13 @@ fn fire_timer(tx: &mut Transaction<'_>, timer_id: &TimerId, now: Timestamp) -> R
 
 /// Writes a row change the core computed ([`OutboxRow::change`]) and the feedback it schedules, in
 /// the caller's transaction; says whether there was feedback.
-fn write_change<T>(client: &mut impl GenericClient, changed: &Changed<T>) -> Result<bool, Error> {
-    write_row(client, &changed.row)?;
+fn write_change<T>(
+    db: &mut Db<'_, impl GenericClient>,
+    changed: &Changed<T>,
+) -> Result<bool, Error> {
+    write_row(db, &changed.row)?;
     match &changed.feedback {
-        Some(timer) => insert_timer(client, timer).map(|()| true),
+        Some(timer) => insert_timer(db, timer).map(|()| true),
         None => Ok(false),
     }
 }
@@ -579,7 +848,7 @@ impl Candidate {
 /// (DESIGN rule 13, see [`bury_unreadable`]). So the claim reads on, a page of what it still needs
 /// at a time, after the last candidate it looked at.
 fn claim_in(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<(Vec<Delivery>, bool), Error> {
@@ -591,7 +860,7 @@ fn claim_in(
     let mut after: ClaimKey = (i64::MIN, String::new(), i64::MIN, i64::MIN);
     // What this claim already looked at: in strict order a burial lets the next command of its
     // workflow qualify, which was no candidate when the claim began, so it is not taken now.
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<(String, i64, i64)> = HashSet::new();
     let mut seen_workflows: HashSet<String> = HashSet::new();
     let mut deliveries = Vec::new();
     let mut fed_back = false;
@@ -605,7 +874,7 @@ fn claim_in(
             &after.2,
             &after.3,
         ];
-        let page = tx
+        let page = db
             .query(sql, &params)
             .map_err(storage)?
             .iter()
@@ -613,28 +882,27 @@ fn claim_in(
             .collect::<Result<Vec<_>, _>>()?;
         let full_page = page.len() == wanted;
         let leased_before = deliveries.len();
-        for candidate in page {
-            after = candidate.key.clone();
-            let workflow = after.1.clone();
+        for Candidate { key, row } in page {
             let first_look = match request.order {
-                ClaimOrder::DueFirst => seen.insert(format!("{workflow}:{}:{}", after.2, after.3)),
-                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+                ClaimOrder::DueFirst => seen.insert((key.1.clone(), key.2, key.3)),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(key.1.clone()),
             };
+            after = key;
             if !first_look {
                 continue;
             }
-            match candidate.row {
+            match row {
                 Ok(row) => {
-                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
-                    match changed.value {
-                        Some(ref delivery) => deliveries.push(delivery.clone()),
-                        None => fed_back |= write_change(tx, &changed)?,
+                    let mut changed = row.change(now, |row| Ok(row.claim(request, now)))?;
+                    match changed.value.take() {
+                        Some(delivery) => deliveries.push(delivery),
+                        None => fed_back |= write_change(db, &changed)?,
                     }
                 }
-                Err(unclaimable) => fed_back |= bury_unreadable(tx, &after, unclaimable, now)?,
+                Err(unclaimable) => fed_back |= bury_unreadable(db, &after, unclaimable, now)?,
             }
         }
-        write_leases(tx, request, &deliveries[leased_before..])?;
+        write_leases(db, request, &deliveries[leased_before..])?;
         if !full_page {
             break;
         }
@@ -645,7 +913,7 @@ fn claim_in(
 /// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
 /// path of [`Outbox::claim`].
 fn write_leases(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     request: &ClaimRequest,
     deliveries: &[Delivery],
 ) -> Result<(), Error> {
@@ -665,7 +933,7 @@ fn write_leases(
     }
     // One claim gives every lease the same owner and expiry.
     let expires_at = to_sql_time("lease_expires_at", first.lease_expires_at)?;
-    tx.execute(
+    db.execute(
         "UPDATE outbox o SET status = 'leased', attempts = c.attempts, available_at = $6, \
          lease_owner = $7, lease_expires_at = $6, lease_token = c.token \
          FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) \
@@ -691,7 +959,7 @@ fn write_leases(
 /// that could be read. Its other columns stay as they are, for whoever repairs it. Says whether it
 /// scheduled feedback.
 fn bury_unreadable(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     key: &ClaimKey,
     unclaimable: Unclaimable,
     now: Timestamp,
@@ -713,7 +981,7 @@ fn bury_unreadable(
         }
         None => (Status::Dead, Some(reason), None),
     };
-    tx.execute(
+    db.execute(
         "UPDATE outbox SET status = $4, last_error = $5, processed_at = $6 \
          WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
         &[
@@ -728,8 +996,8 @@ fn bury_unreadable(
     .map_err(storage)?;
     match feedback {
         // A count of manual retries that could not be read may name a failure already reported.
-        Some(timer) if !timer_exists(tx, &timer.timer_id)? => {
-            insert_timer(tx, &timer).map(|()| true)
+        Some(timer) if !timer_exists(db, &timer.timer_id)? => {
+            insert_timer(db, &timer).map(|()| true)
         }
         _ => Ok(false),
     }
@@ -741,7 +1009,7 @@ fn bury_unreadable(
 /// that reports its completion is settled by the shared rule ([`OutboxRow::complete`]) with its
 /// feedback, and anything else is explained by [`OutboxRow::check_lease`].
 fn complete_in(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     id: &CommandId,
     token: u64,
     result: Option<&serde_json::Value>,
@@ -751,7 +1019,7 @@ fn complete_in(
     if let Some(result) = result {
         miniflow_core::JsonLimits::default().check("result", result)?;
     }
-    let done = tx
+    let done = db
         .query(
             "UPDATE outbox SET status = 'done', processed_at = $5, result = $6 \
              WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3 \
@@ -772,7 +1040,7 @@ fn complete_in(
     if let Some(row) = done.first() {
         return row.try_get(0).map_err(storage);
     }
-    let row = query_rows(tx, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
+    let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
         .pop()
         .ok_or_else(|| Error::UnknownCommand {
             command_id: id.clone(),
@@ -783,8 +1051,36 @@ fn complete_in(
             "command {id} holds lease {token} but did not complete"
         )));
     }
-    write_change(tx, &changed)
+    write_change(db, &changed)
 }
+
+/// Marks done every command of the batch that is leased under the ack's token and feeds nothing
+/// back, and returns the keys it settled, each with whether the batch made work claimable: whether
+/// a settled command has a later unfinished one in its workflow (which strict order held back),
+/// asked once per workflow, of its first settled command (in the statement's snapshot, taken
+/// before the update, so a workflow with two settled commands has one).
+///
+/// `status = (SELECT 'leased')`: an InitPlan, which the planner cannot estimate from the column's
+/// statistics. With the literal, statistics gathered while nothing was leased make `status =
+/// 'leased'` look like one row, and the planner scans the whole table instead of looking each key
+/// up in the primary key.
+const COMPLETE_PLAIN: &str = "WITH done AS (\
+         UPDATE outbox o SET status = 'done', processed_at = $6, result = c.result \
+         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[]) \
+             AS c (workflow_id, event_seq, idx, token, result) \
+         WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx \
+             AND o.status = (SELECT 'leased') AND o.lease_token = c.token \
+             AND NOT o.report_result AND NOT o.cancel_requested \
+         RETURNING o.workflow_id, o.event_seq, o.idx), \
+     first AS (\
+         SELECT DISTINCT ON (workflow_id) workflow_id, event_seq, idx, \
+             count(*) OVER (PARTITION BY workflow_id) AS settled \
+         FROM done ORDER BY workflow_id, event_seq, idx) \
+     SELECT d.workflow_id, d.event_seq, d.idx, \
+         EXISTS (SELECT 1 FROM first f WHERE f.settled > 1 OR EXISTS (\
+             SELECT 1 FROM outbox e WHERE e.workflow_id = f.workflow_id \
+             AND e.processed_at IS NULL AND (e.event_seq, e.idx) > (f.event_seq, f.idx))) \
+     FROM done d";
 
 /// The answer to one ack of a batch, once it is known.
 type AckResult = Option<Result<(), Error>>;
@@ -795,7 +1091,7 @@ type AckResult = Option<Result<(), Error>>;
 /// `None` for the rest (to settle one by one), and whether a settled command unblocks a later one of
 /// its workflow.
 fn complete_plain_acks(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     acks: &[Ack],
     now: Timestamp,
 ) -> Result<(Vec<AckResult>, bool), Error> {
@@ -803,9 +1099,9 @@ fn complete_plain_acks(
     let (mut workflows, mut seqs, mut indexes, mut tokens, mut values) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // A command acknowledged twice goes in once: the later acks are settled one by one after it, as
-    // they would be in order.
-    let mut batched = HashSet::new();
-    for ack in acks {
+    // they would be in order. The ack of each key that went in, by its key.
+    let mut batched: HashMap<(&str, i64, i64), usize> = HashMap::with_capacity(acks.len());
+    for (n, ack) in acks.iter().enumerate() {
         if let Some(result) = &ack.result {
             if let Err(e) = miniflow_core::JsonLimits::default().check("result", result) {
                 results.push(Some(Err(e)));
@@ -813,10 +1109,13 @@ fn complete_plain_acks(
             }
         }
         results.push(None);
-        if !batched.insert(&ack.command_id) {
-            continue;
-        }
         let (w, s, i) = id_params(&ack.command_id);
+        match batched.entry((w, s, i)) {
+            Entry::Occupied(_) => continue,
+            Entry::Vacant(first) => {
+                first.insert(n);
+            }
+        }
         workflows.push(w);
         seqs.push(s);
         indexes.push(i);
@@ -826,17 +1125,9 @@ fn complete_plain_acks(
     if workflows.is_empty() {
         return Ok((results, false));
     }
-    let settled = tx
+    let settled = db
         .query(
-            "UPDATE outbox o SET status = 'done', processed_at = $6, result = c.result \
-             FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::text[]) \
-                 AS c (workflow_id, event_seq, idx, token, result) \
-             WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx \
-             AND o.status = 'leased' AND o.lease_token = c.token \
-             AND NOT o.report_result AND NOT o.cancel_requested \
-             RETURNING o.workflow_id, o.event_seq, o.idx, o.lease_token, \
-                 EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
-                     AND e.processed_at IS NULL AND (e.event_seq, e.idx) > (o.event_seq, o.idx))",
+            COMPLETE_PLAIN,
             &[
                 &workflows,
                 &seqs,
@@ -849,20 +1140,14 @@ fn complete_plain_acks(
         .map_err(storage)?;
     let mut work = false;
     for row in &settled {
-        let key: (String, i64, i64, i64) = (
+        let key: (&str, i64, i64) = (
             row.try_get(0).map_err(storage)?,
             row.try_get(1).map_err(storage)?,
             row.try_get(2).map_err(storage)?,
-            row.try_get(3).map_err(storage)?,
         );
-        work |= row.try_get::<_, bool>(4).map_err(storage)?;
-        let first = acks.iter().zip(&mut results).find(|(ack, result)| {
-            let (w, s, i) = id_params(&ack.command_id);
-            result.is_none()
-                && (w, s, i, token_param(ack.token)) == (key.0.as_str(), key.1, key.2, key.3)
-        });
-        if let Some((_, result)) = first {
-            *result = Some(Ok(()));
+        work |= row.try_get::<_, bool>(3).map_err(storage)?;
+        if let Some(&n) = batched.get(&key) {
+            results[n] = Some(Ok(()));
         }
     }
     Ok((results, work))
@@ -881,20 +1166,27 @@ fn settled_outward(settled: Settled, clock: &Clock) -> Settled {
 
 impl EventLog for PostgresStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
-        load_events(&mut **self.shared.client()?, workflow_id)
+        load_events(&mut self.shared.connection()?.db(), workflow_id)
     }
+    /// A commit without timers or cancellations, on the caller's clock, is one statement in a
+    /// transaction of its own; any other is one transaction of several.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        let clock = self.clock(&mut tx, commit.now())?;
-        match write_commit(&mut tx, commit, clock) {
-            Ok(notify) => {
-                self.notify_if(&mut tx, notify)?;
-                tx.commit().map_err(storage)
+        let mut connection = self.shared.connection()?;
+        let written = if is_plain(commit) && !self.shared.options.uses_database_clock() {
+            write_commit(&mut connection.db(), commit, Clock::caller(commit.now()))
+        } else {
+            connection.in_transaction(|db| {
+                let clock = self.clock(db, commit.now())?;
+                write_commit(db, commit, clock)
+            })
+        };
+        match written {
+            Ok(work) => {
+                self.shared.hint(work);
+                Ok(())
             }
             Err(CommitError::Raced) => {
-                drop(tx);
-                let actual = last_seq(&mut **client, commit.workflow_id())?;
+                let actual = last_seq(&mut connection.db(), commit.workflow_id())?;
                 Err(commit.conflict(actual))
             }
             Err(CommitError::Failed(e)) => Err(e),
@@ -909,11 +1201,16 @@ impl Outbox for PostgresStore {
     }
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
         let (w, s, i) = id_params(command_id);
-        Ok(query_rows(&mut **self.shared.client()?, SELECT_ONE, &[&w, &s, &i])?.pop())
+        Ok(query_rows(
+            &mut self.shared.connection()?.db(),
+            SELECT_ONE,
+            &[&w, &s, &i],
+        )?
+        .pop())
     }
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
         let params: &Params<'_> = &[&workflow_id.as_str()];
-        query_rows(&mut **self.shared.client()?, SELECT_WORKFLOW, params)
+        query_rows(&mut self.shared.connection()?.db(), SELECT_WORKFLOW, params)
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row, now| row.mark_done(now))
@@ -925,21 +1222,31 @@ impl Outbox for PostgresStore {
             return Ok(Vec::new());
         }
         let generation = self.generation();
-        let (store_now, due, next) = self.due(COMMANDS_DUE, now)?;
+        let asked = if self.busy {
+            None
+        } else {
+            Some(self.due(COMMANDS_DUE, now)?)
+        };
         let mut deliveries = Vec::new();
-        if due {
-            let mut client = self.shared.client()?;
-            let mut tx = client.transaction().map_err(storage)?;
-            let clock = self.clock(&mut tx, now)?;
-            let (claimed, fed_back) = claim_in(&mut tx, request, clock.now)?;
-            self.notify_if(&mut tx, fed_back)?;
-            tx.commit().map_err(storage)?;
+        if asked.is_none_or(|(_, due, _)| due) {
+            let mut connection = self.shared.connection()?;
+            let (claimed, fed_back, clock) = connection.in_transaction(|db| {
+                let clock = self.clock(db, now)?;
+                let (claimed, fed_back) = claim_in(db, request, clock.now)?;
+                Ok::<_, Error>((claimed, fed_back, clock))
+            })?;
+            self.shared.hint(fed_back);
             deliveries = claimed;
             for delivery in &mut deliveries {
                 delivery.lease_expires_at = clock.outward(delivery.lease_expires_at);
             }
         }
+        self.busy = deliveries.len() == request.limit;
         self.idle_commands = if deliveries.is_empty() {
+            let (store_now, _, next) = match asked {
+                Some(answer) => answer,
+                None => self.due(COMMANDS_DUE, now)?,
+            };
             self.idle_after(generation, store_now, next)
         } else {
             Idle::default()
@@ -971,12 +1278,13 @@ impl Outbox for PostgresStore {
         result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        let clock = self.clock(&mut tx, now)?;
-        let work = complete_in(&mut tx, command_id, token, result, clock.now)?;
-        self.notify_if(&mut tx, work)?;
-        tx.commit().map_err(storage)
+        let mut connection = self.shared.connection()?;
+        let work = connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            complete_in(db, command_id, token, result, clock.now)
+        })?;
+        self.shared.hint(work);
+        Ok(())
     }
     /// All acks in one transaction: one commit for the batch. The results are returned only after the
     /// commit, so a reported completion is durable.
@@ -985,39 +1293,40 @@ impl Outbox for PostgresStore {
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        let clock = self.clock(&mut tx, now)?;
-        let (mut results, mut work) = complete_plain_acks(&mut tx, acks, clock.now)?;
-        for (ack, result) in acks.iter().zip(&mut results) {
-            if result.is_some() {
-                continue;
-            }
-            // The acks the one statement did not settle, one by one, in order: a refused ack writes
-            // nothing before it is refused, so the others stay in the batch; a database error ends
-            // the whole batch.
-            let completed = complete_in(
-                &mut tx,
-                &ack.command_id,
-                ack.token,
-                ack.result.as_ref(),
-                clock.now,
-            );
-            *result = Some(match completed {
-                Ok(made_work) => {
-                    work |= made_work;
-                    Ok(())
+        let mut connection = self.shared.connection()?;
+        let (results, work) = connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            let (mut results, mut work) = complete_plain_acks(db, acks, clock.now)?;
+            for (ack, result) in acks.iter().zip(&mut results) {
+                if result.is_some() {
+                    continue;
                 }
-                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
-                Err(e) => Err(e),
-            });
-        }
-        let results = results
-            .into_iter()
-            .map(|result| result.unwrap_or(Ok(())))
-            .collect();
-        self.notify_if(&mut tx, work)?;
-        tx.commit().map_err(storage)?;
+                // The acks the one statement did not settle, one by one, in order: a refused ack
+                // writes nothing before it is refused, so the others stay in the batch; a database
+                // error ends the whole batch.
+                let completed = complete_in(
+                    db,
+                    &ack.command_id,
+                    ack.token,
+                    ack.result.as_ref(),
+                    clock.now,
+                );
+                *result = Some(match completed {
+                    Ok(made_work) => {
+                        work |= made_work;
+                        Ok(())
+                    }
+                    Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+                    Err(e) => Err(e),
+                });
+            }
+            let results: Vec<_> = results
+                .into_iter()
+                .map(|result| result.unwrap_or(Ok(())))
+                .collect();
+            Ok((results, work))
+        })?;
+        self.shared.hint(work);
         Ok(results)
     }
     fn fail(
@@ -1049,11 +1358,13 @@ impl Timers for PostgresStore {
         let (store_now, due, next) = self.due(TIMERS_DUE, now)?;
         let mut timers = Vec::new();
         if due {
-            let mut client = self.shared.client()?;
-            let mut tx = client.transaction().map_err(storage)?;
-            let clock = self.clock(&mut tx, now)?;
-            timers = claim_timers_in(&mut tx, limit, lease_ttl, clock.now)?;
-            tx.commit().map_err(storage)?;
+            let mut connection = self.shared.connection()?;
+            let clock;
+            (timers, clock) = connection.in_transaction(|db| {
+                let clock = self.clock(db, now)?;
+                let timers = claim_timers_in(db, limit, lease_ttl, clock.now)?;
+                Ok::<_, Error>((timers, clock))
+            })?;
             for timer in &mut timers {
                 timer.fire_at = clock.outward(timer.fire_at);
                 timer.available_at = clock.outward(timer.available_at);
@@ -1073,31 +1384,37 @@ impl Timers for PostgresStore {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let mut client = self.shared.client()?;
-        let mut tx = client.transaction().map_err(storage)?;
-        let clock = self.clock(&mut tx, now)?;
-        let mut timer = query_timers(&mut tx, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
-            .pop()
-            .ok_or_else(|| Error::TimerNotScheduled {
-                timer_id: timer_id.to_string(),
-                status: "unknown",
-            })?;
-        timer.reject(reason, clock.now)?;
-        tx.execute(
-            "UPDATE timers SET status = $2, processed_at = $3, last_error = $4 WHERE timer_id = $1",
-            &[
-                &timer_id.to_string(),
-                &timer.status.as_str(),
-                &to_sql_time("now", clock.now)?,
-                &timer.last_error.as_deref().map(text),
-            ],
-        )
-        .map_err(storage)?;
-        tx.commit().map_err(storage)
+        let mut connection = self.shared.connection()?;
+        connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
+                .pop()
+                .ok_or_else(|| Error::TimerNotScheduled {
+                    timer_id: timer_id.to_string(),
+                    status: "unknown",
+                })?;
+            timer.reject(reason, clock.now)?;
+            db.execute(
+                "UPDATE timers SET status = $2, processed_at = $3, last_error = $4 \
+                 WHERE timer_id = $1",
+                &[
+                    &timer_id.to_string(),
+                    &timer.status.as_str(),
+                    &to_sql_time("now", clock.now)?,
+                    &timer.last_error.as_deref().map(text),
+                ],
+            )
+            .map_err(storage)?;
+            Ok(())
+        })
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         let params: &Params<'_> = &[&workflow_id.as_str()];
-        query_timers(&mut **self.shared.client()?, SELECT_WORKFLOW_TIMERS, params)
+        query_timers(
+            &mut self.shared.connection()?.db(),
+            SELECT_WORKFLOW_TIMERS,
+            params,
+        )
     }
 }
 
@@ -1108,13 +1425,14 @@ impl Operations for PostgresStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        let mut client = self.shared.client()?;
-        let clock = self.clock(&mut **client, now)?;
+        let mut connection = self.shared.connection()?;
+        let mut db = connection.db();
+        let clock = self.clock(&mut db, now)?;
         // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
         let Some(cutoff) = clock.now.checked_sub(older_than) else {
             return Ok(0);
         };
-        let deleted = client
+        let deleted = db
             .execute(
                 PURGE_DONE,
                 &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
@@ -1140,13 +1458,13 @@ impl Operations for PostgresStore {
 /// read stops no other (DESIGN rule 13): it ends `rejected` with the read error, where operators see
 /// it, and is not taken again.
 fn claim_timers_in(
-    tx: &mut Transaction<'_>,
+    db: &mut Db<'_, Transaction<'_>>,
     limit: usize,
     lease_ttl: Duration,
     now: Timestamp,
 ) -> Result<Vec<TimerRow>, Error> {
     let now_sql = to_sql_time("now", now)?;
-    let rows = tx
+    let rows = db
         .query(CLAIM_TIMERS, &[&now_sql, &sql_limit(limit)])
         .map_err(storage)?;
     let mut timers = Vec::with_capacity(rows.len());
@@ -1156,7 +1474,7 @@ fn claim_timers_in(
             Err(why) => {
                 let timer_id: String = row.try_get("timer_id").map_err(storage)?;
                 let reason = format!("the stored timer could not be read: timer {timer_id}: {why}");
-                tx.execute(
+                db.execute(
                     "UPDATE timers SET status = 'rejected', processed_at = $2, last_error = $3 \
                      WHERE timer_id = $1 AND processed_at IS NULL",
                     &[&timer_id, &now_sql, &text(&reason)],
@@ -1167,7 +1485,7 @@ fn claim_timers_in(
     }
     for timer in &mut timers {
         timer.take(lease_ttl, now);
-        tx.execute(
+        db.execute(
             "UPDATE timers SET available_at = $2 WHERE timer_id = $1",
             &[
                 &timer.timer_id.to_string(),

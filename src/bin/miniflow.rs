@@ -1,4 +1,4 @@
-//! `miniflow`: look into a miniflow SQLite store and handle what waits for a person.
+//! `miniflow`: look into a miniflow store and handle what waits for a person.
 //!
 //! ```text
 //! miniflow pending flow.db            # unfinished commands, in delivery order
@@ -9,13 +9,21 @@
 //! miniflow resolve flow.db trip-001:1:2 --note "refunded by phone"
 //! miniflow purge-done flow.db --older-than 30d [--dry-run]
 //! miniflow migrate flow.db            # upgrade a store written by an older miniflow
+//! miniflow dead postgresql://operator@db.internal/flow   # the same on PostgreSQL
 //! ```
 //!
 //! Add `--json` for one JSON value per line instead of a table.
 //!
+//! The store is a SQLite file, or a PostgreSQL database named by a `postgres://` or
+//! `postgresql://` URL (a file whose name starts so is written `./postgres://…`). Without a password
+//! in the URL, `PGPASSWORD` is used when set, so that the password need not be on the command line.
+//! Connections are without TLS.
+//!
 //! The read commands open the store read-only and change nothing (no pragma, no migration, no new
-//! store). The write commands refuse a path that holds no miniflow store of this version instead of
-//! creating or upgrading one; `migrate` is the only command that upgrades.
+//! store; on PostgreSQL, read-only sessions: `default_transaction_read_only`). The write commands
+//! refuse a path or database that holds no miniflow store of this version instead of creating or
+//! upgrading one; `migrate` is the only command that upgrades (on PostgreSQL it also creates
+//! miniflow's schema in a database without one, as a store connecting for the first time would).
 //!
 //! Exit status: 0 on success (also when the reader of the output goes away, as with `| head`), 1 on
 //! an error, and 1 after printing everything readable when some rows could not be read.
@@ -27,10 +35,12 @@ use std::process::ExitCode;
 use std::time::{Duration, UNIX_EPOCH};
 
 use clap::{Parser, Subcommand};
+use miniflow::postgres::types::Type;
 use miniflow::prelude::*;
 use miniflow::{
-    Clock, CommandId, Error, EventRecord, OutboxRow, Seq, SqliteStore, Status, SystemClock,
-    TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId, COMMAND_FAILED, SCHEMA_VERSION,
+    Clock, CommandId, Error, EventRecord, OutboxRow, PostgresOptions, PostgresStore, Seq,
+    SqliteStore, Status, SystemClock, TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId,
+    COMMAND_FAILED, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
 };
 use rusqlite::types::ValueRef;
 
@@ -38,7 +48,7 @@ use rusqlite::types::ValueRef;
 #[command(
     name = "miniflow",
     version,
-    about = "Inspect a miniflow SQLite store and handle its dead letters"
+    about = "Inspect a miniflow store (a SQLite file or a PostgreSQL database) and handle its dead letters"
 )]
 struct Cli {
     /// Print JSON, one value per line, instead of a table.
@@ -52,7 +62,7 @@ struct Cli {
 enum Action {
     /// Unfinished (pending or leased) commands, in delivery order.
     Pending {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// How many at most.
         #[arg(long, default_value_t = 100)]
@@ -60,7 +70,7 @@ enum Action {
     },
     /// Dead commands: out of attempts, or failed for good. They wait for `retry` or `resolve`.
     Dead {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// How many at most.
         #[arg(long, default_value_t = 100)]
@@ -68,7 +78,7 @@ enum Action {
     },
     /// One command with every column.
     Show {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
         command_id: String,
@@ -78,7 +88,7 @@ enum Action {
     },
     /// A workflow's events, in seq order.
     Events {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The workflow ID.
         workflow_id: String,
@@ -88,7 +98,7 @@ enum Action {
     /// Refuses when its workflow already received the `command_failed` event of this death (it may
     /// have compensated; a retry sends the command again), unless `--force`.
     Retry {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
         command_id: String,
@@ -98,7 +108,7 @@ enum Action {
     },
     /// Closes a dead command by hand; its workflow receives a `command_resolved` event.
     Resolve {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
         command_id: String,
@@ -108,7 +118,7 @@ enum Action {
     },
     /// Deletes done commands processed longer ago than `--older-than` (never pending, leased or dead ones).
     PurgeDone {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The retention period with its unit, e.g. `30d`, `12h`, `90m`, `45s`.
         #[arg(long, value_parser = retention)]
@@ -121,7 +131,7 @@ enum Action {
     ///
     /// Older versions of miniflow refuse the store afterwards: upgrade every service that opens it.
     Migrate {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
     },
 }
@@ -163,17 +173,100 @@ fn retention(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{text:?} is not a duration ({e}); {hint}"))
 }
 
+/// A store the tool opened: a SQLite file, or a PostgreSQL database.
+enum Store {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+/// `$body` with `$store` bound to whichever store `$on` holds (`&Store` or `&mut Store`).
+macro_rules! on_store {
+    ($on:expr, $store:ident => $body:expr) => {
+        match $on {
+            Store::Sqlite($store) => $body,
+            Store::Postgres($store) => $body,
+        }
+    };
+}
+
+/// The PostgreSQL URL `db` is, if it is one (`postgres://` or `postgresql://`, the scheme in any
+/// case); anything else names a file.
+fn database_url(db: &Path) -> Option<&str> {
+    let text = db.to_str()?;
+    let scheme = text.split_once("://")?.0;
+    (scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql"))
+        .then_some(text)
+}
+
+/// `url` with the password of `PGPASSWORD` when it names none itself (as libpq does).
+fn with_password(url: &str) -> Cow<'_, str> {
+    let Ok(password) = std::env::var("PGPASSWORD") else {
+        return Cow::Borrowed(url);
+    };
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Cow::Borrowed(url);
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let Some((userinfo, _)) = authority.rsplit_once('@') else {
+        return Cow::Borrowed(url); // no user named: nothing to give a password to
+    };
+    if userinfo.contains(':') || password.is_empty() {
+        return Cow::Borrowed(url);
+    }
+    let encoded: String = password
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    Cow::Owned(format!(
+        "{scheme}://{userinfo}:{encoded}{}",
+        &rest[userinfo.len()..]
+    ))
+}
+
+/// `url` without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// Opens the store to read it: nothing in or beside the file changes, and a path without a miniflow
-/// store of this version is refused.
-fn open_to_read(db: &Path) -> Result<SqliteStore, Stop> {
-    Ok(SqliteStore::open_read_only(db)?)
+/// store of this version is refused. A database is read in read-only sessions, without migrating
+/// it, and must hold miniflow's schema at this version.
+fn open_to_read(db: &Path) -> Result<Store, Stop> {
+    Ok(match database_url(db) {
+        Some(url) => Store::Postgres(PostgresStore::connect_read_only(&with_password(url))?),
+        None => Store::Sqlite(SqliteStore::open_read_only(db)?),
+    })
 }
 
 /// Opens the store to change it. It must already be a store of this version: a write command never
-/// turns a missing, empty or foreign file into a store, nor upgrades an older one (`migrate` does).
-fn open_to_write(db: &Path) -> Result<SqliteStore, Stop> {
+/// turns a missing, empty or foreign file (or a database without miniflow's schema) into a store,
+/// nor upgrades an older one (`migrate` does).
+fn open_to_write(db: &Path) -> Result<Store, Stop> {
+    if let Some(url) = database_url(db) {
+        let options = PostgresOptions::new().migrate(false).pool_size(2);
+        return Ok(Store::Postgres(PostgresStore::connect_with(
+            &with_password(url),
+            &options,
+        )?));
+    }
     drop(open_to_read(db)?);
     SqliteStore::open(db)
+        .map(Store::Sqlite)
         .map_err(|e| Stop::Failed(format!("cannot open {} for writing: {e}", db.display())))
 }
 
@@ -323,24 +416,37 @@ enum Listing {
 /// The rows of `listing`, and apart from them the ones among them that cannot be read: an unreadable
 /// row does not hide the others.
 fn list(
-    store: &SqliteStore,
+    store: &Store,
     listing: Listing,
     limit: usize,
 ) -> Result<(Vec<OutboxRow>, Vec<Unreadable>), Stop> {
-    let listed = match listing {
-        Listing::Pending => store.pending_listing(limit)?,
-        Listing::Dead => store.dead_listing(limit)?,
+    let (rows, unreadable) = match (store, listing) {
+        (Store::Sqlite(store), listing) => {
+            let listed = match listing {
+                Listing::Pending => store.pending_listing(limit)?,
+                Listing::Dead => store.dead_listing(limit)?,
+            };
+            let unreadable = listed.unreadable.into_iter().map(|row| Unreadable {
+                command_id: row.command_id,
+                status: row.status,
+                error: row.error,
+            });
+            (listed.rows, unreadable.collect())
+        }
+        (Store::Postgres(store), listing) => {
+            let listed = match listing {
+                Listing::Pending => store.pending_listing(limit)?,
+                Listing::Dead => store.dead_listing(limit)?,
+            };
+            let unreadable = listed.unreadable.into_iter().map(|row| Unreadable {
+                command_id: row.command_id,
+                status: row.status,
+                error: row.error,
+            });
+            (listed.rows, unreadable.collect())
+        }
     };
-    let unreadable = listed
-        .unreadable
-        .into_iter()
-        .map(|row| Unreadable {
-            command_id: row.command_id,
-            status: row.status,
-            error: row.error,
-        })
-        .collect();
-    Ok((listed.rows, unreadable))
+    Ok((rows, unreadable))
 }
 
 /// A stored value as text: text as it is, numbers in decimal, blobs in hex, NULL as `NULL`.
@@ -370,9 +476,18 @@ fn raw_json(value: ValueRef<'_>) -> serde_json::Value {
     }
 }
 
-/// Every stored column of one outbox row, by name, as stored. `id` need not be a valid command ID:
-/// the row is then looked up by its stored `command_id` text.
-fn raw_row(
+/// Every stored column of one outbox row, by name, as stored. `id` need not be a valid command ID
+/// (see [`raw_sqlite_row`] and [`raw_postgres_row`]).
+fn raw_row(store: &Store, id: &str) -> Result<Option<Vec<(String, serde_json::Value)>>, Stop> {
+    match store {
+        Store::Sqlite(store) => raw_sqlite_row(store, id),
+        Store::Postgres(store) => raw_postgres_row(store, id),
+    }
+}
+
+/// [`raw_row`] in a SQLite file: when `id` is no valid command ID, the row is looked up by its
+/// stored `command_id` text.
+fn raw_sqlite_row(
     store: &SqliteStore,
     id: &str,
 ) -> Result<Option<Vec<(String, serde_json::Value)>>, Stop> {
@@ -411,7 +526,61 @@ fn raw_row(
     found.map_err(|e: rusqlite::Error| Stop::Failed(format!("cannot read command {id:?}: {e}")))
 }
 
-fn show_raw(out: &mut impl Write, store: &SqliteStore, id: &str, json: bool) -> Done {
+/// [`raw_row`] in a PostgreSQL database: the key is read from the right (`workflow:seq:index`, the
+/// workflow ID as it is stored, whatever it holds); numbers as numbers, booleans as booleans, text as
+/// text.
+fn raw_postgres_row(
+    store: &PostgresStore,
+    id: &str,
+) -> Result<Option<Vec<(String, serde_json::Value)>>, Stop> {
+    let mut key = id.rsplitn(3, ':');
+    let (Some(idx), Some(seq), Some(workflow_id)) = (key.next(), key.next(), key.next()) else {
+        return Ok(None);
+    };
+    let (Ok(seq), Ok(idx)) = (seq.parse::<i64>(), idx.parse::<i64>()) else {
+        return Ok(None);
+    };
+    let failed =
+        |e: miniflow::postgres::Error| Stop::Failed(format!("cannot read command {id:?}: {e}"));
+    let Some(row) = store
+        .client()?
+        .query_opt(
+            "SELECT * FROM outbox WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
+            &[&workflow_id, &seq, &idx],
+        )
+        .map_err(failed)?
+    else {
+        return Ok(None);
+    };
+    let mut columns = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let value = match *column.type_() {
+            Type::INT8 => row
+                .try_get::<_, Option<i64>>(i)
+                .map(serde_json::Value::from),
+            Type::INT4 => row
+                .try_get::<_, Option<i32>>(i)
+                .map(serde_json::Value::from),
+            Type::INT2 => row
+                .try_get::<_, Option<i16>>(i)
+                .map(serde_json::Value::from),
+            Type::BOOL => row
+                .try_get::<_, Option<bool>>(i)
+                .map(serde_json::Value::from),
+            Type::FLOAT8 => row
+                .try_get::<_, Option<f64>>(i)
+                .map(serde_json::Value::from),
+            _ => row
+                .try_get::<_, Option<String>>(i)
+                .map(serde_json::Value::from),
+        };
+        let value = value.unwrap_or_else(|e| format!("(cannot be shown: {e})").into());
+        columns.push((column.name().to_owned(), value));
+    }
+    Ok(Some(columns))
+}
+
+fn show_raw(out: &mut impl Write, store: &Store, id: &str, json: bool) -> Done {
     let columns = raw_row(store, id)?.ok_or_else(|| format!("unknown command {id}"))?;
     if json {
         let object: serde_json::Map<String, serde_json::Value> = columns.into_iter().collect();
@@ -423,9 +592,9 @@ fn show_raw(out: &mut impl Write, store: &SqliteStore, id: &str, json: bool) -> 
     Ok(())
 }
 
-fn show(out: &mut impl Write, store: &SqliteStore, id: &str, json: bool) -> Done {
+fn show(out: &mut impl Write, store: &Store, id: &str, json: bool) -> Done {
     let command_id: CommandId = id.parse()?;
-    match store.command(&command_id) {
+    match on_store!(store, store => store.command(&command_id)) {
         Ok(Some(row)) if json => json_line(out, serde_json::to_string(&row)),
         Ok(Some(row)) => {
             writeln!(out, "{}", pretty_json(serde_json::to_string_pretty(&row))?)?;
@@ -458,8 +627,8 @@ fn text_of(value: &serde_json::Value) -> String {
 
 /// A workflow's events; when one cannot be read, the others are still printed and the unreadable
 /// ones are listed after them.
-fn events(out: &mut impl Write, store: &SqliteStore, workflow_id: &WorkflowId, json: bool) -> Done {
-    let (records, unreadable) = match store.load(workflow_id) {
+fn events(out: &mut impl Write, store: &Store, workflow_id: &WorkflowId, json: bool) -> Done {
+    let (records, unreadable) = match on_store!(store, store => store.load(workflow_id)) {
         Ok(records) => (records, Vec::new()),
         Err(Error::Corrupt(_)) => events_one_by_one(store, workflow_id)?,
         Err(e) => return Err(e.into()),
@@ -509,23 +678,55 @@ struct UnreadableEvent {
 /// An event row as stored: seq, kind, payload, recorded_at.
 type StoredEvent = [rusqlite::types::Value; 4];
 
+/// A workflow's events as stored, in seq order.
+fn stored_events(store: &Store, workflow_id: &WorkflowId) -> Result<Vec<StoredEvent>, Stop> {
+    let failed =
+        |e: &dyn std::fmt::Display| format!("cannot read the events of {workflow_id}: {e}");
+    match store {
+        Store::Sqlite(store) => store
+            .connection()
+            .prepare(
+                "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 \
+                 ORDER BY seq",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_map([workflow_id.as_str()], |row| {
+                    Ok([row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?])
+                })?
+                .collect()
+            })
+            .map_err(|e| Stop::Failed(failed(&e))),
+        Store::Postgres(store) => {
+            use rusqlite::types::Value;
+            let rows = store
+                .client()?
+                .query(
+                    "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = $1 \
+                     ORDER BY seq",
+                    &[&workflow_id.as_str()],
+                )
+                .map_err(|e| Stop::Failed(failed(&e)))?;
+            rows.iter()
+                .map(|row| {
+                    Ok([
+                        Value::Integer(row.try_get(0)?),
+                        Value::Text(row.try_get(1)?),
+                        Value::Text(row.try_get(2)?),
+                        Value::Integer(row.try_get(3)?),
+                    ])
+                })
+                .collect::<Result<_, miniflow::postgres::Error>>()
+                .map_err(|e| Stop::Failed(failed(&e)))
+        }
+    }
+}
+
 /// Reads a workflow's events one by one, keeping the ones that read.
 fn events_one_by_one(
-    store: &SqliteStore,
+    store: &Store,
     workflow_id: &WorkflowId,
 ) -> Result<(Vec<EventRecord>, Vec<UnreadableEvent>), Stop> {
-    let stored: Vec<StoredEvent> = store
-        .connection()
-        .prepare(
-            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_map([workflow_id.as_str()], |row| {
-                Ok([row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?])
-            })?
-            .collect()
-        })
-        .map_err(|e| format!("cannot read the events of {workflow_id}: {e}"))?;
+    let stored = stored_events(store, workflow_id)?;
     let (mut records, mut unreadable) = (Vec::new(), Vec::new());
     for columns in &stored {
         match decode_event(workflow_id, columns) {
@@ -565,19 +766,15 @@ fn decode_event(
 
 /// The `command_failed` feedback of the command's current death, when it already reached its
 /// workflow: the timer `{command_id}:failed{manual_retries + 1}` has fired.
-fn failure_already_delivered(
-    store: &SqliteStore,
-    id: &CommandId,
-) -> Result<Option<TimerRow>, Stop> {
-    let Some(row) = store.command(id)? else {
+fn failure_already_delivered(store: &Store, id: &CommandId) -> Result<Option<TimerRow>, Stop> {
+    let Some(row) = on_store!(store, store => store.command(id))? else {
         return Ok(None);
     };
     if row.status != Status::Dead {
         return Ok(None);
     }
     let feedback = TimerId::failure(id.clone(), row.manual_retries + 1);
-    Ok(store
-        .timers(id.workflow_id())?
+    Ok(on_store!(store, store => store.timers(id.workflow_id()))?
         .into_iter()
         .find(|timer| timer.timer_id == feedback && timer.status == TimerStatus::Fired))
 }
@@ -605,7 +802,7 @@ fn retry(out: &mut impl Write, db: &Path, id: &str, force: bool, now: Timestamp)
             )));
         }
     }
-    store.retry(&id, now)?;
+    on_store!(&mut store, store => store.retry(&id, now))?;
     writeln!(out, "{id}: back to pending")?;
     Ok(())
 }
@@ -620,18 +817,36 @@ fn purge_done(
     let period = humantime::format_duration(older_than);
     if dry_run {
         let store = open_to_read(db)?;
-        // The rows `Store::purge_done` deletes (`OutboxRow::is_purgeable`): done, processed at least
-        // `older_than` ago.
+        // The rows `Store::purge_done` deletes (`OutboxRow::is_purgeable`): done (or cancelled, as
+        // final), processed at least `older_than` ago.
         let count: i64 = match now.checked_sub(older_than) {
             None => 0,
-            Some(cutoff) => store
-                .connection()
-                .query_row(
-                    "SELECT COUNT(*) FROM outbox WHERE status = 'done' AND processed_at <= ?1",
-                    [i64::try_from(cutoff.as_millis()).unwrap_or(i64::MAX)],
-                    |row| row.get(0),
-                )
-                .map_err(|e| format!("cannot count the done commands: {e}"))?,
+            Some(cutoff) => {
+                let cutoff = i64::try_from(cutoff.as_millis()).unwrap_or(i64::MAX);
+                let failed = |e: &dyn std::fmt::Display| {
+                    Stop::Failed(format!("cannot count the done commands: {e}"))
+                };
+                match &store {
+                    Store::Sqlite(store) => store
+                        .connection()
+                        .query_row(
+                            "SELECT COUNT(*) FROM outbox WHERE status IN ('done', 'cancelled') \
+                             AND processed_at <= ?1",
+                            [cutoff],
+                            |row| row.get(0),
+                        )
+                        .map_err(|e| failed(&e))?,
+                    Store::Postgres(store) => store
+                        .client()?
+                        .query_one(
+                            "SELECT count(*) FROM outbox WHERE status IN ('done', 'cancelled') \
+                             AND processed_at <= $1",
+                            &[&cutoff],
+                        )
+                        .and_then(|row| row.try_get(0))
+                        .map_err(|e| failed(&e))?,
+                }
+            }
         };
         let count = usize::try_from(count).unwrap_or(0);
         writeln!(
@@ -644,7 +859,7 @@ fn purge_done(
     let mut store = open_to_write(db)?;
     let mut purged = 0;
     loop {
-        let batch = store.purge_done(older_than, now, 1_000)?;
+        let batch = on_store!(&mut store, store => store.purge_done(older_than, now, 1_000))?;
         purged += batch;
         if batch < 1_000 {
             break;
@@ -659,6 +874,23 @@ fn purge_done(
 }
 
 fn migrate(out: &mut impl Write, db: &Path) -> Done {
+    if let Some(url) = database_url(db) {
+        let found = PostgresStore::migrate(&with_password(url))?;
+        let (url, version) = (redact(url), POSTGRES_SCHEMA_VERSION);
+        match found {
+            0 => writeln!(out, "{url}: created miniflow's schema, version {version}")?,
+            found if found == version => writeln!(
+                out,
+                "{url}: already at schema version {version}; nothing to do"
+            )?,
+            found => writeln!(
+                out,
+                "{url}: upgraded from schema version {found} to {version}; older versions of \
+                 miniflow now refuse it"
+            )?,
+        }
+        return Ok(());
+    }
     let found = SqliteStore::migrate(db)?;
     if found == SCHEMA_VERSION {
         writeln!(
@@ -716,7 +948,7 @@ fn run(cli: Cli, out: &mut impl Write) -> Done {
             note,
         } => {
             let id: CommandId = command_id.parse()?;
-            open_to_write(&db)?.resolve(&id, &note, now)?;
+            on_store!(&mut open_to_write(&db)?, store => store.resolve(&id, &note, now))?;
             writeln!(out, "{id}: resolved by hand")?;
             Ok(())
         }

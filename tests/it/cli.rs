@@ -8,9 +8,11 @@ use std::process::{Command as Process, Stdio};
 use miniflow::prelude::*;
 use miniflow::{
     json, ClaimRequest, Clock, Command, Commit, Decision, Engine, Event, EventRecord, Failure,
-    RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Synchronous, SystemClock, Timestamp,
-    Workflow, WorkflowId, SCHEMA_VERSION,
+    PostgresStore, RetryPolicy, Seq, SqliteOptions, SqliteStore, Status, Synchronous, SystemClock,
+    Timestamp, Workflow, WorkflowId, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
 };
+
+use crate::postgres::TestDatabase;
 
 fn miniflow(args: &[&str]) -> (bool, String, String) {
     miniflow_in(None, args)
@@ -776,4 +778,312 @@ fn a_store_on_a_read_only_mount_can_be_read() {
         stdout.contains("trip-001:1:1") && stdout.contains("422 no such hotel"),
         "{stdout}"
     );
+}
+
+// ------------------------------------------------------------------------------------------------
+// PostgreSQL: the same commands on a database named by its URL.
+
+/// A database with `trip-001:1:0` done, `trip-001:1:1` dead and `trip-001:1:2` pending.
+fn postgres_seeded(url: &str) -> PostgresStore {
+    let mut store = PostgresStore::connect(url).unwrap();
+    let decision = Decision::new()
+        .command(Command::new("lock_budget", json!({})))
+        .command(Command::new("book_hotel", json!({ "hotel": "Atlantis" })))
+        .command(Command::new("book_flight", json!({})));
+    let commit = Commit::new(
+        WorkflowId::new("trip-001").unwrap(),
+        Seq::ZERO,
+        Event::new("trip_requested", json!({ "city": "成都" })),
+        decision,
+        Timestamp::from_millis(1),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let claimed = store
+        .claim(&ClaimRequest::new("w").limit(2), Timestamp::from_millis(2))
+        .unwrap();
+    store
+        .complete(
+            &claimed[0].command_id,
+            claimed[0].token,
+            None,
+            Timestamp::from_millis(3),
+        )
+        .unwrap();
+    store
+        .fail(
+            &claimed[1].command_id,
+            claimed[1].token,
+            &Failure::permanent("422 no such hotel"),
+            &RetryPolicy::default(),
+            Timestamp::from_millis(3),
+        )
+        .unwrap();
+    store
+}
+
+/// Everything a database holds: its tables and views (outside the system's schemas) and the rows of
+/// miniflow's, as text.
+fn postgres_contents(database: &TestDatabase) -> Vec<String> {
+    let mut client = database.client();
+    let mut contents: Vec<String> = client
+        .query(
+            "SELECT table_schema || '.' || table_name FROM information_schema.tables \
+             WHERE table_schema NOT IN ('pg_catalog', 'information_schema') ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    for table in [
+        "miniflow_schema",
+        "events",
+        "outbox",
+        "timers",
+        "idempotency",
+    ] {
+        let exists: bool = client
+            .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+            .unwrap()
+            .get(0);
+        if exists {
+            let rows = client
+                .query(
+                    &format!("SELECT t::text FROM {table} t ORDER BY t::text COLLATE \"C\""),
+                    &[],
+                )
+                .unwrap();
+            contents.extend(
+                rows.iter()
+                    .map(|row| format!("{table}: {}", row.get::<_, String>(0))),
+            );
+        }
+    }
+    contents
+}
+
+#[test]
+fn operators_handle_dead_letters_in_a_postgres_database_as_in_a_file() {
+    let database = TestDatabase::new();
+    let url = database.url();
+    let store = postgres_seeded(&url);
+
+    let (ok, out, err) = miniflow(&["dead", &url]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("trip-001:1:1")
+            && out.contains("422 no such hotel")
+            && out.contains("(1 command)"),
+        "{out}"
+    );
+    let (ok, out, _) = miniflow(&["pending", &url, "--json"]);
+    assert!(ok);
+    let rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["command_id"], "trip-001:1:2");
+    let (ok, out, _) = miniflow(&["show", &url, "trip-001:1:1"]);
+    assert!(ok && out.contains("\"status\": \"dead\""), "{out}");
+    let (ok, out, err) = miniflow(&["show", &url, "--raw", "trip-001:1:1", "--json"]);
+    assert!(ok, "{err}");
+    let stored: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    assert_eq!(
+        (
+            &stored["status"],
+            &stored["attempts"],
+            &stored["report_result"]
+        ),
+        (&json!("dead"), &json!(1), &json!(false))
+    );
+    let (ok, out, _) = miniflow(&["events", &url, "trip-001"]);
+    assert!(ok);
+    assert_eq!(out.trim(), "1 trip_requested           {\"city\":\"成都\"}");
+
+    let (ok, _, err) = miniflow(&["resolve", &url, "trip-001:1:2", "--note", "oops"]);
+    assert!(!ok, "a live command cannot be resolved by accident");
+    assert!(
+        err.contains("cannot resolve command trip-001:1:2: it is pending"),
+        "{err}"
+    );
+    let (ok, out, err) = miniflow(&["retry", &url, "trip-001:1:1"]);
+    assert!(ok && out.contains("back to pending"), "{err}");
+    let id = "trip-001:1:1".parse().unwrap();
+    assert_eq!(store.command(&id).unwrap().unwrap().status, Status::Pending);
+
+    let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s"]);
+    assert!(ok && out.contains("purged 1 done command"), "{out}");
+    let done = "trip-001:1:0".parse().unwrap();
+    assert!(store.command(&done).unwrap().is_none());
+}
+
+#[test]
+fn reading_a_postgres_database_changes_nothing_in_it() {
+    let database = TestDatabase::new();
+    let url = database.url();
+    drop(postgres_seeded(&url));
+    let before = postgres_contents(&database);
+    for read in READS {
+        let args = match read {
+            "show" => vec![read, &url, "trip-001:1:1"],
+            "events" => vec![read, &url, "trip-001"],
+            _ => vec![read, &url],
+        };
+        let (ok, out, err) = miniflow(&args);
+        assert!(ok, "{args:?}: {err}");
+        assert!(
+            out.contains("trip-001") || out.contains("trip_requested"),
+            "{out}"
+        );
+    }
+    let (ok, out, _) = miniflow(&["show", &url, "--raw", "trip-001:1:1"]);
+    assert!(ok && out.contains("422 no such hotel"), "{out}");
+    let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    assert_eq!(
+        postgres_contents(&database),
+        before,
+        "a read wrote the database"
+    );
+
+    // The reads' sessions are read-only: the database itself refuses a write through them.
+    let mut reader = PostgresStore::connect_read_only(&url).unwrap();
+    let commit = Commit::new(
+        WorkflowId::new("trip-009").unwrap(),
+        Seq::ZERO,
+        Event::new("trip_requested", json!({})),
+        Decision::new().command(Command::new("lock_budget", json!({}))),
+        Timestamp::from_millis(9),
+    )
+    .unwrap();
+    let refused = reader.append_with_commands(&commit).unwrap_err();
+    assert!(refused.to_string().contains("read-only"), "{refused}");
+    assert_eq!(postgres_contents(&database), before);
+}
+
+#[test]
+fn no_command_turns_a_database_without_miniflow_into_a_store_but_migrate() {
+    let database = TestDatabase::new();
+    let url = database.url();
+    database
+        .client()
+        .batch_execute(
+            "CREATE TABLE accounts (id BIGINT PRIMARY KEY); INSERT INTO accounts VALUES (7)",
+        )
+        .unwrap();
+    let before = postgres_contents(&database);
+    for args in every_command(&url) {
+        let (ok, out, err) = miniflow(&args);
+        assert!(!ok, "{args:?} succeeded: {out}");
+        assert!(
+            err.contains("holds no miniflow schema")
+                && err.contains(&format!("create it with `miniflow migrate {url}`")),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        postgres_contents(&database),
+        before,
+        "a command created tables"
+    );
+
+    let (ok, out, err) = miniflow(&["migrate", &url]);
+    assert!(ok, "{err}");
+    let says = format!("created miniflow's schema, version {POSTGRES_SCHEMA_VERSION}");
+    assert!(out.contains(&says), "{out}");
+    let (ok, out, _) = miniflow(&["migrate", &url]);
+    let says = format!("already at schema version {POSTGRES_SCHEMA_VERSION}");
+    assert!(ok && out.contains(&says), "{out}");
+    let (ok, out, err) = miniflow(&["pending", &url]);
+    assert!(ok && out.contains("(0 commands)"), "{out}{err}");
+
+    // A database a newer miniflow migrated is refused by every command, `migrate` included.
+    database
+        .client()
+        .batch_execute("INSERT INTO miniflow_schema (version) VALUES (99)")
+        .unwrap();
+    let says = format!("schema version 99, this miniflow supports up to {POSTGRES_SCHEMA_VERSION}");
+    for args in every_command(&url)
+        .into_iter()
+        .chain([vec!["migrate", &url]])
+    {
+        let (ok, out, err) = miniflow(&args);
+        assert!(!ok, "{args:?} succeeded: {out}");
+        assert!(err.contains(&says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn unreadable_rows_in_a_postgres_database_are_listed_apart_and_shown_as_stored() {
+    let database = TestDatabase::new();
+    let url = database.url();
+    drop(postgres_seeded(&url));
+    database
+        .client()
+        .batch_execute(
+            "UPDATE outbox SET payload = 'not json {' WHERE workflow_id = 'trip-001' AND idx = 2;
+             INSERT INTO events VALUES ('trip-001', 2, 'note', '{', 4);",
+        )
+        .unwrap();
+
+    let (ok, out, err) = miniflow(&["pending", &url]);
+    assert!(!ok, "unreadable rows end the tool with a failing status");
+    assert!(err.contains("1 command could not be read"), "{err}");
+    let (listed, unreadable) = out.split_once("unreadable (1 command;").expect(&out);
+    assert!(listed.contains("(0 commands)"), "{out}");
+    assert!(
+        unreadable.contains("trip-001:1:2")
+            && unreadable.contains("pending")
+            && unreadable.contains("column payload cannot be read as JSON"),
+        "{out}"
+    );
+    let (ok, out, err) = miniflow(&["show", &url, "trip-001:1:2"]);
+    assert!(!ok && err.contains("show --raw"), "{err}");
+    assert!(out.contains("payload cannot be read as JSON"), "{out}");
+    let (ok, out, err) = miniflow(&["show", &url, "--raw", "trip-001:1:2"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("payload") && l.ends_with(" not json {")),
+        "{out}"
+    );
+    let (ok, out, err) = miniflow(&["events", &url, "trip-001"]);
+    assert!(
+        !ok && err.contains("1 event of trip-001 could not be read"),
+        "{err}"
+    );
+    assert!(
+        out.contains("1 trip_requested")
+            && out.contains("2 unreadable: corrupt store: payload is not JSON"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_password_in_a_database_url_is_never_printed() {
+    for url in [
+        "postgresql://app:s3cret@127.0.0.1:1/flow",
+        "postgres://app:s3cret@127.0.0.1:notaport/flow",
+    ] {
+        for args in every_command(url).into_iter().chain([vec!["migrate", url]]) {
+            let (ok, out, err) = miniflow(&args);
+            assert!(!ok, "{args:?} succeeded: {out}");
+            assert!(
+                !out.contains("s3cret") && !err.contains("s3cret"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    // A password from PGPASSWORD is not printed either.
+    let out = Process::new(env!("CARGO_BIN_EXE_miniflow"))
+        .args(["dead", "postgresql://app@127.0.0.1:1/flow"])
+        .env("PGPASSWORD", "s3cret")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !err.contains("s3cret"), "{err}");
 }
