@@ -1,13 +1,15 @@
 //! `PostgresStore` on a real server, side by side with raw SQL doing the same writes on the same
 //! server: commits (1 event + 2 commands per transaction) on 1 and 8 connections, and claim +
-//! complete through `Dispatcher::postgres` with 1 and 4 workers.
+//! complete with 1 and 4 workers, through the store's own `claim` + `complete_all` and through
+//! `Dispatcher::postgres`.
 //!
-//! The raw side is the best hand-written design for the same rows: per commit, one transaction with
-//! one `INSERT` per table (the event guarded by the workflow's last seq, both commands in one
-//! statement); per batch, one claim statement (a CTE taking the longest-due rows `FOR UPDATE SKIP
-//! LOCKED` + `UPDATE … RETURNING`) and one batched acknowledgement. Both sides use prepared
-//! statements, open their connections before the clock starts, and alternate, round after round, on
-//! freshly truncated databases of their own.
+//! The raw side is hand-written SQL for the same rows: per commit, one transaction with one `INSERT`
+//! per table (the event guarded by the workflow's last seq, both commands in one statement), and the
+//! same in one statement (a CTE, its own transaction); per batch, one claim statement (a CTE taking
+//! the longest-due rows `FOR UPDATE SKIP LOCKED` + `UPDATE … RETURNING`) and one batched
+//! acknowledgement. Every side uses prepared statements, opens its connections before the clock
+//! starts, and runs in turn with the others, round after round, on a freshly truncated database of
+//! its own.
 //!
 //! Run with `cargo bench --bench postgres --features postgres` (add `-- --quick` for a short run,
 //! `-- commits` or `-- claims` for one workload).
@@ -28,8 +30,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use miniflow::postgres::{Client, NoTls};
 use miniflow::prelude::*;
 use miniflow::{
-    json, Command, Commit, Decision, Delivery, Dispatcher, Event, Outcome, PostgresDispatcher,
-    PostgresOptions, PostgresStore, Seq, Timestamp, WorkflowId,
+    json, Ack, ClaimRequest, Command, Commit, Decision, Delivery, Dispatcher, Event, Outcome,
+    PostgresDispatcher, PostgresOptions, PostgresStore, Seq, Timestamp, WorkflowId,
 };
 
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -93,66 +95,82 @@ fn main() {
         format!("{name}={value}")
     })
     .join(", ");
-    let mut results = Vec::new();
+    let mut results: Vec<Workload> = Vec::new();
     for connections in [1, 8].into_iter().filter(|_| only("commits")) {
-        let raw = server.database(&format!("commits_raw_{connections}"));
-        let ours = server.database(&format!("commits_miniflow_{connections}"));
         let n = sizes.commits.div_ceil(connections) * connections;
+        let sides: [Side<'_>; 3] = [
+            (
+                "raw SQL: BEGIN, INSERT event, INSERT commands, COMMIT",
+                &|url| raw_commits(&server, url, connections, n, false),
+            ),
+            ("raw SQL: one statement (a CTE)", &|url| {
+                raw_commits(&server, url, connections, n, true)
+            }),
+            ("miniflow `append_with_commands`", &|url| {
+                miniflow_commits(&server, url, connections, n)
+            }),
+        ];
         let name = format!("commit, {connections} connection{}", plural(connections));
-        let sides = alternate(&server, &raw, &ours, sizes.rounds, |raw_first| {
-            let run_raw = || raw_commits(&server, &raw, connections, n);
-            let run_ours = || miniflow_commits(&server, &ours, connections, n);
-            if raw_first {
-                let r = run_raw();
-                (r, run_ours())
-            } else {
-                let o = run_ours();
-                (run_raw(), o)
-            }
+        let runs = alternate(&server, &name, &sides, sizes.rounds, |_| {});
+        results.push(Workload {
+            name,
+            unit: "commits",
+            n,
+            runs,
         });
-        results.push((name, "commits", n, sides));
     }
     for workers in [1, 4].into_iter().filter(|_| only("claims")) {
-        let raw = server.database(&format!("claims_raw_{workers}"));
-        let ours = server.database(&format!("claims_miniflow_{workers}"));
         let n = sizes.commands;
+        let sides: [Side<'_>; 3] = [
+            ("raw SQL: claim statement + ack statement", &|url| {
+                raw_deliveries(&server, url, workers, n)
+            }),
+            ("miniflow `claim` + `complete_all` loop", &|url| {
+                store_deliveries(&server, url, workers, n)
+            }),
+            ("miniflow `Dispatcher::postgres`", &|url| {
+                miniflow_deliveries(&server, url, workers, n)
+            }),
+        ];
         let name = format!("claim + complete, {workers} worker{}", plural(workers));
-        let sides = alternate(&server, &raw, &ours, sizes.rounds, |raw_first| {
-            seed(&raw, n);
-            seed(&ours, n);
-            if raw_first {
-                let r = raw_deliveries(&server, &raw, workers, n);
-                (r, miniflow_deliveries(&server, &ours, workers, n))
-            } else {
-                let o = miniflow_deliveries(&server, &ours, workers, n);
-                (raw_deliveries(&server, &raw, workers, n), o)
-            }
+        let runs = alternate(&server, &name, &sides, sizes.rounds, |url| seed(url, n));
+        results.push(Workload {
+            name,
+            unit: "commands",
+            n,
+            runs,
         });
-        results.push((name, "commands", n, sides));
     }
 
     println!(
-        "## PostgreSQL {version} ({settings}), median of {} alternating round{}",
+        "## PostgreSQL {version} ({settings}), median of {} round{}, sides in turn",
         sizes.rounds,
         plural(sizes.rounds)
     );
     println!();
     println!(
-        "Commits: 1 event + 2 commands per transaction, {} commits per run. Claim + complete: \
-         batches of {BATCH}, a no-op handler, {} commands per run (1,000 per workflow). CPU: µs per \
-         operation (a commit, a command) of this process (`getrusage`) and of the server's processes.",
+        "Commits: 1 event + 2 commands per transaction, one new workflow each, {} commits per run. \
+         Claim + complete: batches of {BATCH}, a no-op handler, {} commands per run (1,000 per \
+         workflow). `vs raw`: against the workload's first row. CPU: µs per operation (a commit, a \
+         command) of this process (`getrusage`) and of the server's processes.",
         sizes.commits, sizes.commands
     );
     println!();
     println!("| workload | side | ops/s | vs raw | client CPU µs/op | server CPU µs/op |");
     println!("|---|---|---:|---:|---:|---:|");
-    for (name, unit, n, (raw, ours)) in &results {
-        let raw_rate = raw.rate(*n);
-        for (side, run) in [("raw SQL", raw), ("miniflow", ours)] {
+    for Workload {
+        name,
+        unit,
+        n,
+        runs,
+    } in &results
+    {
+        let reference = runs[0].1.rate(*n);
+        for (side, run) in runs {
             println!(
                 "| {name} | {side} | {:.0} {unit}/s | {:.2}× | {:.1} | {} |",
                 run.rate(*n),
-                run.rate(*n) / raw_rate,
+                run.rate(*n) / reference,
                 run.client_cpu.as_secs_f64() * 1e6 / *n as f64,
                 run.server_cpu.map_or("-".to_owned(), |cpu| format!(
                     "{:.1}",
@@ -163,6 +181,17 @@ fn main() {
     }
     drop(admin);
     server.stop();
+}
+
+/// A side of a workload: its name, and what runs it on a database (by URL).
+type Side<'a> = (&'static str, &'a dyn Fn(&str) -> Run);
+
+/// One workload's median run of each side, the reference (raw SQL) first.
+struct Workload {
+    name: String,
+    unit: &'static str,
+    n: usize,
+    runs: Vec<(&'static str, Run)>,
 }
 
 struct Sizes {
@@ -193,26 +222,40 @@ impl Run {
     }
 }
 
-/// Runs `round` `rounds` times on freshly emptied databases, raw first in even rounds and miniflow
-/// first in odd ones; returns the median run of each side (by wall time).
+/// Runs each side `rounds` times, each on a database of its own, emptied and prepared (`prepare`)
+/// before every round, with the sides in a rotating order (so drift on a noisy machine hits all of
+/// them alike); returns each side's median run (by wall time).
 fn alternate(
     server: &Server,
-    raw: &str,
-    ours: &str,
+    workload: &str,
+    sides: &[Side<'_>],
     rounds: usize,
-    mut round: impl FnMut(bool) -> (Run, Run),
-) -> (Run, Run) {
-    let (mut raws, mut ourss) = (Vec::new(), Vec::new());
-    for r in 0..rounds {
-        for url in [raw, ours] {
+    prepare: impl Fn(&str),
+) -> Vec<(&'static str, Run)> {
+    let tag: String = workload
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    let urls: Vec<String> = (0..sides.len())
+        .map(|side| server.database(&format!("{tag}_{side}")))
+        .collect();
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); sides.len()];
+    for round in 0..rounds {
+        for url in &urls {
             empty(url);
+            prepare(url);
         }
         server.checkpoint();
-        let (raw_run, our_run) = round(r % 2 == 0);
-        raws.push(raw_run);
-        ourss.push(our_run);
+        for k in 0..sides.len() {
+            let side = (round + k) % sides.len();
+            runs[side].push((sides[side].1)(&urls[side]));
+        }
     }
-    (median(raws), median(ourss))
+    sides
+        .iter()
+        .zip(runs)
+        .map(|((name, _), runs)| (*name, median(runs)))
+        .collect()
 }
 
 fn median(mut runs: Vec<Run>) -> Run {
@@ -327,11 +370,27 @@ const RAW_COMMANDS: &str =
     "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
      available_at, created_at) VALUES ($1, $2, 0, $3, $4, 'pending', $7, $7), \
      ($1, $2, 1, $5, $6, 'pending', $7, $7)";
+/// The event and both commands in one statement, so in a transaction of its own: one round trip.
+const RAW_COMMIT: &str = "WITH e AS (\
+         INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
+         SELECT $1, $2::bigint + 1, $3, $4, $5 \
+         WHERE (SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = $1) = $2::bigint \
+         RETURNING seq) \
+     INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
+         created_at) \
+     SELECT $1, e.seq, c.idx, c.kind, c.payload, 'pending', $5, $5 \
+     FROM e, (VALUES (0::bigint, $6, $7), (1::bigint, $8, $9)) AS c (idx, kind, payload)";
 
 /// The same rows as [`miniflow_commits`] through hand-written SQL: per commit one transaction,
 /// the event inserted only when the workflow's last seq is the expected one, both commands in one
-/// `INSERT`.
-fn raw_commits(server: &Server, url: &str, connections: usize, n: usize) -> Run {
+/// `INSERT` (or, `one_statement`, all of it in one statement).
+fn raw_commits(
+    server: &Server,
+    url: &str,
+    connections: usize,
+    n: usize,
+    one_statement: bool,
+) -> Run {
     let ready = Arc::new(Barrier::new(connections + 1));
     let stopwatch = std::thread::scope(|scope| {
         for t in 0..connections {
@@ -340,6 +399,7 @@ fn raw_commits(server: &Server, url: &str, connections: usize, n: usize) -> Run 
                 let mut client = Client::connect(url, NoTls).unwrap();
                 let insert_event = client.prepare(RAW_EVENT).unwrap();
                 let insert_commands = client.prepare(RAW_COMMANDS).unwrap();
+                let insert_commit = client.prepare(RAW_COMMIT).unwrap();
                 let now = NOW.as_millis() as i64;
                 let mut commit = |id: String| {
                     let payload = serde_json::to_string(&event().payload).unwrap();
@@ -347,6 +407,26 @@ fn raw_commits(server: &Server, url: &str, connections: usize, n: usize) -> Run 
                         serde_json::to_string(&json!({ "trip_id": "t", "amount": 1200 })).unwrap();
                     let c1 = serde_json::to_string(&json!({ "to": "成都", "class": "economy" }))
                         .unwrap();
+                    if one_statement {
+                        let inserted = client
+                            .execute(
+                                &insert_commit,
+                                &[
+                                    &id,
+                                    &0_i64,
+                                    &"trip_requested",
+                                    &payload,
+                                    &now,
+                                    &"lock_budget",
+                                    &c0,
+                                    &"book_flight",
+                                    &c1,
+                                ],
+                            )
+                            .unwrap();
+                        assert_eq!(inserted, 2);
+                        return;
+                    }
                     let mut tx = client.transaction().unwrap();
                     let inserted = tx
                         .execute(
@@ -420,6 +500,53 @@ fn miniflow_deliveries(server: &Server, url: &str, workers: usize, commands: usi
     assert_eq!(stats.completed, commands as u64);
     assert!(store.pending(1).unwrap().is_empty());
     run
+}
+
+/// `workers` threads on one `PostgresStore`, each claiming a batch and acknowledging it with
+/// `complete_all`, until a claim comes back empty: the store without the dispatcher around it.
+fn store_deliveries(server: &Server, url: &str, workers: usize, commands: usize) -> Run {
+    let options = PostgresOptions::new().pool_size(workers as u32);
+    let store = PostgresStore::connect_with(url, &options).unwrap();
+    warm_pool(&store, workers);
+    let ready = Arc::new(Barrier::new(workers + 1));
+    let stopwatch = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| {
+                let mut store = store.clone();
+                let ready = ready.clone();
+                scope.spawn(move || {
+                    let request = ClaimRequest::new(format!("store-{w}"))
+                        .limit(BATCH)
+                        .lease_ttl(Duration::from_millis(LEASE_TTL_MS as u64));
+                    ready.wait();
+                    let mut done = 0;
+                    loop {
+                        let batch = store.claim(&request, NOW).unwrap();
+                        if batch.is_empty() {
+                            return done;
+                        }
+                        let acks: Vec<Ack> = batch
+                            .iter()
+                            .map(|d| Ack {
+                                command_id: d.command_id.clone(),
+                                token: d.token,
+                                result: None,
+                            })
+                            .collect();
+                        let results = store.complete_all(&acks, NOW).unwrap();
+                        assert!(results.iter().all(Result::is_ok));
+                        done += batch.len();
+                    }
+                })
+            })
+            .collect();
+        ready.wait();
+        let stopwatch = Stopwatch::start(server);
+        let done: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(done, commands);
+        stopwatch
+    });
+    stopwatch.stop(server)
 }
 
 /// Takes the longest-due claimable rows and leases them, in one statement.

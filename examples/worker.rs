@@ -4,6 +4,13 @@
 //!
 //! Run with `cargo run --example worker`. Time is a manual clock, so the backoffs are exact and the
 //! run is instant.
+//!
+//! The store is a SQLite file in a temporary directory, or a PostgreSQL database when a URL is given:
+//! `cargo run --example worker --features postgres -- --database-url postgresql://user@host/db` (or
+//! `MINIFLOW_DATABASE_URL=… cargo run --example worker --features postgres`), delivered by
+//! `Dispatcher::postgres`. Give it a database of its own: the dispatcher delivers every command it
+//! finds there. The database keeps what the run wrote, so there the trip's ID carries the time of
+//! the run, to meet no earlier one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,8 +18,9 @@ use std::time::Duration;
 
 use miniflow::prelude::*;
 use miniflow::{
-    json, Clock, Command, CommandId, Decision, Delivery, Dispatcher, Engine, Event, EventRecord,
-    ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Timestamp, Workflow, WorkflowId,
+    json, Clock, Command, CommandId, Decision, Delivery, Dispatcher, Engine, Error, Event,
+    EventRecord, ManualClock, Outcome, RetryPolicy, SqliteStore, Status, Timestamp, Workflow,
+    WorkflowId,
 };
 
 struct Trip;
@@ -83,13 +91,68 @@ fn seconds(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
 }
 
+/// The database URL of `--database-url URL` (or `--database-url=URL`), else of
+/// `MINIFLOW_DATABASE_URL`; `None` for SQLite.
+fn database_url() -> Option<String> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--database-url" {
+            return args.next();
+        }
+        if let Some(url) = arg.strip_prefix("--database-url=") {
+            return Some(url.to_owned());
+        }
+    }
+    std::env::var("MINIFLOW_DATABASE_URL")
+        .ok()
+        .filter(|url| !url.trim().is_empty())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("flow.db");
+    let suppliers = Arc::new(Mutex::new(Suppliers::default()));
+    let calls = suppliers.clone();
+    let handler = move |d: &Delivery| calls.lock().unwrap().call(d);
+    match database_url() {
+        None => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("flow.db");
+            let store = SqliteStore::open(&path)?;
+            let dispatcher = Dispatcher::sqlite(&path, handler);
+            deliver(store, dispatcher, WorkflowId::new("trip-001")?, &suppliers)
+        }
+        #[cfg(feature = "postgres")]
+        Some(url) => {
+            use miniflow::{PostgresDispatcher, PostgresStore};
+            let store = PostgresStore::connect(&url)?;
+            let dispatcher = Dispatcher::postgres(&store, handler)?;
+            let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            let trip = WorkflowId::new(format!("trip-{}", started.as_micros()))?;
+            deliver(store, dispatcher, trip, &suppliers)
+        }
+        #[cfg(not(feature = "postgres"))]
+        Some(_) => Err("a database URL needs the postgres feature: \
+             cargo run --example worker --features postgres -- --database-url URL"
+            .into()),
+    }
+}
+
+/// The trip's commands that are not finished yet (a database may hold other workflows).
+fn unfinished(store: &impl Outbox, trip: &WorkflowId) -> Result<Vec<miniflow::OutboxRow>, Error> {
+    let mut rows = store.commands(trip)?;
+    rows.retain(|row| matches!(row.status, Status::Pending | Status::Leased));
+    Ok(rows)
+}
+
+/// Commits the trip into `store` and delivers its commands with `dispatcher`, moving the manual
+/// clock from one retry to the next.
+fn deliver<S: Store + 'static>(
+    mut store: S,
+    dispatcher: Dispatcher<S>,
+    trip: WorkflowId,
+    suppliers: &Mutex<Suppliers>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let start = Timestamp::from_millis(1_700_000_000_000);
     let clock = Arc::new(ManualClock::new(start));
-    let mut store = SqliteStore::open(&path)?;
-    let trip = WorkflowId::new("trip-001")?;
     Engine::new(Trip).handle(
         &mut store,
         &trip,
@@ -97,17 +160,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         clock.now(),
     )?;
 
-    let suppliers = Arc::new(Mutex::new(Suppliers::default()));
     let policy = RetryPolicy::default()
         .initial_delay(Duration::from_secs(1))
         .multiplier(2.0)
         .max_delay(Duration::from_secs(60))
         .max_attempts(5)
         .jitter(0.2);
-    let calls = suppliers.clone();
     let t0 = start;
     let report_clock = clock.clone();
-    let dispatcher = Dispatcher::sqlite(&path, move |d: &Delivery| calls.lock().unwrap().call(d))
+    let dispatcher = dispatcher
         .retry_policy(policy)
         .clock(clock.clone())
         .on_settled(move |d, settlement| {
@@ -121,8 +182,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Deliver what is due, then move the clock to the next retry, until nothing is left to deliver.
     loop {
         dispatcher.run_until_idle()?;
-        let Some(next) = store
-            .pending(usize::MAX)?
+        let Some(next) = unfinished(&store, &trip)?
             .iter()
             .map(|row| row.available_at)
             .min()
@@ -144,7 +204,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             row.attempts
         );
     }
-    let dead = store.dead_letters(10)?;
+    let mut dead = store.commands(&trip)?;
+    dead.retain(|row| row.status == Status::Dead);
     println!("dead letters: {}", dead.len());
     println!(
         "real side effects: {}",

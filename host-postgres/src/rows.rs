@@ -46,6 +46,64 @@ macro_rules! select_timers {
 
 pub(crate) use {row_columns, select_rows, select_timers};
 
+/// A column a stored value is read from: by name, or (the outbox's, read on every claim) by its
+/// position in [`row_columns!`], which skips looking the name up in each row.
+pub(crate) trait Column: Copy {
+    fn name(self) -> &'static str;
+    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error>;
+}
+
+impl Column for &'static str {
+    fn name(self) -> &'static str {
+        self
+    }
+    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+        row.try_get(self)
+    }
+}
+
+/// An outbox column: its position in [`row_columns!`], and its name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Col(usize, &'static str);
+
+impl Column for Col {
+    fn name(self) -> &'static str {
+        self.1
+    }
+    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+        debug_assert_eq!(
+            row.columns().get(self.0).map(postgres::Column::name),
+            Some(self.1),
+            "outbox rows are selected with row_columns!()"
+        );
+        row.try_get(self.0)
+    }
+}
+
+/// The columns of [`row_columns!`], in order.
+pub(crate) mod col {
+    use super::Col;
+    pub(crate) const WORKFLOW_ID: Col = Col(0, "workflow_id");
+    pub(crate) const EVENT_SEQ: Col = Col(1, "event_seq");
+    pub(crate) const IDX: Col = Col(2, "idx");
+    pub(crate) const KIND: Col = Col(3, "kind");
+    pub(crate) const PAYLOAD: Col = Col(4, "payload");
+    pub(crate) const STATUS: Col = Col(5, "status");
+    pub(crate) const ATTEMPTS: Col = Col(6, "attempts");
+    pub(crate) const LAST_ERROR: Col = Col(7, "last_error");
+    pub(crate) const AVAILABLE_AT: Col = Col(8, "available_at");
+    pub(crate) const LEASE_OWNER: Col = Col(9, "lease_owner");
+    pub(crate) const LEASE_EXPIRES_AT: Col = Col(10, "lease_expires_at");
+    pub(crate) const LEASE_TOKEN: Col = Col(11, "lease_token");
+    pub(crate) const CREATED_AT: Col = Col(12, "created_at");
+    pub(crate) const PROCESSED_AT: Col = Col(13, "processed_at");
+    pub(crate) const MANUAL_RETRIES: Col = Col(14, "manual_retries");
+    pub(crate) const RESOLUTION: Col = Col(15, "resolution");
+    pub(crate) const REPORT_RESULT: Col = Col(16, "report_result");
+    pub(crate) const RESULT: Col = Col(17, "result");
+    pub(crate) const CANCEL_REQUESTED: Col = Col(18, "cancel_requested");
+}
+
 /// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
 /// this one cannot parse): its column, and why.
 #[derive(Debug)]
@@ -67,52 +125,53 @@ fn unreadable(column: &'static str, reason: impl std::fmt::Display) -> Unreadabl
     }
 }
 
-pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, column: &'static str) -> Result<T, Unreadable> {
-    row.try_get(column)
-        .map_err(|e| unreadable(column, format!("cannot be read: {e}")))
+pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, column: impl Column) -> Result<T, Unreadable> {
+    column
+        .read(row)
+        .map_err(|e| unreadable(column.name(), format!("cannot be read: {e}")))
 }
 
-pub(crate) fn time(row: &Row, column: &'static str) -> Result<Timestamp, Unreadable> {
+pub(crate) fn time(row: &Row, column: impl Column) -> Result<Timestamp, Unreadable> {
     let millis: i64 = get(row, column)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)
-        .map_err(|_| unreadable(column, format!("holds the negative time {millis}")))
+        .map_err(|_| unreadable(column.name(), format!("holds the negative time {millis}")))
 }
 
-fn optional_time(row: &Row, column: &'static str) -> Result<Option<Timestamp>, Unreadable> {
+fn optional_time(row: &Row, column: impl Column) -> Result<Option<Timestamp>, Unreadable> {
     match get::<Option<i64>>(row, column)? {
         Some(_) => time(row, column).map(Some),
         None => Ok(None),
     }
 }
 
-fn json(row: &Row, column: &'static str) -> Result<serde_json::Value, Unreadable> {
+fn json(row: &Row, column: impl Column) -> Result<serde_json::Value, Unreadable> {
     let text: &str = get(row, column)?;
     serde_json::from_str(text)
-        .map_err(|e| unreadable(column, format!("cannot be read as JSON: {e}")))
+        .map_err(|e| unreadable(column.name(), format!("cannot be read as JSON: {e}")))
 }
 
-fn optional_json(row: &Row, column: &'static str) -> Result<Option<serde_json::Value>, Unreadable> {
+fn optional_json(row: &Row, column: impl Column) -> Result<Option<serde_json::Value>, Unreadable> {
     match get::<Option<&str>>(row, column)? {
         Some(_) => json(row, column).map(Some),
         None => Ok(None),
     }
 }
 
-fn count(row: &Row, column: &'static str) -> Result<u32, Unreadable> {
+fn count(row: &Row, column: impl Column) -> Result<u32, Unreadable> {
     let n: i64 = get(row, column)?;
-    u32::try_from(n).map_err(|_| unreadable(column, format!("holds {n}, out of range")))
+    u32::try_from(n).map_err(|_| unreadable(column.name(), format!("holds {n}, out of range")))
 }
 
 pub(crate) fn command_id(row: &Row) -> Result<CommandId, Unreadable> {
-    let workflow_id = WorkflowId::new(get::<String>(row, "workflow_id")?)
+    let workflow_id = WorkflowId::new(get::<String>(row, col::WORKFLOW_ID)?)
         .map_err(|e| unreadable("workflow_id", e))?;
-    let seq: i64 = get(row, "event_seq")?;
+    let seq: i64 = get(row, col::EVENT_SEQ)?;
     let seq = u64::try_from(seq)
         .ok()
         .and_then(|s| Seq::new(s).ok())
         .ok_or_else(|| unreadable("event_seq", format!("holds {seq}, out of range")))?;
-    let idx: i64 = get(row, "idx")?;
+    let idx: i64 = get(row, col::IDX)?;
     let index =
         u32::try_from(idx).map_err(|_| unreadable("idx", format!("holds {idx}, out of range")))?;
     CommandId::new(workflow_id, seq, index).map_err(|e| unreadable("idx", e))
@@ -120,40 +179,40 @@ pub(crate) fn command_id(row: &Row) -> Result<CommandId, Unreadable> {
 
 /// The command ID an outbox row's key columns spell, whatever they hold.
 pub(crate) fn raw_command_id(row: &Row) -> String {
-    let workflow_id: String = row.try_get("workflow_id").unwrap_or_else(|_| "?".into());
-    let seq: i64 = row.try_get("event_seq").unwrap_or_default();
-    let idx: i64 = row.try_get("idx").unwrap_or_default();
+    let workflow_id: String = col::WORKFLOW_ID.read(row).unwrap_or_else(|_| "?".into());
+    let seq: i64 = col::EVENT_SEQ.read(row).unwrap_or_default();
+    let idx: i64 = col::IDX.read(row).unwrap_or_default();
     format!("{workflow_id}:{seq}:{idx}")
 }
 
 pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
-    let lease = match get::<Option<String>>(row, "lease_owner")? {
+    let lease = match get::<Option<String>>(row, col::LEASE_OWNER)? {
         Some(owner) => Some(Lease {
             owner,
-            expires_at: time(row, "lease_expires_at")?,
-            token: u64::try_from(get::<i64>(row, "lease_token")?)
+            expires_at: time(row, col::LEASE_EXPIRES_AT)?,
+            token: u64::try_from(get::<i64>(row, col::LEASE_TOKEN)?)
                 .map_err(|_| unreadable("lease_token", "holds a negative token"))?,
         }),
         None => None,
     };
     Ok(OutboxRow {
         command_id: command_id(row)?,
-        kind: get(row, "kind")?,
-        payload: json(row, "payload")?,
-        status: get::<&str>(row, "status")?
+        kind: get(row, col::KIND)?,
+        payload: json(row, col::PAYLOAD)?,
+        status: get::<&str>(row, col::STATUS)?
             .parse()
             .map_err(|e| unreadable("status", e))?,
-        attempts: count(row, "attempts")?,
-        last_error: get(row, "last_error")?,
-        available_at: time(row, "available_at")?,
+        attempts: count(row, col::ATTEMPTS)?,
+        last_error: get(row, col::LAST_ERROR)?,
+        available_at: time(row, col::AVAILABLE_AT)?,
         lease,
-        created_at: time(row, "created_at")?,
-        processed_at: optional_time(row, "processed_at")?,
-        manual_retries: count(row, "manual_retries")?,
-        resolution: get(row, "resolution")?,
-        report_result: get(row, "report_result")?,
-        result: optional_json(row, "result")?,
-        cancel_requested: get(row, "cancel_requested")?,
+        created_at: time(row, col::CREATED_AT)?,
+        processed_at: optional_time(row, col::PROCESSED_AT)?,
+        manual_retries: count(row, col::MANUAL_RETRIES)?,
+        resolution: get(row, col::RESOLUTION)?,
+        report_result: get(row, col::REPORT_RESULT)?,
+        result: optional_json(row, col::RESULT)?,
+        cancel_requested: get(row, col::CANCEL_REQUESTED)?,
     })
 }
 
@@ -163,23 +222,23 @@ pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
 pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
     Some(OutboxRow {
         command_id: command_id(row).ok()?,
-        kind: get(row, "kind").unwrap_or_default(),
+        kind: get(row, col::KIND).unwrap_or_default(),
         payload: serde_json::Value::Null,
-        status: get::<&str>(row, "status")
+        status: get::<&str>(row, col::STATUS)
             .ok()
             .and_then(|status| status.parse().ok())
             .unwrap_or(Status::Pending),
-        attempts: count(row, "attempts").unwrap_or_default(),
+        attempts: count(row, col::ATTEMPTS).unwrap_or_default(),
         last_error: None,
-        available_at: time(row, "available_at").unwrap_or_default(),
+        available_at: time(row, col::AVAILABLE_AT).unwrap_or_default(),
         lease: None,
-        created_at: time(row, "created_at").unwrap_or_default(),
+        created_at: time(row, col::CREATED_AT).unwrap_or_default(),
         processed_at: None,
-        manual_retries: count(row, "manual_retries").unwrap_or_default(),
+        manual_retries: count(row, col::MANUAL_RETRIES).unwrap_or_default(),
         resolution: None,
-        report_result: get(row, "report_result").unwrap_or_default(),
+        report_result: get(row, col::REPORT_RESULT).unwrap_or_default(),
         result: None,
-        cancel_requested: get(row, "cancel_requested").unwrap_or_default(),
+        cancel_requested: get(row, col::CANCEL_REQUESTED).unwrap_or_default(),
     })
 }
 

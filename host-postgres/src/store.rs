@@ -18,9 +18,9 @@ use crate::connect::{
 };
 use crate::db::{Db, Statements};
 use crate::rows::{
-    id_params, insert_timer, load_events, query_rows, query_timers, raw_command_id,
+    col, id_params, insert_timer, load_events, query_rows, query_timers, raw_command_id,
     read_outbox_row, read_timer, salvage, select_rows, select_timers, text, timer_exists,
-    to_sql_time, token_param, write_row, Params, Unreadable,
+    to_sql_time, token_param, write_row, Column, Params, Unreadable,
 };
 use crate::wakeup::Wakeups;
 
@@ -414,9 +414,9 @@ impl PostgresStore {
                 .map_err(storage)?;
             for row in &page {
                 after = (
-                    row.try_get("workflow_id").map_err(storage)?,
-                    row.try_get("event_seq").map_err(storage)?,
-                    row.try_get("idx").map_err(storage)?,
+                    col::WORKFLOW_ID.read(row).map_err(storage)?,
+                    col::EVENT_SEQ.read(row).map_err(storage)?,
+                    col::IDX.read(row).map_err(storage)?,
                 );
                 if let Ok(outbox_row) = read_outbox_row(row) {
                     out.push(outbox_row);
@@ -825,10 +825,10 @@ struct Unclaimable {
 impl Candidate {
     fn read(row: &Row) -> Result<Self, Error> {
         let key = (
-            row.try_get("available_at").map_err(storage)?,
-            row.try_get("workflow_id").map_err(storage)?,
-            row.try_get("event_seq").map_err(storage)?,
-            row.try_get("idx").map_err(storage)?,
+            col::AVAILABLE_AT.read(row).map_err(storage)?,
+            col::WORKFLOW_ID.read(row).map_err(storage)?,
+            col::EVENT_SEQ.read(row).map_err(storage)?,
+            col::IDX.read(row).map_err(storage)?,
         );
         let row = read_outbox_row(row).map_err(|why| Unclaimable {
             name: raw_command_id(row),

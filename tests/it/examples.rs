@@ -5,12 +5,27 @@ use std::process::Command;
 
 /// Builds (if needed) and runs `cargo run --example <name>`, returning its standard output.
 pub fn run_example(name: &str, args: &[&str]) -> String {
+    run_example_with(name, &[], &[], args)
+}
+
+/// As [`run_example`], with the package's `features` and `env` set for the example.
+pub fn run_example_with(
+    name: &str,
+    features: &[&str],
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> String {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
-    let output = Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "--example", name, "--manifest-path"])
-        .arg(&manifest)
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["run", "--quiet", "--example", name, "--manifest-path"]);
+    cargo.arg(&manifest);
+    if !features.is_empty() {
+        cargo.args(["--features", &features.join(",")]);
+    }
+    let output = cargo
         .arg("--")
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("run cargo");
     assert!(
@@ -354,4 +369,52 @@ fn trip_saga_example_compensates_a_failed_hotel_and_a_hotel_past_its_deadline() 
     );
     assert_eq!(line("pending:"), "pending: 0");
     assert_eq!(line("dead:"), "dead: 1 (unexplained: 0)");
+}
+
+/// The trip and worker examples on PostgreSQL, given a database by `--database-url` or by
+/// `MINIFLOW_DATABASE_URL`: the same story, in a database that outlives the run (a second run there
+/// meets none of the first's commands).
+#[cfg(feature = "postgres")]
+#[test]
+fn trip_and_worker_examples_run_on_postgres_given_a_database_url() {
+    let database = crate::postgres::TestDatabase::new();
+    let url = database.url();
+    let expected =
+        "first delivery: REF-1\nretry delivery: REF-1\nreal side effects: 1\npending: 0\n";
+    let out = run_example_with("trip", &["postgres"], &[], &["--database-url", &url]);
+    assert_eq!(out, expected);
+    let out = run_example_with(
+        "trip",
+        &["postgres"],
+        &[("MINIFLOW_DATABASE_URL", &url)],
+        &[],
+    );
+    assert_eq!(out, expected, "a second run, by the environment");
+    let mut client = database.client();
+    let trips: i64 = client
+        .query_one("SELECT count(DISTINCT workflow_id) FROM events", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(trips, 2, "both runs wrote to the database");
+
+    for _ in 0..2 {
+        let out = run_example_with("worker", &["postgres"], &[], &["--database-url", &url]);
+        let line = |needle: &str| {
+            out.lines()
+                .find(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+        };
+        line(":1:0 lock_budget attempt 2: failed (503 budget service unavailable), retry in");
+        line(":1:0 lock_budget attempt 4: done");
+        line(
+            ":1:1 book_hotel  attempt 1: failed for good (422 hotel Atlantis does not exist): dead",
+        );
+        assert_eq!(line("dead letters:"), "dead letters: 1");
+        assert_eq!(line("real side effects:"), "real side effects: 1");
+    }
+    let dead: i64 = client
+        .query_one("SELECT count(*) FROM outbox WHERE status = 'dead'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, 2, "one dead hotel booking per worker run");
 }
