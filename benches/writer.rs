@@ -124,8 +124,10 @@ fn main() {
         }
     }
     if only("e2e") {
-        println!();
-        end_to_end(dir, &sizes);
+        for producers in [PRODUCERS, 4 * PRODUCERS] {
+            println!();
+            end_to_end(dir, &sizes, producers);
+        }
     }
 }
 
@@ -513,8 +515,8 @@ impl Clocks {
     }
 }
 
-fn end_to_end(dir: &Path, sizes: &Sizes) {
-    let path = dir.join("e2e.db");
+fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
+    let path = dir.join(format!("e2e-{producers}.db"));
     drop(SqliteStore::open(&path).unwrap());
     let capacity = (sizes.e2e.as_secs_f64() * 200_000.0) as usize + 1_000;
     let clocks = Arc::new(Clocks {
@@ -545,7 +547,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes) {
     let stop = Arc::new(AtomicBool::new(false));
     let engine = Arc::new(Engine::new(Trip));
     let clock = Stopwatch::start();
-    let producers: Vec<_> = (0..PRODUCERS)
+    let threads: Vec<_> = (0..producers)
         .map(|_| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
@@ -587,8 +589,8 @@ fn end_to_end(dir: &Path, sizes: &Sizes) {
         backlog.push(committed_commands().saturating_sub(clocks.delivered.load(Ordering::SeqCst)));
     }
     stop.store(true, Ordering::SeqCst);
-    for producer in producers {
-        producer.join().unwrap();
+    for thread in threads {
+        thread.join().unwrap();
     }
     let run = clock.stop();
     let workflows = committed_commands() / 2;
@@ -614,7 +616,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes) {
     let third = backlog.len() / 3;
     let tail_max = |from: usize| backlog[from..].iter().copied().max().unwrap_or(0);
     println!(
-        "### End to end: {PRODUCERS} producers flat out (`Engine::handle`, 2 commands per \
+        "### End to end: {producers} producers flat out (`Engine::handle`, 2 commands per \
          workflow) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
         secs
     );

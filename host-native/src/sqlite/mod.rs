@@ -320,7 +320,8 @@ impl SqliteStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        in_savepoint(tx, |conn| write_commit(conn, commit))
+        let json = CommitJson::of(commit);
+        in_savepoint(tx, |conn| write_commit(conn, commit, &json))
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -366,9 +367,15 @@ impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
     }
+    /// The payloads are written out on the caller's thread, and the commit goes back to it to be
+    /// dropped there: the writer thread, which every caller waits for, does only the SQL.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let commit = commit.clone();
-        self.write(move |tx| write_commit(tx, &commit))
+        let (commit, json) = (commit.clone(), CommitJson::of(commit));
+        self.write(move |tx| {
+            write_commit(tx, &commit, &json)?;
+            Ok((commit, json))
+        })
+        .map(drop)
     }
 }
 
@@ -433,8 +440,9 @@ impl Outbox for SqliteStore {
         let acks = acks.to_vec();
         self.write(move |tx| complete_each(tx, &acks, now))
     }
-    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails is
-    /// rolled back to its savepoint and reported in [`Handover::claimed`]; the acks still commit.
+    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
+    /// fails the whole write: nothing of it commits, and the commands it acknowledged are delivered
+    /// again once their leases run out (their receivers fold the repeat).
     fn complete_all_and_claim(
         &mut self,
         acks: Vec<Ack>,
@@ -447,13 +455,15 @@ impl Outbox for SqliteStore {
                 claimed: self.claim(request, now),
             });
         }
+        request.validate()?;
         let request = request.clone();
         self.write(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
-            let claimed = request
-                .validate()
-                .and_then(|()| in_savepoint(tx, |conn| claim_in(conn, &request, now)));
-            Ok(Handover { completed, claimed })
+            let claimed = claim_in(tx, &request, now)?;
+            Ok(Handover {
+                completed,
+                claimed: Ok(claimed),
+            })
         })
     }
     fn fail(

@@ -196,9 +196,38 @@ pub(crate) fn in_savepoint<T>(
     }
 }
 
-/// Writes `commit` on `tx`, which the caller has opened and will commit or roll back (see
-/// [`EventLog::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
-pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error> {
+/// The payloads of a commit's events and commands as the store keeps them (canonical JSON), written
+/// out before the commit goes to the writer, so that the writer thread spends no time on them.
+pub(super) struct CommitJson {
+    events: Vec<String>,
+    commands: Vec<String>,
+}
+
+impl CommitJson {
+    pub(super) fn of(commit: &Commit) -> Self {
+        Self {
+            events: commit
+                .events()
+                .iter()
+                .map(|event| canonical_json(&event.payload))
+                .collect(),
+            commands: commit
+                .commands()
+                .iter()
+                .map(|row| canonical_json(&row.payload))
+                .collect(),
+        }
+    }
+}
+
+/// Writes `commit`, whose payloads are `json`, on `tx`, which the caller has opened and will commit
+/// or roll back (see [`EventLog::append_with_commands`] for what is written, and
+/// [`SqliteStore::append_in`]).
+pub(super) fn write_commit(
+    tx: &Connection,
+    commit: &Commit,
+    json: &CommitJson,
+) -> Result<(), Error> {
     let workflow_id = commit.workflow_id().as_str();
     let actual: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
@@ -218,13 +247,13 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
                  VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .map_err(storage)?;
-        for event in commit.events() {
+        for (event, payload) in commit.events().iter().zip(&json.events) {
             insert_event
                 .execute(params![
                     workflow_id,
                     event.seq.get() as i64,
                     event.kind,
-                    canonical_json(&event.payload),
+                    payload,
                     to_sql_time("now", event.recorded_at)?,
                 ])
                 .map_err(|e| match e.sqlite_error_code() {
@@ -243,14 +272,14 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
             fire_timer(tx, timer_id, commit.now())?;
         }
         cancel_commands(tx, commit)?;
-        for row in commit.commands() {
+        for (row, payload) in commit.commands().iter().zip(&json.commands) {
             insert_command
                 .execute(params![
                     workflow_id,
                     row.command_id.event_seq().get() as i64,
                     i64::from(row.command_id.index()),
                     row.kind,
-                    canonical_json(&row.payload),
+                    payload,
                     to_sql_time("now", row.created_at)?,
                     row.report_result,
                 ])
