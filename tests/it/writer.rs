@@ -330,14 +330,17 @@ fn under_a_flood_of_commits_deliveries_keep_pace_and_every_producer_progresses()
     let committed: u64 = commits.iter().sum();
     let shutdown = running.shutdown(Duration::from_secs(10));
     assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
+    // First come, first served: producers do not starve one another, and the workers' claims and
+    // acks queue with the commits instead of losing every race for the lock to them (with a
+    // connection each and SQLite's busy handler, some producers committed once in two seconds
+    // and the workers delivered 0–40% of what was committed meanwhile).
+    let fair_share = committed / commits.len() as u64;
     assert!(
-        commits.iter().all(|&n| n > 0),
-        "every producer committed: {commits:?}"
+        commits.iter().all(|&n| n * 10 >= fair_share),
+        "every producer got its turn: {commits:?}"
     );
-    // First come, first served: the workers' claims and acks queue with the commits, so they are
-    // not starved by them (a busy handler's sleeps used to let the backlog grow without bound).
     assert!(
-        delivered_while_flooded * 2 >= committed,
+        delivered_while_flooded * 10 >= committed * 8,
         "{delivered_while_flooded} of {committed} commands delivered while producers ran"
     );
 }
