@@ -581,3 +581,475 @@ mod cron {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prelude::*;
+    use crate::{Decision, Engine, EventRecord, MemoryStore, Workflow};
+
+    const SECOND: u64 = 1_000;
+
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn every(secs: u64) -> Rule {
+        Recurrence::Every(Duration::from_secs(secs)).rule().unwrap()
+    }
+
+    fn caught(fire_at: u64, missed: u64, next: Option<u64>) -> CatchUp {
+        CatchUp {
+            fire_at: at(fire_at),
+            missed,
+            next: next.map(at),
+        }
+    }
+
+    #[test]
+    fn an_interval_fires_on_time_late_or_after_an_outage_by_its_policy() {
+        let rule = every(10);
+        let t0 = 100 * SECOND;
+        // On time, and late but before the next occurrence: nothing is missed.
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0), 1),
+            caught(t0, 0, Some(t0 + 10 * SECOND))
+        );
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0 + 9_999), 1),
+            caught(t0, 0, Some(t0 + 10 * SECOND))
+        );
+        // At the next occurrence's very millisecond it is due too: fire once for it.
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0 + 10 * SECOND), 1),
+            caught(t0 + 10 * SECOND, 1, Some(t0 + 20 * SECOND))
+        );
+        // Down for 55 s: t0 … t0+50 are due (6); fire once for t0+50, five missed.
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0 + 55 * SECOND), 1),
+            caught(t0 + 50 * SECOND, 5, Some(t0 + 60 * SECOND))
+        );
+        // Fire all, at most 4: t0+20 (folding t0, t0+10), then t0+30 (due already), …
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0 + 55 * SECOND), 4),
+            caught(t0 + 20 * SECOND, 2, Some(t0 + 30 * SECOND))
+        );
+        // … and within the cap every late occurrence fires, oldest first.
+        assert_eq!(
+            rule.catch_up(at(t0), at(t0 + 55 * SECOND), 6),
+            caught(t0, 0, Some(t0 + 10 * SECOND))
+        );
+        // A stored policy of 0 still fires one.
+        assert_eq!(Missed::FireAll { max: 0 }.cap(), 1);
+        // The count saturates.
+        let long = rule.catch_up(at(t0), at(t0 + 10 * SECOND * 1_000_000), 1);
+        assert_eq!(long.missed, ScheduleFired::MAX_MISSED);
+        assert_eq!(long.fire_at, at(t0 + 10 * SECOND * 1_000_000));
+        // Past the end of time there is no next occurrence: the schedule ends.
+        assert_eq!(rule.next_after(at(u64::MAX - 5)), None);
+    }
+
+    #[test]
+    fn intervals_and_policies_out_of_bounds_are_refused_naming_them() {
+        let refused = |recurrence: Recurrence, missed: Missed| {
+            let schedule = Schedule {
+                name: "s".into(),
+                recurrence,
+                payload: Value::Null,
+                on_missed: missed,
+            };
+            match schedule.check(at(0)) {
+                Err(Error::InvalidInput { field, value, .. }) => format!("{field} {value}"),
+                other => panic!("expected InvalidInput, got {other:?}"),
+            }
+        };
+        let every = |d| Recurrence::Every(d);
+        let once = Missed::FireOnce;
+        assert_eq!(refused(every(Duration::ZERO), once), "schedule.every 0ns");
+        assert_eq!(
+            refused(every(Duration::from_millis(999)), once),
+            "schedule.every 999ms"
+        );
+        assert_eq!(
+            refused(every(Duration::from_micros(1_000_500)), once),
+            "schedule.every 1.0005s"
+        );
+        assert_eq!(
+            refused(every(Schedule::MAX_INTERVAL + Duration::from_secs(1)), once),
+            format!(
+                "schedule.every {:?}",
+                Schedule::MAX_INTERVAL + Duration::from_secs(1)
+            )
+        );
+        let ok = every(Duration::from_secs(1));
+        assert_eq!(
+            refused(ok.clone(), Missed::FireAll { max: 0 }),
+            "schedule.on_missed fire_all { max: 0 }"
+        );
+        assert_eq!(
+            refused(ok, Missed::FireAll { max: 1_001 }),
+            "schedule.on_missed fire_all { max: 1001 }"
+        );
+        let bounds = Schedule::every("s", Schedule::MAX_INTERVAL).on_missed(Missed::FireAll {
+            max: Missed::MAX_FIRE_ALL,
+        });
+        assert!(bounds.check(at(0)).is_ok());
+    }
+
+    #[test]
+    fn schedules_serialize_as_their_documented_json() {
+        let schedule = Schedule::every("s", Duration::from_secs(60))
+            .on_missed(Missed::FireAll { max: 12 })
+            .payload(serde_json::json!({ "a": 1 }));
+        assert_eq!(
+            serde_json::to_value(&schedule).unwrap(),
+            serde_json::json!({
+                "name": "s", "recurrence": { "every_ms": 60000 }, "payload": { "a": 1 },
+                "on_missed": { "fire_all": { "max": 12 } }
+            })
+        );
+        assert_eq!(
+            serde_json::to_value(Missed::FireOnce).unwrap(),
+            serde_json::json!("fire_once")
+        );
+        assert_eq!(
+            serde_json::to_value(Recurrence::Cron("@daily".into())).unwrap(),
+            serde_json::json!({ "cron": "@daily" })
+        );
+    }
+
+    #[cfg(feature = "cron")]
+    mod cron {
+        use super::*;
+        use chrono::{TimeZone, Utc};
+
+        fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> u64 {
+            let t = Utc.with_ymd_and_hms(y, mo, d, h, mi, s).unwrap();
+            u64::try_from(t.timestamp_millis()).unwrap()
+        }
+
+        fn rule(expression: &str) -> Rule {
+            Recurrence::Cron(expression.into()).rule().unwrap()
+        }
+
+        fn next(expression: &str, from: u64) -> Option<u64> {
+            rule(expression)
+                .next_after(at(from))
+                .map(Timestamp::as_millis)
+        }
+
+        #[test]
+        fn next_occurrences_cross_month_year_and_leap_day_boundaries_in_utc() {
+            let cases = [
+                // (expression, from, next)
+                (
+                    "0 0 1 * *",
+                    utc(2024, 1, 31, 12, 0, 0),
+                    utc(2024, 2, 1, 0, 0, 0),
+                ),
+                (
+                    "0 0 1 * *",
+                    utc(2024, 2, 1, 0, 0, 0),
+                    utc(2024, 3, 1, 0, 0, 0),
+                ),
+                (
+                    "0 0 31 * *",
+                    utc(2024, 1, 31, 0, 0, 1),
+                    utc(2024, 3, 31, 0, 0, 0),
+                ),
+                (
+                    "0 0 29 2 *",
+                    utc(2023, 3, 1, 0, 0, 0),
+                    utc(2024, 2, 29, 0, 0, 0),
+                ),
+                (
+                    "0 0 L * *",
+                    utc(2024, 2, 10, 0, 0, 0),
+                    utc(2024, 2, 29, 0, 0, 0),
+                ),
+                (
+                    "0 0 L * *",
+                    utc(2023, 2, 10, 0, 0, 0),
+                    utc(2023, 2, 28, 0, 0, 0),
+                ),
+                (
+                    "59 23 31 12 *",
+                    utc(2024, 6, 1, 0, 0, 0),
+                    utc(2024, 12, 31, 23, 59, 0),
+                ),
+                (
+                    "0 0 * * *",
+                    utc(2024, 12, 31, 23, 59, 59),
+                    utc(2025, 1, 1, 0, 0, 0),
+                ),
+                (
+                    "@hourly",
+                    utc(2024, 3, 31, 23, 30, 0),
+                    utc(2024, 4, 1, 0, 0, 0),
+                ),
+                (
+                    "0 9 * * MON",
+                    utc(2024, 6, 1, 0, 0, 0),
+                    utc(2024, 6, 3, 9, 0, 0),
+                ),
+                (
+                    "*/15 * * * * *",
+                    utc(2024, 1, 1, 0, 0, 44),
+                    utc(2024, 1, 1, 0, 0, 45),
+                ),
+                // Both day fields restricted: either matches (1 June 2024 is a Saturday).
+                (
+                    "0 0 1 * MON",
+                    utc(2024, 5, 28, 0, 0, 0),
+                    utc(2024, 6, 1, 0, 0, 0),
+                ),
+                // The last Friday of the month.
+                (
+                    "0 12 * * FRI#L",
+                    utc(2024, 2, 1, 0, 0, 0),
+                    utc(2024, 2, 23, 12, 0, 0),
+                ),
+            ];
+            for (expression, from, expected) in cases {
+                assert_eq!(
+                    next(expression, from),
+                    Some(expected),
+                    "{expression} after {from}"
+                );
+                // Strictly after: from the match itself, and a millisecond before it.
+                assert!(
+                    next(expression, expected).unwrap() > expected,
+                    "{expression}"
+                );
+                assert_eq!(
+                    next(expression, expected - 1),
+                    Some(expected),
+                    "{expression}"
+                );
+            }
+            // Times in the middle of a second.
+            assert_eq!(next("* * * * * *", 1_500), Some(2_000));
+        }
+
+        #[test]
+        fn bad_and_never_matching_expressions_are_refused_naming_them() {
+            for expression in [
+                "",
+                "bad",
+                "60 * * * *",
+                "*/0 * * * *",
+                "0 0 31 2 *",
+                "0 0 1 1 * 2020",
+            ] {
+                let schedule = Schedule::cron("s", expression);
+                match schedule.check(at(utc(2024, 1, 1, 0, 0, 0))) {
+                    Err(Error::InvalidInput {
+                        field,
+                        value,
+                        reason,
+                    }) => {
+                        assert_eq!(
+                            (field, value.as_str()),
+                            ("schedule.cron", expression),
+                            "{reason}"
+                        );
+                    }
+                    other => panic!("{expression:?}: expected InvalidInput, got {other:?}"),
+                }
+            }
+            let long = format!("0 {} * * *", vec!["0"; 300].join(","));
+            assert!(long.len() > Schedule::MAX_CRON_LEN);
+            assert!(matches!(
+                Schedule::cron("s", long).check(at(0)),
+                Err(Error::InvalidInput {
+                    field: "schedule.cron",
+                    ..
+                })
+            ));
+            // A seven-field expression whose year is still to come ends after its last match.
+            let rule = rule("0 0 0 1 1 * 2030");
+            let last = utc(2030, 1, 1, 0, 0, 0);
+            assert_eq!(
+                rule.next_after(at(utc(2024, 1, 1, 0, 0, 0))),
+                Some(at(last))
+            );
+            assert_eq!(rule.next_after(at(last)), None);
+        }
+
+        #[test]
+        fn cron_catch_up_folds_missed_matches_by_the_policy() {
+            // Every day at 09:00; armed for 1 March, the host comes back on 5 March at 10:00.
+            let rule = rule("0 9 * * *");
+            let day = |d| utc(2024, 3, d, 9, 0, 0);
+            let now = at(utc(2024, 3, 5, 10, 0, 0));
+            assert_eq!(
+                rule.catch_up(at(day(1)), now, 1),
+                caught(day(5), 4, Some(day(6)))
+            );
+            assert_eq!(
+                rule.catch_up(at(day(1)), now, 3),
+                caught(day(3), 2, Some(day(4)))
+            );
+            assert_eq!(
+                rule.catch_up(at(day(1)), now, 5),
+                caught(day(1), 0, Some(day(2)))
+            );
+            assert_eq!(
+                rule.catch_up(at(day(1)), now, 1_000),
+                caught(day(1), 0, Some(day(2)))
+            );
+            // Late but before the next match: on time as far as the policy goes.
+            let late = at(utc(2024, 3, 1, 23, 0, 0));
+            assert_eq!(
+                rule.catch_up(at(day(1)), late, 1),
+                caught(day(1), 0, Some(day(2)))
+            );
+            // Every second, down for two days: the count stops at its maximum.
+            let rule = self::rule("* * * * * *");
+            let t0 = utc(2024, 1, 1, 0, 0, 0);
+            let back = t0 + 2 * 86_400 * SECOND;
+            assert_eq!(
+                rule.catch_up(at(t0), at(back), 1),
+                caught(back, ScheduleFired::MAX_MISSED, Some(back + SECOND))
+            );
+        }
+    }
+
+    /// A workflow that records the schedule events it sees and starts `schedule` on `start`.
+    struct Ticks(Schedule);
+
+    impl Workflow for Ticks {
+        type State = ();
+        fn evolve(&self, _: &mut (), _: &EventRecord) {}
+        fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+            match event.kind.as_str() {
+                "start" => Decision::new().schedule(self.0.clone()),
+                _ => Decision::none(),
+            }
+        }
+    }
+
+    /// A small deterministic generator, so a failing seed replays.
+    struct XorShift(u64);
+
+    impl XorShift {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+    }
+
+    /// Fires a schedule at random times (on time, late, after outages of many occurrences, with
+    /// firers racing) and checks that every occurrence up to the last fired one is accounted for
+    /// exactly once, in order, with one armed occurrence left that is the one the last event named.
+    fn random_clocks(schedule: Schedule, occurrences: impl Fn(u64, u64) -> u64, seeds: u64) {
+        let cap = u64::from(schedule.on_missed.cap());
+        for seed in 1..=seeds {
+            let mut rng = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let engine = Engine::new(Ticks(schedule.clone()));
+            let mut store = MemoryStore::new();
+            let wf = WorkflowId::new("w").unwrap();
+            let start = at(1_704_067_200_000 + rng.below(60 * SECOND));
+            engine
+                .handle(&mut store, &wf, Event::new("start", Value::Null), start)
+                .unwrap();
+            let mut now = start;
+            for _ in 0..60 {
+                now = now + Duration::from_millis(rng.below(8) * rng.below(40 * SECOND));
+                let due = store.claim_timers(10, Duration::ZERO, now).unwrap();
+                assert!(
+                    due.len() <= 1,
+                    "seed {seed}: one armed occurrence at a time"
+                );
+                for timer in &due {
+                    let fired = engine.fire(&mut store, timer, now).unwrap();
+                    assert!(fired.is_some(), "seed {seed}");
+                    // A second firer with the same row commits nothing.
+                    assert_eq!(
+                        engine.fire(&mut store, timer, now).unwrap(),
+                        None,
+                        "seed {seed}"
+                    );
+                }
+            }
+            let events: Vec<ScheduleFired> = store
+                .load(&wf)
+                .unwrap()
+                .iter()
+                .filter_map(|e| e.decode::<ScheduleFired>())
+                .map(Result::unwrap)
+                .collect();
+            let Some(last) = events.last() else { continue };
+            let first_at = events[0]
+                .timer_id
+                .rsplit_once('@')
+                .unwrap()
+                .1
+                .parse()
+                .unwrap();
+            let accounted: u64 = events.iter().map(|e| 1 + e.missed).sum();
+            assert_eq!(
+                accounted,
+                occurrences(first_at, last.scheduled_at.as_millis()),
+                "seed {seed}: every occurrence accounted for once"
+            );
+            assert!(
+                events
+                    .windows(2)
+                    .all(|w| w[0].scheduled_at < w[1].scheduled_at),
+                "seed {seed}: in order"
+            );
+            let armed: Vec<TimerRow> = store
+                .timers(&wf)
+                .unwrap()
+                .into_iter()
+                .filter(|t| t.status == crate::TimerStatus::Scheduled)
+                .collect();
+            assert_eq!(armed.len(), 1, "seed {seed}");
+            assert_eq!(Some(armed[0].fire_at), last.next_at, "seed {seed}");
+            // Between two firings no more than `cap` events: a catch-up is bounded by the policy.
+            if cap == 1 {
+                assert!(
+                    armed[0].fire_at > now,
+                    "seed {seed}: nothing due is left behind"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn random_clocks_account_for_every_occurrence_of_an_interval_once() {
+        let n = 7 * SECOND;
+        let count = move |from: u64, to: u64| (to - from) / n + 1;
+        random_clocks(Schedule::every("tick", Duration::from_millis(n)), count, 40);
+        random_clocks(
+            Schedule::every("tick", Duration::from_millis(n)).on_missed(Missed::FireAll { max: 3 }),
+            count,
+            40,
+        );
+    }
+
+    #[cfg(feature = "cron")]
+    #[test]
+    fn random_clocks_account_for_every_match_of_a_cron_expression_once() {
+        let expression = "*/5 * * * * *";
+        let count = |from: u64, to: u64| {
+            let rule = Recurrence::Cron(expression.into()).rule().unwrap();
+            let mut n = 1;
+            let mut t = at(from);
+            while let Some(next) = rule.next_after(t).filter(|next| next.as_millis() <= to) {
+                n += 1;
+                t = next;
+            }
+            n
+        };
+        random_clocks(Schedule::cron("tick", expression), count, 30);
+        random_clocks(
+            Schedule::cron("tick", expression).on_missed(Missed::FireAll { max: 4 }),
+            count,
+            30,
+        );
+    }
+}
