@@ -718,6 +718,22 @@ mod tests {
         );
     }
 
+    #[cfg(not(feature = "cron"))]
+    #[test]
+    fn without_the_cron_feature_a_cron_schedule_is_refused_naming_the_feature() {
+        match Schedule::cron("s", "@daily").check(at(0)) {
+            Err(Error::InvalidInput {
+                field: "schedule.cron",
+                value,
+                reason,
+            }) => {
+                assert_eq!(value, "@daily");
+                assert!(reason.contains("`cron` feature"), "{reason}");
+            }
+            other => panic!("expected InvalidInput, got {other:?}"),
+        }
+    }
+
     #[cfg(feature = "cron")]
     mod cron {
         use super::*;
