@@ -183,8 +183,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let last = store
             .timers(&customer)?
             .into_iter()
-            .filter(|t| t.name == name)
-            .next_back()
+            .rfind(|t| t.name == name)
             .map_or("none".to_owned(), |t| {
                 format!("{} {}", t.timer_id, t.status)
             });

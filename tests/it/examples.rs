@@ -390,14 +390,23 @@ fn schedule_example_fires_each_occurrence_once_and_catches_up_after_an_outage_by
     line("[2024-07-02 12:00] send_invoice      for 2024-06-01 09:00");
     line("[2024-07-02 12:00] send_invoice      for 2024-07-01 09:00");
     line("[2024-07-02 12:00] send_usage_report for 2024-07-01 10:00 (14 missed before it)");
-    assert!(!out.contains("for 2024-04-01"), "April is folded into May: {out}");
+    assert!(
+        !out.contains("for 2024-04-01"),
+        "April is folded into May: {out}"
+    );
     assert_eq!(out.matches("send_invoice ").count(), 5, "{out}");
     // Stopped: nothing after the cancellation, the armed occurrences cancelled.
     assert!(!out.contains("for 2024-08"), "{out}");
     assert_eq!(line("invoices sent:"), "invoices sent: 5");
     assert_eq!(line("usage reports sent:"), "usage reports sent: 11");
-    assert!(line("last invoice occurrence:").ends_with("cancelled"), "{out}");
-    assert!(line("last usage_report occurrence:").ends_with("cancelled"), "{out}");
+    assert!(
+        line("last invoice occurrence:").ends_with("cancelled"),
+        "{out}"
+    );
+    assert!(
+        line("last usage_report occurrence:").ends_with("cancelled"),
+        "{out}"
+    );
     assert_eq!(line("pending:"), "pending: 0");
 }
 
