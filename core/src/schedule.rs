@@ -149,8 +149,10 @@ pub struct Schedule {
     pub recurrence: Recurrence,
     /// Handed back in every [`ScheduleFired`] event, one level inside its payload (so it may nest
     /// one level less than the [`crate::JsonLimits`] allow).
+    #[serde(default)]
     pub payload: Value,
     /// What happens to occurrences missed while no firer ran.
+    #[serde(default)]
     pub on_missed: Missed,
 }
 
