@@ -273,13 +273,27 @@ pub enum DecisionInput {
 /// shape matched).
 impl<'de> Deserialize<'de> for DecisionInput {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        let decision = if value.is_array() {
-            Vec::deserialize(value).map(DecisionInput::Commands)
-        } else {
-            DecisionObject::deserialize(value).map(DecisionInput::Full)
-        };
-        decision.map_err(serde::de::Error::custom)
+        deserializer.deserialize_any(DecisionVisitor)
+    }
+}
+
+struct DecisionVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DecisionVisitor {
+    type Value = DecisionInput;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of commands or a decision object")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<DecisionInput, A::Error> {
+        let commands = Deserialize::deserialize(serde::de::value::SeqAccessDeserializer::new(seq));
+        commands.map(DecisionInput::Commands)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<DecisionInput, A::Error> {
+        let full = Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(map));
+        full.map(DecisionInput::Full)
     }
 }
 
