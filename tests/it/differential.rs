@@ -449,7 +449,20 @@ impl<S: Store> Run<S> {
             .iter()
             .filter(|t| t.status == TimerStatus::Scheduled)
             .collect();
-        let timer_id = if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
+        // Occurrences come due one at a time: take a due one when there is one, half the time.
+        let due_occurrences: Vec<&TimerRow> = scheduled
+            .iter()
+            .copied()
+            .filter(|t| {
+                t.fire_at <= self.now
+                    && matches!(t.timer_id.source(), TimerSource::Occurrence { .. })
+            })
+            .collect();
+        let timer_id = if !due_occurrences.is_empty() && self.rng.bool() {
+            due_occurrences[self.rng.usize(..due_occurrences.len())]
+                .timer_id
+                .clone()
+        } else if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
             scheduled[self.rng.usize(..scheduled.len())]
                 .timer_id
                 .clone()
