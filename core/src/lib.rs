@@ -12,6 +12,7 @@
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
+//! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -79,6 +80,7 @@ mod memory;
 mod model;
 mod outbox;
 mod retry;
+mod schedule;
 mod store;
 mod time;
 mod timer;
@@ -87,8 +89,8 @@ mod timer;
 pub mod conformance;
 
 pub use builtin::{
-    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
-    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
+    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
+    COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
@@ -107,6 +109,7 @@ pub use outbox::{
     Settled, Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
+pub use schedule::{Missed, Recurrence, Schedule};
 pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
