@@ -7,6 +7,7 @@ use crate::model::{Decision, Event, EventRecord};
 use crate::store::{Commit, EventLog, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
+use crate::trace::TraceContext;
 
 /// A workflow: how its events fold into state, and what it decides when a new event arrives.
 ///
@@ -209,7 +210,25 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
-        self.commit_event(store, workflow_id, event, now, None)
+        self.commit_event(store, workflow_id, event, now, None, None)
+    }
+
+    /// As [`Engine::handle`], storing `context` (the W3C trace context of the caller's span, e.g.
+    /// from an incoming `traceparent` header) with every command decided, so that each delivery
+    /// continues the trace ([`Commit::traced`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_traced<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: &TraceContext,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        self.commit_event(store, workflow_id, event, now, None, Some(context))
     }
 
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
@@ -275,7 +294,7 @@ impl<W: Workflow> Engine<W> {
         }
         let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
         let workflow_id = timer.timer_id.workflow_id();
-        match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id)) {
+        match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id), None) {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
             Err(Error::Rejected {
@@ -299,6 +318,7 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
         fires: Option<&TimerId>,
+        context: Option<&TraceContext>,
     ) -> Result<Handled, Error> {
         // Checked before the event is copied for each try: a payload past the limits may nest deeper
         // than a recursive copy survives.
@@ -312,6 +332,9 @@ impl<W: Workflow> Engine<W> {
             let mut commit = self.plan(&events, workflow_id, event.clone(), now)?;
             if let Some(timer_id) = fires {
                 commit = commit.firing(timer_id.clone())?;
+            }
+            if let Some(context) = context {
+                commit = commit.traced(context.clone());
             }
             match store.append_with_commands(&commit) {
                 Ok(()) => return Ok(Handled::of(&commit, conflicts)),

@@ -12,6 +12,7 @@
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
+//! | [`TraceContext`] | the W3C trace context stored with each command, so a trace runs through the outbox |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -82,6 +83,7 @@ mod retry;
 mod store;
 mod time;
 mod timer;
+mod trace;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -110,6 +112,7 @@ pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.
 pub mod prelude {

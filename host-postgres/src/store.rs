@@ -8,7 +8,7 @@ use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
     Engine, Error, Event, EventRecord, Extended, Failure, Handled, OutboxRow, RetryPolicy, Seq,
-    Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Row, Socket, Transaction};
@@ -555,9 +555,9 @@ const INSERT_COMMIT: &str = "WITH last AS (\
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
-             created_at, report_result) \
+             created_at, report_result, traceparent, tracestate) \
          SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-             c.report_result \
+             c.report_result, $13::text, $14::text \
          FROM unnest($7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::bigint[], \
              $12::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result) \
          WHERE EXISTS (SELECT 1 FROM e)) \
@@ -565,9 +565,9 @@ const INSERT_COMMIT: &str = "WITH last AS (\
 
 /// A commit's commands alone (see [`insert_commands`]).
 const INSERT_COMMANDS: &str = "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
-         status, available_at, created_at, report_result) \
+         status, available_at, created_at, report_result, traceparent, tracestate) \
      SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-         c.report_result \
+         c.report_result, $8::text, $9::text \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], \
          $7::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result)";
 
@@ -581,6 +581,9 @@ struct CommandColumns {
     payloads: Vec<String>,
     created: Vec<i64>,
     report: Vec<bool>,
+    /// The commit's trace context, the same for each of its commands.
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl CommandColumns {
@@ -593,6 +596,11 @@ impl CommandColumns {
             payloads: Vec::with_capacity(rows.len()),
             created: Vec::with_capacity(rows.len()),
             report: Vec::with_capacity(rows.len()),
+            traceparent: commit.trace_context().map(TraceContext::traceparent),
+            tracestate: commit
+                .trace_context()
+                .and_then(TraceContext::tracestate)
+                .map(str::to_owned),
         };
         for row in rows {
             columns
@@ -662,6 +670,8 @@ fn insert_events(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.traceparent,
+            &columns.tracestate,
         ],
     );
     let row = match row {
@@ -701,6 +711,8 @@ fn insert_commands(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.traceparent,
+            &columns.tracestate,
         ],
     )
     .map_err(storage)?;

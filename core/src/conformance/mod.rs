@@ -282,6 +282,7 @@ mod leases;
 mod receivers;
 mod results;
 mod timers;
+mod trace;
 
 pub use self::commit::*;
 pub use self::edges::*;
@@ -289,6 +290,7 @@ pub use self::leases::*;
 pub use self::receivers::*;
 pub use self::results::*;
 pub use self::timers::*;
+pub use self::trace::*;
 
 /// `start` books and sets a 1 s deadline; a failed command is compensated and the deadline cancelled;
 /// a fired deadline is compensated too. Every decision is visible in the outbox.
@@ -390,6 +392,7 @@ macro_rules! store_conformance_tests {
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,
+            trace_contexts_and_due_times_reach_every_delivery,
         );
     };
     (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {

@@ -10,7 +10,7 @@ use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
     Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow, RetryPolicy,
-    Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Seq, Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -38,6 +38,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../../migrations/0003_timers.sql"),
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../../migrations/0006_trace_context.sql"),
 ];
 
 /// The newest schema version this build writes.

@@ -11,7 +11,7 @@ use miniflow::prelude::*;
 use miniflow::{
     json, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
     Dispatcher, Engine, Error, Event, EventRecord, Outcome, PostgresDispatcher, PostgresOptions,
-    PostgresStore, Seq, Status, SystemClock, Timestamp, Wakeups, Workflow, WorkflowId,
+    PostgresStore, Seq, Status, SystemClock, Timestamp, TraceContext, Wakeups, Workflow, WorkflowId,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -353,6 +353,48 @@ fn a_row_that_cannot_be_read_is_buried_by_the_claim_and_stops_no_other() {
         .map(|t| t.timer_id.to_string())
         .collect();
     assert_eq!(feedback, ["bad:1:0:failed1"], "its workflow is told");
+}
+
+/// A stored trace context that no longer parses is ignored: the row reads and is delivered, only
+/// its trace is lost; a valid one comes back as it was committed.
+#[test]
+fn a_stored_trace_context_that_does_not_parse_is_ignored_not_fatal() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    let context = TraceContext::parse(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        Some("vendor=1"),
+    )
+    .unwrap();
+    for workflow in ["damaged", "kept"] {
+        let commit = Commit::new(
+            wid(workflow),
+            Seq::ZERO,
+            Event::new("start", json!({})),
+            Decision::new().command(Command::new("deliver", json!({}))),
+            T0,
+        )
+        .unwrap()
+        .traced(context.clone());
+        store.append_with_commands(&commit).unwrap();
+    }
+    database
+        .client()
+        .batch_execute("UPDATE outbox SET traceparent = '00-zz' WHERE workflow_id = 'damaged'")
+        .unwrap();
+    let traces: Vec<(String, Option<TraceContext>)> = store
+        .claim(&ClaimRequest::new("w").limit(10), T0)
+        .unwrap()
+        .into_iter()
+        .map(|d| (d.command_id.to_string(), d.trace_context))
+        .collect();
+    assert_eq!(
+        traces,
+        [
+            ("damaged:1:0".to_owned(), None),
+            ("kept:1:0".to_owned(), Some(context))
+        ]
+    );
 }
 
 #[test]
