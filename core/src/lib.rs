@@ -81,6 +81,7 @@ mod model;
 mod outbox;
 mod retry;
 mod store;
+pub mod telemetry;
 mod time;
 mod timer;
 mod trace;

@@ -39,6 +39,7 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+mod telemetry;
 
 pub use clock::SystemClock;
 pub use dispatcher::{

@@ -27,6 +27,7 @@ mod idempotency;
 mod notifier;
 mod rows;
 mod store;
+mod telemetry;
 mod wakeup;
 
 pub use connect::{PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};

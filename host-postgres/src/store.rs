@@ -221,6 +221,14 @@ impl PostgresStore {
     }
 
     fn append_in_db(&self, db: &mut Db<'_, Transaction<'_>>, commit: &Commit) -> Result<(), Error> {
+        crate::telemetry::sending(commit, || self.append_in_savepoint(db, commit))
+    }
+
+    fn append_in_savepoint(
+        &self,
+        db: &mut Db<'_, Transaction<'_>>,
+        commit: &Commit,
+    ) -> Result<(), Error> {
         let (mut savepoint, statements) = db.savepoint()?;
         let mut inner = Db::new(&mut savepoint, statements);
         let clock = self.clock(&mut inner, commit.now())?;
@@ -1183,6 +1191,13 @@ impl EventLog for PostgresStore {
     /// A commit without timers or cancellations, on the caller's clock, is one statement in a
     /// transaction of its own; any other is one transaction of several.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        crate::telemetry::sending(commit, || self.append(commit))
+    }
+}
+
+impl PostgresStore {
+    /// [`EventLog::append_with_commands`], without its span.
+    fn append(&self, commit: &Commit) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
         let written = if is_plain(commit) && !self.shared.options.uses_database_clock() {
             write_commit(&mut connection.db(), commit, Clock::caller(commit.now()))
@@ -1450,7 +1465,9 @@ impl Operations for PostgresStore {
                 &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
             )
             .map_err(storage)?;
-        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+        let deleted = usize::try_from(deleted).unwrap_or(usize::MAX);
+        crate::telemetry::purged(deleted);
+        Ok(deleted)
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {

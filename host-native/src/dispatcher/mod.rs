@@ -28,7 +28,7 @@ use miniflow_core::{
 
 use serde_json::Value;
 
-use crate::{SqliteStore, SystemClock};
+use crate::{telemetry, SqliteStore, SystemClock};
 
 mod leases;
 mod worker;

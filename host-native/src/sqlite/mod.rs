@@ -280,7 +280,11 @@ impl SqliteStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        in_savepoint(tx, |conn| write_commit(conn, commit))
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let result = in_savepoint(tx, |conn| write_commit(conn, commit));
+        crate::telemetry::committed(&span, &result);
+        result
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -328,9 +332,14 @@ impl EventLog for SqliteStore {
         load_events(&self.conn, workflow_id)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let tx = self.write()?;
-        write_commit(&tx, commit)?;
-        tx.commit().map_err(storage)
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let result = self.write().and_then(|tx| {
+            write_commit(&tx, commit)?;
+            tx.commit().map_err(storage)
+        });
+        crate::telemetry::committed(&span, &result);
+        result
     }
 }
 
@@ -515,10 +524,13 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        self.conn
+        let purged = self
+            .conn
             .prepare_cached(PURGE_DONE)
             .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-            .map_err(storage)
+            .map_err(storage)?;
+        crate::telemetry::purged(purged);
+        Ok(purged)
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
