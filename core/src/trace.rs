@@ -71,10 +71,16 @@ impl TraceContext {
             state: None,
         };
         if trace_id == [0; 16] {
-            return Err(invalid_parent(&context.traceparent(), "the trace ID is all zeros"));
+            return Err(invalid_parent(
+                &context.traceparent(),
+                "the trace ID is all zeros",
+            ));
         }
         if span_id == [0; 8] {
-            return Err(invalid_parent(&context.traceparent(), "the parent ID is all zeros"));
+            return Err(invalid_parent(
+                &context.traceparent(),
+                "the parent ID is all zeros",
+            ));
         }
         Ok(context)
     }
@@ -272,7 +278,9 @@ fn parse_traceparent(text: &str) -> Result<TraceContext, Error> {
     let bytes = text.as_bytes();
     let fail = |reason: &str| Err(invalid_parent(text, reason));
     if bytes.len() < 55 {
-        return fail("must be 55 characters: 00-{32 hex trace ID}-{16 hex parent ID}-{2 hex flags}");
+        return fail(
+            "must be 55 characters: 00-{32 hex trace ID}-{16 hex parent ID}-{2 hex flags}",
+        );
     }
     let Some(version) = unhex::<1>(&bytes[..2]) else {
         return fail("the version is not two lowercase hex digits");
@@ -387,8 +395,8 @@ mod tests {
 
     #[test]
     fn a_traceparent_reads_and_formats_back() {
-        let context = TraceContext::parse(PARENT, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"))
-            .unwrap();
+        let context =
+            TraceContext::parse(PARENT, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")).unwrap();
         assert_eq!(context.traceparent(), PARENT);
         assert_eq!(context.to_string(), PARENT);
         assert_eq!(context.span_id_hex(), "00f067aa0ba902b7");
@@ -400,29 +408,52 @@ mod tests {
         let unsampled: TraceContext = PARENT.replace("-01", "-00").parse().unwrap();
         assert!(!unsampled.sampled());
         // A later version is read as 00, extra fields and all, and written as 00.
-        let later = TraceContext::parse(&format!("{}-what-comes-next", PARENT.replacen("00", "cc", 1)), None)
-            .unwrap();
+        let later = TraceContext::parse(
+            &format!("{}-what-comes-next", PARENT.replacen("00", "cc", 1)),
+            None,
+        )
+        .unwrap();
         assert_eq!(later.traceparent(), PARENT);
         // Blank tracestates are no tracestate.
-        assert_eq!(TraceContext::parse(PARENT, Some(" , ")).unwrap().tracestate(), None);
+        assert_eq!(
+            TraceContext::parse(PARENT, Some(" , "))
+                .unwrap()
+                .tracestate(),
+            None
+        );
     }
 
     #[test]
     fn bad_traceparents_are_refused_naming_the_field_and_never_panic() {
         let cases = [
             ("", "55 characters"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", "55 characters"),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+                "55 characters",
+            ),
             (&PARENT.replacen("00", "ff", 1), "version ff"),
             (&PARENT.replacen("00", "0g", 1), "version"),
             (&format!("{PARENT}-x"), "exactly 55"),
-            (&PARENT.replace("4bf92f3577b34da6a3ce929d0e0e4736", &"0".repeat(32)), "trace ID is all zeros"),
-            (&PARENT.replace("00f067aa0ba902b7", &"0".repeat(16)), "parent ID is all zeros"),
+            (
+                &PARENT.replace("4bf92f3577b34da6a3ce929d0e0e4736", &"0".repeat(32)),
+                "trace ID is all zeros",
+            ),
+            (
+                &PARENT.replace("00f067aa0ba902b7", &"0".repeat(16)),
+                "parent ID is all zeros",
+            ),
             (&PARENT.replace("4bf9", "4BF9"), "trace ID is not"),
             (&PARENT.replace("00f0", "00fz"), "parent ID is not"),
             (&PARENT.replace("-01", "-1x"), "flags"),
             (&PARENT.replacen('-', "_", 1), "dashes"),
-            (&format!("{}xyz", PARENT.replacen("00", "01", 1)), "follow a dash"),
-            ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-é", "flags"),
+            (
+                &format!("{}xyz", PARENT.replacen("00", "01", 1)),
+                "follow a dash",
+            ),
+            (
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-é",
+                "flags",
+            ),
             (&"é".repeat(40), "version"),
         ];
         for (text, reason) in cases {
@@ -437,14 +468,31 @@ mod tests {
 
     #[test]
     fn bad_tracestates_are_refused_naming_the_field() {
-        let many = (0..33).map(|i| format!("k{i}=v")).collect::<Vec<_>>().join(",");
+        let many = (0..33)
+            .map(|i| format!("k{i}=v"))
+            .collect::<Vec<_>>()
+            .join(",");
         let long = format!("k={}", "v".repeat(MAX_TRACESTATE_LEN));
-        for state in ["novalue", "Upper=1", "k=a,b", "k=", "k=del\u{7f}", "k=tab\t1", &many, &long, "@x=1", "a@b@c=1"] {
+        for state in [
+            "novalue",
+            "Upper=1",
+            "k=a,b",
+            "k=",
+            "k=del\u{7f}",
+            "k=tab\t1",
+            &many,
+            &long,
+            "@x=1",
+            "a@b@c=1",
+        ] {
             let (field, _) = refused(PARENT, Some(state));
             assert_eq!(field, "tracestate", "{state:?}");
         }
         for state in ["k=v", "tenant@sys=v", " a=1 , b=2", "a-b*c/d_e=x y"] {
-            assert!(TraceContext::parse(PARENT, Some(state)).is_ok(), "{state:?}");
+            assert!(
+                TraceContext::parse(PARENT, Some(state)).is_ok(),
+                "{state:?}"
+            );
         }
     }
 
@@ -460,7 +508,11 @@ mod tests {
         assert_ne!(a.span_id(), b.span_id());
         assert_eq!(a, parent.child("w:1:0#1"));
         let grandchild = a.child("w:1:0#1");
-        assert_ne!(grandchild.span_id(), a.span_id(), "the parent's span is part of the seed");
+        assert_ne!(
+            grandchild.span_id(),
+            a.span_id(),
+            "the parent's span is part of the seed"
+        );
         assert!(parent.with_span_id([0; 8]).is_err());
         assert_eq!(parent.with_span_id([1; 8]).unwrap().span_id(), [1; 8]);
         assert!(TraceContext::new([0; 16], [1; 8], 1).is_err());
@@ -470,10 +522,18 @@ mod tests {
     fn json_holds_the_two_header_values_and_is_checked_when_read() {
         let context = TraceContext::parse(PARENT, Some("k=v")).unwrap();
         let json = serde_json::to_value(&context).unwrap();
-        assert_eq!(json, serde_json::json!({ "traceparent": PARENT, "tracestate": "k=v" }));
-        assert_eq!(serde_json::from_value::<TraceContext>(json).unwrap(), context);
+        assert_eq!(
+            json,
+            serde_json::json!({ "traceparent": PARENT, "tracestate": "k=v" })
+        );
+        assert_eq!(
+            serde_json::from_value::<TraceContext>(json).unwrap(),
+            context
+        );
         let bad = serde_json::json!({ "traceparent": "00-nonsense" });
-        let error = serde_json::from_value::<TraceContext>(bad).unwrap_err().to_string();
+        let error = serde_json::from_value::<TraceContext>(bad)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("traceparent"), "{error}");
     }
 }

@@ -41,6 +41,8 @@ mod idempotency;
 mod sqlite;
 mod telemetry;
 
+pub use telemetry::new_trace_context;
+
 pub use clock::SystemClock;
 pub use dispatcher::{
     cancellation_requested, Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown,

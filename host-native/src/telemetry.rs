@@ -15,13 +15,49 @@
 //! | `process` | a handler delivers one command | `messaging.operation.type = "process"`, `messaging.message.id` (the command ID), `messaging.destination.name` (the kind), `miniflow.attempt`, `miniflow.traceparent` (the producer's context), `error.type` (`retry`, `permanent`, `panic`, `lease_lost`) |
 //! | `settle` | a delivery is settled | `messaging.operation.type = "settle"`, `messaging.operation.name` (`complete`, `fail`, `release`), `messaging.batch.message_count`, `error.type` (`retry`, `dead`, `cancelled`, `lease_lost` or a store error's code) |
 
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use metrics::{counter, histogram};
 use miniflow_core::telemetry as names;
-use miniflow_core::{Commit, Delivery, Error, Timestamp};
+use miniflow_core::{Commit, Delivery, Error, Timestamp, TraceContext};
 use tracing::field::Empty;
 use tracing::Span;
+
+/// A new trace: a W3C trace context with a random trace ID and span ID, sampled. Start one where
+/// work enters the system without a trace of its own (a request without a `traceparent` header)
+/// and commit with it ([`miniflow_core::Engine::handle_traced`], [`miniflow_core::Commit::traced`]);
+/// each delivery then carries it to the receiver. No tracing system is needed for that: the trace
+/// ID alone ties the producer's logs to the receiver's.
+///
+/// The IDs come from the standard library's randomly keyed SipHash over a process-wide counter:
+/// unique enough for tracing, not for secrets.
+///
+/// ```
+/// let trace = miniflow_native::new_trace_context();
+/// assert!(trace.sampled());
+/// assert_ne!(trace.trace_id(), miniflow_native::new_trace_context().trace_id());
+/// ```
+pub fn new_trace_context() -> TraceContext {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let keys = std::collections::hash_map::RandomState::new();
+    let random = || {
+        let mut hasher = keys.build_hasher();
+        hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+        hasher.finish().to_le_bytes()
+    };
+    let (a, b, c) = (random(), random(), random());
+    let mut trace_id = [0; 16];
+    trace_id[..8].copy_from_slice(&a);
+    trace_id[8..].copy_from_slice(&b);
+    // All zeros is the one invalid value; a 2^-64 chance, made impossible.
+    let span_id = if c == [0; 8] { [1; 8] } else { c };
+    if trace_id == [0; 16] {
+        trace_id[15] = 1;
+    }
+    TraceContext::new(trace_id, span_id, 0x01).expect("non-zero IDs")
+}
 
 /// The span of a commit (`send`), with what can be said before it is written.
 pub(crate) fn send_span(commit: &Commit) -> Span {

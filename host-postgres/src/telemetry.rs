@@ -39,7 +39,10 @@ pub(crate) fn send_span(commit: &Commit) -> Span {
 }
 
 /// Writes `commit` with `write` inside its `send` span; a lost race counts as a commit conflict.
-pub(crate) fn sending(commit: &Commit, write: impl FnOnce() -> Result<(), Error>) -> Result<(), Error> {
+pub(crate) fn sending(
+    commit: &Commit,
+    write: impl FnOnce() -> Result<(), Error>,
+) -> Result<(), Error> {
     let span = send_span(commit);
     let _send = span.enter();
     let result = write();

@@ -726,7 +726,9 @@ impl Line for OutboxRow {
             self.report_result,
             self.result.as_ref().map(canonical_json),
             self.cancel_requested,
-            self.trace_context.as_ref().map(|c| (c.traceparent(), c.tracestate())),
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }
@@ -748,7 +750,9 @@ impl Line for Delivery {
             self.lease_expires_at,
             self.due_at,
             canonical_json(&self.payload),
-            self.trace_context.as_ref().map(|c| (c.traceparent(), c.tracestate())),
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }

@@ -79,6 +79,51 @@ fn worker_example_retries_with_backoff_folds_the_timeout_and_buries_the_refusal(
     }
 }
 
+/// One trace per trip runs from the request through the outbox to the supplier, with no tracing
+/// system installed: the trace ID the producer started is the one stored with the command, the one
+/// the supplier received in each attempt's `traceparent` header, and the one stored with the booking.
+#[test]
+fn http_supplier_example_carries_one_trace_from_the_request_to_the_booking() {
+    let out = run_example("http_supplier", &[]);
+    let after = |prefix: &str, word: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| {
+                let id = l.split(word).nth(1).unwrap_or_default();
+                id.split([' ', '-']).next().unwrap_or_default().to_owned()
+            })
+            .collect()
+    };
+    for trip in ["trip-001", "trip-002", "trip-003"] {
+        let started = after(&format!("{trip} requested"), "in trace ");
+        assert_eq!(started.len(), 1, "{out}");
+        let trace = &started[0];
+        assert!(
+            trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{trace}"
+        );
+        let stored = after(&format!("{trip}:1:0 done"), "traceparent 00-");
+        assert_eq!(stored, [trace.clone()], "stored with the command: {out}");
+        let received = after(&format!("supplier: POST /bookings {trip} "), "in trace ");
+        let attempts = if trip == "trip-002" { 2 } else { 1 };
+        assert_eq!(
+            received,
+            vec![trace.clone(); attempts],
+            "every attempt: {out}"
+        );
+        let booked = after(&format!("booking BK-"), "in trace ");
+        assert!(booked.contains(trace), "stored with the booking: {out}");
+    }
+    // Each attempt is a span of its own below the producer's.
+    let spans: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("supplier: POST /bookings trip-002"))
+        .filter_map(|l| l.split("(span ").nth(1))
+        .collect();
+    assert_eq!(spans.len(), 2, "{out}");
+    assert_ne!(spans[0], spans[1], "{out}");
+}
+
 #[test]
 fn http_supplier_example_books_once_per_command_despite_a_dropped_answer() {
     let out = run_example("http_supplier", &[]);

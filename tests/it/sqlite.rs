@@ -343,9 +343,15 @@ fn a_stored_trace_context_that_does_not_parse_is_ignored_not_fatal() {
             |row| Ok((row.get(0)?, row.get(1)?)),
         )
         .unwrap();
-    assert_eq!((parent.as_str(), state), (context.traceparent().as_str(), None));
+    assert_eq!(
+        (parent.as_str(), state),
+        (context.traceparent().as_str(), None)
+    );
     let claimed = store
-        .claim(&miniflow::ClaimRequest::new("w").limit(10), Timestamp::EPOCH)
+        .claim(
+            &miniflow::ClaimRequest::new("w").limit(10),
+            Timestamp::EPOCH,
+        )
         .unwrap();
     let traces: Vec<(String, Option<TraceContext>)> = claimed
         .into_iter()

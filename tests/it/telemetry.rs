@@ -103,11 +103,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Collect {
 /// the failure's settle span inside its process span.
 #[test]
 fn spans_follow_the_messaging_conventions_and_nest() {
-    let child = child::spawn(
-        "telemetry::child_spans",
-        "spans",
-        &[],
-    );
+    let child = child::spawn("telemetry::child_spans", "spans", &[]);
     let out = child::wait_ok(child, "the span child");
     assert!(out.contains("spans checked"), "{out}");
 }
@@ -140,12 +136,18 @@ fn child_spans() {
 
     let seen = collect.0.lock().unwrap().clone();
     let named = |name: &str| -> Vec<(usize, &Seen)> {
-        seen.iter().enumerate().filter(|(_, s)| s.name == name).collect()
+        seen.iter()
+            .enumerate()
+            .filter(|(_, s)| s.name == name)
+            .collect()
     };
     let print = || format!("{seen:#?}");
     for span in seen.iter().filter(|s| s.name != "handler") {
         assert_eq!(span.field("messaging.system"), "miniflow", "{span:?}");
-        assert!(span.field("miniflow.workflow.id").contains("trip-7"), "{span:?}");
+        assert!(
+            span.field("miniflow.workflow.id").contains("trip-7"),
+            "{span:?}"
+        );
     }
 
     let send = named("send");
@@ -187,7 +189,11 @@ fn child_spans() {
 
     let handlers = named("handler");
     let parents: Vec<Option<usize>> = handlers.iter().map(|(_, s)| s.parent).collect();
-    assert_eq!(parents, [Some(book_at), Some(charge_at)], "the handler runs inside its process span");
+    assert_eq!(
+        parents,
+        [Some(book_at), Some(charge_at)],
+        "the handler runs inside its process span"
+    );
 
     let settle = named("settle");
     let fail = settle
@@ -201,7 +207,11 @@ fn child_spans() {
         .iter()
         .find(|(_, s)| s.field("messaging.operation.name") == "complete")
         .unwrap_or_else(|| panic!("no complete span: {}", print()));
-    assert_eq!(complete.1.parent, Some(receive_at), "acks are settled for the batch");
+    assert_eq!(
+        complete.1.parent,
+        Some(receive_at),
+        "acks are settled for the batch"
+    );
     assert_eq!(complete.1.field("messaging.batch.message_count"), "1");
     assert_eq!(complete.1.field("error.type"), "");
     println!("spans checked");
@@ -211,7 +221,13 @@ fn child_spans() {
 // Metrics
 
 /// Every counter and histogram a run records, read from a global debugging recorder.
-struct Recorded(Vec<(String, Vec<(String, String)>, metrics_util::debugging::DebugValue)>);
+struct Recorded(
+    Vec<(
+        String,
+        Vec<(String, String)>,
+        metrics_util::debugging::DebugValue,
+    )>,
+);
 
 impl Recorded {
     fn take(snapshotter: &metrics_util::debugging::Snapshotter) -> Self {
@@ -276,7 +292,9 @@ impl Workflow for Alarm {
     fn evolve(&self, _: &mut (), _: &EventRecord) {}
     fn decide(&self, _: &(), event: &EventRecord) -> Decision {
         match event.kind.as_str() {
-            "start" => Decision::new().timer(Timer::after("alarm", Duration::from_secs(1), json!({}))),
+            "start" => {
+                Decision::new().timer(Timer::after("alarm", Duration::from_secs(1), json!({})))
+            }
             _ => Decision::none(),
         }
     }
@@ -298,7 +316,9 @@ fn child_metrics() {
     }
     let recorder = metrics_util::debugging::DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this process");
+    recorder
+        .install()
+        .expect("the only recorder of this process");
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("metrics.db");
@@ -361,19 +381,27 @@ fn child_metrics() {
     .unwrap();
     assert!(store.append_with_commands(&stale).is_err());
     Engine::new(Alarm)
-        .handle(&mut store, &WorkflowId::new("alarm").unwrap(), Event::new("start", json!({})), clock.now())
+        .handle(
+            &mut store,
+            &WorkflowId::new("alarm").unwrap(),
+            Event::new("start", json!({})),
+            clock.now(),
+        )
         .unwrap();
     clock.advance(Duration::from_secs(2));
     dispatcher(&clock).run_until_idle().unwrap();
-    let purged = store
-        .purge_done(Duration::ZERO, clock.now(), 100)
-        .unwrap();
+    let purged = store.purge_done(Duration::ZERO, clock.now(), 100).unwrap();
     assert_eq!(purged, 2, "ok and flaky are done");
 
     let seen = Recorded::take(&snapshotter);
     let dump = || format!("{:#?}", seen.0);
     let kind = |k: &'static str| [("kind", k)];
-    assert_eq!(seen.counter(names::DELIVERY_ATTEMPTS, &kind("ok")), 1, "{}", dump());
+    assert_eq!(
+        seen.counter(names::DELIVERY_ATTEMPTS, &kind("ok")),
+        1,
+        "{}",
+        dump()
+    );
     assert_eq!(seen.counter(names::DELIVERY_ATTEMPTS, &kind("flaky")), 2);
     assert_eq!(seen.counter(names::COMPLETED, &kind("ok")), 1);
     assert_eq!(seen.counter(names::COMPLETED, &kind("flaky")), 1);
@@ -397,12 +425,18 @@ fn child_metrics() {
         .into_iter()
         .map(|outcome| {
             let labels = [("outcome", outcome)];
-            (outcome, seen.histogram(names::DELIVERY_DURATION, &labels).len())
+            (
+                outcome,
+                seen.histogram(names::DELIVERY_DURATION, &labels).len(),
+            )
         })
         .collect();
     assert_eq!(outcomes, [("done", 3), ("retry", 1), ("permanent", 1)]);
     for (name, _, _) in &seen.0 {
-        assert!(names::METRICS.contains(&name.as_str()), "{name} is not documented");
+        assert!(
+            names::METRICS.contains(&name.as_str()),
+            "{name} is not documented"
+        );
     }
     println!("metrics checked");
 }

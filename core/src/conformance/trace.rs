@@ -26,23 +26,46 @@ pub fn trace_contexts_and_due_times_reach_every_delivery<H: Harness>(h: &mut H) 
     let mut store = h.reopen(store);
 
     for row in store.commands(&wid("traced")).unwrap() {
-        assert_eq!(row.trace_context.as_ref(), Some(&context), "{}", row.command_id);
+        assert_eq!(
+            row.trace_context.as_ref(),
+            Some(&context),
+            "{}",
+            row.command_id
+        );
     }
-    assert_eq!(store.commands(&wid("plain")).unwrap()[0].trace_context, None);
+    assert_eq!(
+        store.commands(&wid("plain")).unwrap()[0].trace_context,
+        None
+    );
 
     let first = claim(&mut store, "w1", 10, 1_000, at(5));
     assert_eq!(first.len(), 3);
     for delivery in &first {
-        assert_eq!(delivery.due_at, T0, "due since its commit: {}", delivery.command_id);
+        assert_eq!(
+            delivery.due_at, T0,
+            "due since its commit: {}",
+            delivery.command_id
+        );
         let expected = (delivery.command_id.workflow_id().as_str() == "traced").then_some(&context);
-        assert_eq!(delivery.trace_context.as_ref(), expected, "{}", delivery.command_id);
+        assert_eq!(
+            delivery.trace_context.as_ref(),
+            expected,
+            "{}",
+            delivery.command_id
+        );
     }
     let a = first
         .iter()
         .find(|d| d.command_id.to_string() == "traced:1:0")
         .expect("a delivered");
     let settled = store
-        .fail(&a.command_id, a.token, &Failure::retryable("503"), &policy(), at(10))
+        .fail(
+            &a.command_id,
+            a.token,
+            &Failure::retryable("503"),
+            &policy(),
+            at(10),
+        )
         .unwrap();
     let Settled::RetryAt { at: retry_at, .. } = settled else {
         panic!("a retry, not {settled:?}");
@@ -51,12 +74,24 @@ pub fn trace_contexts_and_due_times_reach_every_delivery<H: Harness>(h: &mut H) 
     let again = claim(&mut store, "w2", 10, 100, retry_at);
     assert_eq!(again.len(), 1, "only the retry: {again:?}");
     assert_eq!(again[0].due_at, retry_at);
-    assert_eq!(again[0].trace_context.as_ref(), Some(&context), "a retry keeps the trace");
+    assert_eq!(
+        again[0].trace_context.as_ref(),
+        Some(&context),
+        "a retry keeps the trace"
+    );
     let taken_over = claim(&mut store, "w3", 10, 100, at(2_000));
     let b = taken_over
         .iter()
         .find(|d| d.command_id.to_string() == "traced:1:1")
         .expect("b taken over");
-    assert_eq!(b.due_at, at(1_005), "due when the lease it took over ran out");
-    assert_eq!(b.trace_context.as_ref(), Some(&context), "a takeover keeps the trace");
+    assert_eq!(
+        b.due_at,
+        at(1_005),
+        "due when the lease it took over ran out"
+    );
+    assert_eq!(
+        b.trace_context.as_ref(),
+        Some(&context),
+        "a takeover keeps the trace"
+    );
 }

@@ -284,9 +284,7 @@ impl<S: Store> Worker<S> {
         match outcome {
             Outcome::Done => acks.push((delivery, None)),
             Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
-            Outcome::Retry(error) => {
-                self.fail(store, delivery, Failure::retryable(error), tally)
-            }
+            Outcome::Retry(error) => self.fail(store, delivery, Failure::retryable(error), tally),
             Outcome::Permanent(error) => {
                 self.fail(store, delivery, Failure::permanent(error), tally)
             }

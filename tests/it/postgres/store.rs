@@ -11,7 +11,8 @@ use miniflow::prelude::*;
 use miniflow::{
     json, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
     Dispatcher, Engine, Error, Event, EventRecord, Outcome, PostgresDispatcher, PostgresOptions,
-    PostgresStore, Seq, Status, SystemClock, Timestamp, TraceContext, Wakeups, Workflow, WorkflowId,
+    PostgresStore, Seq, Status, SystemClock, Timestamp, TraceContext, Wakeups, Workflow,
+    WorkflowId,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
