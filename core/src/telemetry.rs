@@ -76,27 +76,185 @@ pub const STORE_ERRORS: &str = "miniflow_store_errors_total";
 /// Done and cancelled outbox rows deleted by retention (`purge_done`): a counter, no label.
 pub const ROWS_PURGED: &str = "miniflow_rows_purged_total";
 
-/// Every metric name above, in the order the README lists them.
-pub const METRICS: &[&str] = &[
-    OUTBOX_DEPTH,
-    OUTBOX_LAG,
-    CLAIM_DELAY,
-    DELIVERY_DURATION,
-    DELIVERY_ATTEMPTS,
-    DELIVERY_ATTEMPT,
-    COMPLETED,
-    RETRIES,
-    DEAD_LETTERS,
-    LOST_LEASES,
-    RELEASED,
-    CANCELLED,
-    HANDLER_PANICS,
-    COMMIT_CONFLICTS,
-    TIMERS_DUE,
-    TIMERS_FIRED,
-    TIMER_FAILURES,
-    STORE_ERRORS,
-    ROWS_PURGED,
+/// What kind of value a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up (Prometheus `counter`).
+    Counter,
+    /// Goes up and down (Prometheus `gauge`).
+    Gauge,
+    /// A distribution of observations (Prometheus `histogram`).
+    Histogram,
+}
+
+/// One metric: its name, kind, unit, labels and what it measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric {
+    /// The name, e.g. [`RETRIES`].
+    pub name: &'static str,
+    /// Counter, gauge or histogram.
+    pub kind: MetricKind,
+    /// `seconds` or `commands` (a count), …
+    pub unit: &'static str,
+    /// The labels it carries.
+    pub labels: &'static [&'static str],
+    /// What it measures, in one sentence.
+    pub help: &'static str,
+}
+
+const fn metric(
+    name: &'static str,
+    kind: MetricKind,
+    unit: &'static str,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> Metric {
+    Metric {
+        name,
+        kind,
+        unit,
+        labels,
+        help,
+    }
+}
+
+use MetricKind::{Counter, Gauge, Histogram};
+
+/// Every metric miniflow's hosts record, in the order the README lists them.
+pub const METRICS: &[Metric] = &[
+    metric(
+        OUTBOX_DEPTH,
+        Gauge,
+        "commands",
+        &["status", "kind"],
+        "Commands in the outbox by status (pending, leased, dead) and kind.",
+    ),
+    metric(
+        OUTBOX_LAG,
+        Gauge,
+        "seconds",
+        &["kind"],
+        "How long the longest-waiting due command has been due.",
+    ),
+    metric(
+        CLAIM_DELAY,
+        Histogram,
+        "seconds",
+        &["kind"],
+        "Time from a command's due time to the claim that leased it.",
+    ),
+    metric(
+        DELIVERY_DURATION,
+        Histogram,
+        "seconds",
+        &["kind", "outcome"],
+        "Time a handler took to deliver one command, by outcome (done, retry, permanent, panic).",
+    ),
+    metric(
+        DELIVERY_ATTEMPTS,
+        Counter,
+        "deliveries",
+        &["kind"],
+        "Deliveries started: commands leased by claims, one attempt each.",
+    ),
+    metric(
+        DELIVERY_ATTEMPT,
+        Histogram,
+        "attempt",
+        &["kind"],
+        "The attempt number of each delivery started (1 for a first delivery).",
+    ),
+    metric(
+        COMPLETED,
+        Counter,
+        "commands",
+        &["kind"],
+        "Deliveries whose completion was durably recorded.",
+    ),
+    metric(
+        RETRIES,
+        Counter,
+        "commands",
+        &["kind"],
+        "Failed deliveries sent back to pending for a later attempt.",
+    ),
+    metric(
+        DEAD_LETTERS,
+        Counter,
+        "commands",
+        &["kind"],
+        "Commands that became dead: out of attempts or failed for good.",
+    ),
+    metric(
+        LOST_LEASES,
+        Counter,
+        "commands",
+        &["kind"],
+        "Results dropped because the lease was lost before they were written (stale acks).",
+    ),
+    metric(
+        RELEASED,
+        Counter,
+        "commands",
+        &["kind"],
+        "Claimed commands given back undelivered.",
+    ),
+    metric(
+        CANCELLED,
+        Counter,
+        "commands",
+        &["kind"],
+        "Commands that failed after their workflow cancelled them.",
+    ),
+    metric(
+        HANDLER_PANICS,
+        Counter,
+        "deliveries",
+        &["kind"],
+        "Handler calls that panicked.",
+    ),
+    metric(
+        COMMIT_CONFLICTS,
+        Counter,
+        "commits",
+        &[],
+        "Commits that lost a race to another commit of the same workflow.",
+    ),
+    metric(
+        TIMERS_DUE,
+        Counter,
+        "timers",
+        &[],
+        "Due timers taken by a firer.",
+    ),
+    metric(
+        TIMERS_FIRED,
+        Counter,
+        "timers",
+        &[],
+        "Timers whose event was committed into their workflow.",
+    ),
+    metric(
+        TIMER_FAILURES,
+        Counter,
+        "timers",
+        &["reason"],
+        "Timer firings that wrote nothing: the workflow rejected the event or panicked.",
+    ),
+    metric(
+        STORE_ERRORS,
+        Counter,
+        "errors",
+        &["code"],
+        "Store operations of a dispatcher that failed, by error code.",
+    ),
+    metric(
+        ROWS_PURGED,
+        Counter,
+        "rows",
+        &[],
+        "Done and cancelled outbox rows deleted by retention.",
+    ),
 ];
 
 /// The `tracing` target of every span miniflow's hosts open.

@@ -59,6 +59,24 @@ pub fn new_trace_context() -> TraceContext {
     TraceContext::new(trace_id, span_id, 0x01).expect("non-zero IDs")
 }
 
+/// Describes every metric of [`miniflow_core::telemetry::METRICS`] to the installed recorder: its
+/// unit and what it measures (a Prometheus exporter turns them into `# HELP` lines). Call it once,
+/// after installing the recorder; without one it does nothing.
+pub fn describe_metrics() {
+    use miniflow_core::telemetry::MetricKind;
+    for metric in names::METRICS {
+        let unit = match metric.unit {
+            "seconds" => metrics::Unit::Seconds,
+            _ => metrics::Unit::Count,
+        };
+        match metric.kind {
+            MetricKind::Counter => metrics::describe_counter!(metric.name, unit, metric.help),
+            MetricKind::Gauge => metrics::describe_gauge!(metric.name, unit, metric.help),
+            MetricKind::Histogram => metrics::describe_histogram!(metric.name, unit, metric.help),
+        }
+    }
+}
+
 /// The span of a commit (`send`), with what can be said before it is written.
 pub(crate) fn send_span(commit: &Commit) -> Span {
     let span = tracing::info_span!(

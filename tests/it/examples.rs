@@ -463,3 +463,92 @@ fn trip_and_worker_examples_run_on_postgres_given_a_database_url() {
         .get(0);
     assert_eq!(dead, 2, "one dead hotel booking per worker run");
 }
+
+/// The metrics example serves what its workload recorded over HTTP on 127.0.0.1, in a text format
+/// that Prometheus's own checker (`promtool check metrics`) accepts, with the documented names and
+/// the counts of the workload: 3 retries, 1 dead letter, 1 commit conflict, a fired timer.
+#[test]
+fn metrics_example_serves_a_valid_prometheus_exposition_of_the_workload() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let mut process = Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--example", "metrics", "--manifest-path"])
+        .arg(&manifest)
+        .args(["--", "--requests", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the metrics example");
+    let mut stdout = std::io::BufReader::new(process.stdout.take().unwrap());
+    let url = loop {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(read > 0, "the example ended before it served");
+        if let Some(url) = line.trim().strip_prefix("metrics on ") {
+            break url.to_owned();
+        }
+    };
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let scrape = ureq::get(&url)
+        .call()
+        .expect("a scrape")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        process.wait().unwrap().success(),
+        "it stops after one request"
+    );
+
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/setup installs it)");
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), scrape.as_bytes()).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool: {}{}\n{scrape}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let value = |series: &str| -> f64 {
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{scrape}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("miniflow_retries_total{kind=\"charge_card\"}"), 3.0);
+    assert_eq!(
+        value("miniflow_dead_letters_total{kind=\"book_courier\"}"),
+        1.0
+    );
+    assert_eq!(value("miniflow_completed_total{kind=\"charge_card\"}"), 3.0);
+    assert_eq!(
+        value("miniflow_delivery_attempts_total{kind=\"charge_card\"}"),
+        6.0
+    );
+    assert_eq!(value("miniflow_commit_conflicts_total"), 1.0);
+    assert_eq!(value("miniflow_timers_fired_total"), 1.0);
+    assert_eq!(value("miniflow_rows_purged_total"), 8.0);
+    assert_eq!(
+        value("miniflow_claim_delay_seconds_count{kind=\"send_email\"}"),
+        3.0
+    );
+    // Every family is documented, with its help text.
+    for line in scrape.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split(' ').nth(2).unwrap();
+        let metric = miniflow::telemetry::METRICS
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} is not in telemetry::METRICS"));
+        assert!(
+            scrape.contains(&format!("# HELP {name} {}", metric.help)),
+            "{name} has no help"
+        );
+    }
+}
