@@ -110,8 +110,7 @@ fn workload(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Serves `GET /metrics` on `server` until `requests` requests were answered (forever if `None`).
 fn serve(server: &tiny_http::Server, handle: &PrometheusHandle, requests: Option<usize>) {
-    let mut answered = 0;
-    for request in server.incoming_requests() {
+    for (n, request) in server.incoming_requests().enumerate() {
         let response = match (request.method(), request.url()) {
             (tiny_http::Method::Get, "/metrics") => {
                 tiny_http::Response::from_string(handle.render()).with_header(
@@ -125,8 +124,7 @@ fn serve(server: &tiny_http::Server, handle: &PrometheusHandle, requests: Option
             _ => tiny_http::Response::from_string("GET /metrics\n").with_status_code(404),
         };
         let _ = request.respond(response);
-        answered += 1;
-        if requests.is_some_and(|n| answered >= n) {
+        if requests.is_some_and(|wanted| n + 1 >= wanted) {
             return;
         }
     }

@@ -103,7 +103,11 @@ fn http_supplier_example_carries_one_trace_from_the_request_to_the_booking() {
             "{trace}"
         );
         let stored = after(&format!("{trip}:1:0 done"), "traceparent 00-");
-        assert_eq!(stored, [trace.clone()], "stored with the command: {out}");
+        assert_eq!(
+            stored,
+            std::slice::from_ref(trace),
+            "stored with the command: {out}"
+        );
         let received = after(&format!("supplier: POST /bookings {trip} "), "in trace ");
         let attempts = if trip == "trip-002" { 2 } else { 1 };
         assert_eq!(
@@ -111,7 +115,7 @@ fn http_supplier_example_carries_one_trace_from_the_request_to_the_booking() {
             vec![trace.clone(); attempts],
             "every attempt: {out}"
         );
-        let booked = after(&format!("booking BK-"), "in trace ");
+        let booked = after("booking BK-", "in trace ");
         assert!(booked.contains(trace), "stored with the booking: {out}");
     }
     // Each attempt is a span of its own below the producer's.

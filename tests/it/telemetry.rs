@@ -220,14 +220,15 @@ fn child_spans() {
 // ----------------------------------------------------------------------------------------------------
 // Metrics
 
-/// Every counter and histogram a run records, read from a global debugging recorder.
-struct Recorded(
-    Vec<(
-        String,
-        Vec<(String, String)>,
-        metrics_util::debugging::DebugValue,
-    )>,
+/// One series a recorder holds: its name, its labels and its value.
+type Series = (
+    String,
+    Vec<(String, String)>,
+    metrics_util::debugging::DebugValue,
 );
+
+/// Every counter and histogram a run records, read from a global debugging recorder.
+struct Recorded(Vec<Series>);
 
 impl Recorded {
     fn take(snapshotter: &metrics_util::debugging::Snapshotter) -> Self {
