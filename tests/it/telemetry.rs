@@ -441,3 +441,36 @@ fn child_metrics() {
     }
     println!("metrics checked");
 }
+
+/// The README's metrics table is `telemetry::METRICS`, row by row: names, types, units, labels and
+/// help texts cannot drift from what the hosts record and describe.
+#[test]
+fn the_readme_documents_every_metric_as_recorded() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let rows: Vec<String> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `miniflow_"))
+        .map(str::to_owned)
+        .collect();
+    let expected: Vec<String> = names::METRICS
+        .iter()
+        .map(|m| {
+            let labels = if m.labels.is_empty() {
+                "—".to_owned()
+            } else {
+                m.labels
+                    .iter()
+                    .map(|l| format!("`{l}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let kind = format!("{:?}", m.kind).to_lowercase();
+            format!(
+                "| `{}` | {kind} | {} | {labels} | {} |",
+                m.name, m.unit, m.help
+            )
+        })
+        .collect();
+    assert_eq!(rows, expected);
+}
