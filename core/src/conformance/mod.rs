@@ -277,6 +277,7 @@ impl Workflow for Counter {
 }
 
 mod commit;
+mod controls;
 mod edges;
 mod leases;
 mod receivers;
@@ -284,6 +285,7 @@ mod results;
 mod timers;
 
 pub use self::commit::*;
+pub use self::controls::*;
 pub use self::edges::*;
 pub use self::leases::*;
 pub use self::receivers::*;
@@ -390,6 +392,7 @@ macro_rules! store_conformance_tests {
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,
+            stats_count_depth_by_kind_and_the_lag,
         );
     };
     (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {
