@@ -71,6 +71,7 @@
 #![warn(missing_docs)]
 
 mod builtin;
+mod control;
 mod engine;
 mod error;
 mod id;
@@ -80,6 +81,7 @@ mod memory;
 mod model;
 mod outbox;
 mod retry;
+mod stats;
 mod store;
 pub mod telemetry;
 mod time;
@@ -93,6 +95,7 @@ pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
     COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
 };
+pub use control::{Admission, KindChange, KindControl};
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
@@ -110,6 +113,7 @@ pub use outbox::{
     Settled, Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
+pub use stats::{KindStats, OutboxStats};
 pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};

@@ -480,8 +480,15 @@ impl OutboxRow {
     }
 
     /// Whether a claim at `now` may take this row: pending and due, or leased with an expired lease.
+    /// The operators' controls may still hold it back ([`crate::Admission`]).
     pub fn is_claimable(&self, now: Timestamp) -> bool {
         self.status.is_unfinished() && self.available_at <= now
+    }
+
+    /// Whether the row holds an unexpired lease at `now`: what a kind's concurrency limit counts
+    /// ([`crate::Admission`]). A SQL store counts `status = 'leased' AND available_at > now`.
+    pub fn holds_lease(&self, now: Timestamp) -> bool {
+        self.status == Status::Leased && self.available_at > now
     }
 
     /// The current fencing token (0 before the first claim).

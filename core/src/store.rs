@@ -4,12 +4,14 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::control::KindControl;
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{check_kind, CancelCommand, Decision, Event, EventRecord};
 use crate::outbox::{ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled};
 use crate::retry::RetryPolicy;
+use crate::stats::OutboxStats;
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
 use crate::trace::TraceContext;
@@ -504,7 +506,8 @@ pub trait Timers {
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
 }
 
-/// What operators do by hand: dead letters, retries, resolutions and retention.
+/// What operators do by hand and what they look at: dead letters, retries, resolutions, retention,
+/// stats and the controls of each kind.
 pub trait Operations {
     /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
     /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
@@ -524,6 +527,15 @@ pub trait Operations {
 
     /// Closes a dead command by hand with a note (see [`OutboxRow::resolve`]).
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error>;
+
+    /// The outbox at `now` (see [`OutboxStats`]): pending, leased, claimable and dead commands by
+    /// kind, the oldest claimable one (the lag), and the active controls. A read: it changes
+    /// nothing, and a store reads its unfinished and dead rows from their indexes, never its done
+    /// rows.
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error>;
+
+    /// The stored controls of every kind an operator ever changed (active or not), by kind.
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error>;
 }
 
 /// A miniflow store: the event log, the outbox, the timers and the operators' actions. Every type that

@@ -17,6 +17,7 @@ use crate::notifier::Notifier;
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
 const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_operator_controls.sql"),
     include_str!("../migrations/0003_trace_context.sql"),
 ];
 

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 mod connect;
+mod controls;
 mod db;
 mod idempotency;
 mod notifier;

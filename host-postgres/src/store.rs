@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, OutboxRow, RetryPolicy, Seq,
-    Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, KindControl, OutboxRow,
+    OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, TraceContext,
+    Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Row, Socket, Transaction};
@@ -1481,6 +1482,23 @@ impl Operations for PostgresStore {
         self.update(command_id, now, |row, now| row.resolve(note, now))
             .map(|_| ())
     }
+    /// Three reads, each of its own snapshot: the unfinished rows by kind and status (from the
+    /// partial index `outbox_claim`), the dead rows by kind (`outbox_dead_by_kind`) and the
+    /// controls. Works on [`PostgresStore::connect_read_only`].
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        let mut connection = self.shared.connection()?;
+        let mut db = connection.db();
+        let clock = self.clock(&mut db, now)?;
+        crate::controls::outbox_stats(&mut db, clock)
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        let mut connection = self.shared.connection()?;
+        crate::controls::read_controls(
+            &mut connection.db(),
+            crate::controls::SELECT_CONTROLS,
+            Clock::caller(Timestamp::EPOCH),
+        )
+    }
 }
 
 /// Takes up to `limit` due timers inside `tx` (see [`Timers::claim_timers`]). A timer that cannot be
@@ -1526,8 +1544,9 @@ fn claim_timers_in(
     Ok(timers)
 }
 
-/// The queries workers, `pending` and retention run, each with sample arguments (SQL literals) and the
-/// index that must answer it: for the test that reads their plans on a database full of done rows.
+/// The queries workers, `pending`, retention and stats run, each with sample arguments (SQL literals)
+/// and the index that must answer it (or indexes, separated by `|`): for the test that reads their
+/// plans on a database full of done rows.
 #[doc(hidden)]
 pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     const NOW: &str = "1800000000000";
@@ -1569,6 +1588,18 @@ pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static 
             PURGE_DONE,
             "1800000000000, 100",
             "outbox_done",
+        ),
+        (
+            "stats of unfinished rows",
+            crate::controls::STATS_UNFINISHED,
+            NOW,
+            "outbox_unfinished|outbox_claim",
+        ),
+        (
+            "stats of dead rows",
+            crate::controls::STATS_DEAD,
+            "",
+            "outbox_dead_by_kind",
         ),
     ]
 }

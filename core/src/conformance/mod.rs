@@ -277,6 +277,7 @@ impl Workflow for Counter {
 }
 
 mod commit;
+mod controls;
 mod edges;
 mod leases;
 mod receivers;
@@ -285,6 +286,7 @@ mod timers;
 mod trace;
 
 pub use self::commit::*;
+pub use self::controls::*;
 pub use self::edges::*;
 pub use self::leases::*;
 pub use self::receivers::*;
@@ -392,6 +394,7 @@ macro_rules! store_conformance_tests {
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,
+            stats_count_depth_by_kind_and_the_lag,
             trace_contexts_and_due_times_reach_every_delivery,
         );
     };

@@ -77,6 +77,64 @@ fn processes_migrating_at_once_apply_each_migration_once() {
     assert_eq!(applied, miniflow::POSTGRES_SCHEMA_VERSION);
 }
 
+/// A database of schema version 1 (before operator controls) keeps its commands through the upgrade:
+/// they get priority 0, and claims, stats and controls work on them.
+#[test]
+fn a_version_1_database_keeps_its_commands_through_the_upgrade_to_operator_controls() {
+    let database = TestDatabase::new();
+    let mut client = database.client();
+    client
+        .batch_execute(include_str!(
+            "../../../host-postgres/migrations/0001_init.sql"
+        ))
+        .unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE miniflow_schema (version BIGINT PRIMARY KEY,
+                 applied_at TIMESTAMPTZ NOT NULL DEFAULT now());
+             INSERT INTO miniflow_schema (version) VALUES (1);
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5);
+             INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, attempts,
+                 available_at, lease_owner, lease_expires_at, lease_token, created_at, processed_at)
+             VALUES ('w', 1, 0, 'book', '{}', 'pending', 0, 5, NULL, NULL, 0, 5, NULL),
+                    ('w', 1, 1, 'book', '{}', 'leased', 1, 900, 'old', 900, 1, 5, NULL),
+                    ('w', 1, 2, 'mail', '{}', 'dead', 3, 5, 'old', 50, 3, 5, 60);",
+        )
+        .unwrap();
+    assert!(
+        PostgresStore::connect_read_only(&database.url()).is_err(),
+        "reading refuses an older schema"
+    );
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    let versions: Vec<i64> = client
+        .query("SELECT version FROM miniflow_schema ORDER BY version", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(versions, [1, 2]);
+    let stats = store.stats(Timestamp::from_millis(100)).unwrap();
+    let book = stats.kind("book").unwrap();
+    assert_eq!((book.pending, book.leased, book.due), (1, 1, 1));
+    assert_eq!(stats.kind("mail").unwrap().dead, 1);
+    let claimed = store
+        .claim(
+            &ClaimRequest::new("new").limit(5),
+            Timestamp::from_millis(1_000),
+        )
+        .unwrap();
+    let ids: Vec<_> = claimed.iter().map(|d| d.command_id.to_string()).collect();
+    assert_eq!(ids, ["w:1:0", "w:1:1"]);
+    assert_eq!(claimed[1].token, 2, "the fencing token goes on counting");
+    let priorities: Vec<i32> = client
+        .query("SELECT priority FROM outbox ORDER BY idx", &[])
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(priorities, [0, 0, 0]);
+}
+
 #[test]
 fn a_database_of_a_newer_miniflow_is_refused_untouched() {
     let database = TestDatabase::new();
@@ -887,9 +945,14 @@ fn hot_queries_use_their_indexes_among_many_done_rows() {
         )
         .unwrap();
     for (name, sql, args, index) in miniflow_postgres_hot_queries() {
+        let args = if args.is_empty() {
+            String::new()
+        } else {
+            format!("({args})")
+        };
         let plan: Vec<String> = client
             .simple_query(&format!(
-                "PREPARE q AS {sql}; EXPLAIN EXECUTE q({args}); DEALLOCATE q;"
+                "PREPARE q AS {sql}; EXPLAIN EXECUTE q{args}; DEALLOCATE q;"
             ))
             .unwrap()
             .into_iter()
@@ -899,7 +962,10 @@ fn hot_queries_use_their_indexes_among_many_done_rows() {
             })
             .collect();
         let plan = plan.join("\n");
-        assert!(plan.contains(index), "{name} does not use {index}:\n{plan}");
+        assert!(
+            index.split('|').any(|index| plan.contains(index)),
+            "{name} does not use {index}:\n{plan}"
+        );
         assert!(!plan.contains("Seq Scan"), "{name} scans a table:\n{plan}");
         // One workflow's rows may be sorted: they are few. A backlog must come in index order.
         let one_workflow = name.starts_with("a workflow's") || name == "one row";
