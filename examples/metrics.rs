@@ -4,7 +4,9 @@
 //!
 //! A short workload runs first: commands that complete, one that fails once and is retried, one
 //! refused for good (a dead letter), a commit that loses its race, a timer (the dead letter's
-//! `command_failed` feedback) and a retention run.
+//! `command_failed` feedback) and a retention run. Before each scrape the outbox gauges (depth by
+//! status and kind, the age of the oldest due command) are set from the store's stats
+//! (`OutboxGauges`); a long-running dispatcher sets them itself with `Dispatcher::report_stats`.
 //!
 //! `cargo run --example metrics` serves on an ephemeral port until stopped and prints its address;
 //! `--port N` picks the port, `--requests N` stops after N requests.
@@ -15,7 +17,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use miniflow::prelude::*;
 use miniflow::{
     json, Clock, Command, Commit, Decision, Delivery, Dispatcher, Engine, Event, EventRecord,
-    Outcome, RetryPolicy, Seq, SqliteStore, SystemClock, Workflow, WorkflowId,
+    OutboxGauges, Outcome, RetryPolicy, Seq, SqliteStore, SystemClock, Workflow, WorkflowId,
 };
 
 /// Order workflows: each placed order sends a confirmation, charges a card and books a courier.
@@ -62,8 +64,7 @@ fn install_recorder() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
     Ok(handle)
 }
 
-fn workload(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    let path = dir.join("flow.db");
+fn workload(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     let mut store = SqliteStore::open(&path)?;
     let engine = Engine::new(Orders);
     for n in 1..=3 {
@@ -108,9 +109,20 @@ fn workload(dir: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// Serves `GET /metrics` on `server` until `requests` requests were answered (forever if `None`).
-fn serve(server: &tiny_http::Server, handle: &PrometheusHandle, requests: Option<usize>) {
+/// Serves `GET /metrics` on `server` until `requests` requests were answered (forever if `None`),
+/// setting the outbox gauges from `store` before each.
+fn serve(
+    server: &tiny_http::Server,
+    handle: &PrometheusHandle,
+    store: &SqliteStore,
+    requests: Option<usize>,
+) {
+    let mut gauges = OutboxGauges::default();
     for (n, request) in server.incoming_requests().enumerate() {
+        match store.stats(SystemClock.now()) {
+            Ok(stats) => gauges.record(&stats),
+            Err(e) => eprintln!("outbox stats: {e}"),
+        }
         let response = match (request.method(), request.url()) {
             (tiny_http::Method::Get, "/metrics") => {
                 tiny_http::Response::from_string(handle.render()).with_header(
@@ -144,9 +156,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let handle = install_recorder()?;
     let dir = tempfile::tempdir()?;
-    workload(dir.path())?;
+    let path = dir.path().join("flow.db");
+    workload(&path)?;
+    // Stats are a read: a read-only store is enough.
+    let store = SqliteStore::open_read_only(&path)?;
     let server = tiny_http::Server::http(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     println!("metrics on http://{}/metrics", server.server_addr());
-    serve(&server, &handle, requests);
+    serve(&server, &handle, &store, requests);
     Ok(())
 }

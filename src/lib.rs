@@ -7,8 +7,8 @@ pub use miniflow_core::*;
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::{
     cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, Listing,
-    Outcome, RunningDispatcher, Settlement, Shutdown, SqliteIdempotencyStore, SqliteOptions,
-    SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, SCHEMA_VERSION,
+    OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, SqliteIdempotencyStore,
+    SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, SCHEMA_VERSION,
 };
 
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).

@@ -41,7 +41,7 @@ mod idempotency;
 mod sqlite;
 mod telemetry;
 
-pub use telemetry::{describe_metrics, new_trace_context};
+pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
 
 pub use clock::SystemClock;
 pub use dispatcher::{

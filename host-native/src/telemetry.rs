@@ -15,13 +15,15 @@
 //! | `process` | a handler delivers one command | `messaging.operation.type = "process"`, `messaging.message.id` (the command ID), `messaging.destination.name` (the kind), `miniflow.attempt`, `miniflow.traceparent` (the producer's context), `error.type` (`retry`, `permanent`, `panic`, `lease_lost`) |
 //! | `settle` | a delivery is settled | `messaging.operation.type = "settle"`, `messaging.operation.name` (`complete`, `fail`, `release`), `messaging.batch.message_count`, `error.type` (`retry`, `dead`, `cancelled`, `lease_lost` or a store error's code) |
 
+use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use metrics::gauge;
 use metrics::{counter, histogram};
 use miniflow_core::telemetry as names;
-use miniflow_core::{Commit, Delivery, Error, Timestamp, TraceContext};
+use miniflow_core::{Commit, Delivery, Error, OutboxStats, Timestamp, TraceContext};
 use tracing::field::Empty;
 use tracing::Span;
 
@@ -75,6 +77,58 @@ pub fn describe_metrics() {
             MetricKind::Histogram => metrics::describe_histogram!(metric.name, unit, metric.help),
         }
     }
+}
+
+/// The outbox gauges: depth by status and kind ([`names::OUTBOX_DEPTH`]) and the age of the
+/// oldest due command by kind ([`names::OUTBOX_LAG`]), set from a store's
+/// [`miniflow_core::prelude::Operations::stats`]. It remembers the kinds it reported, so a kind
+/// whose commands are all done drops to 0 instead of keeping its last values.
+///
+/// [`crate::Dispatcher::report_stats`] records them every interval; or call [`OutboxGauges::record`]
+/// yourself, e.g. before each scrape:
+///
+/// ```
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::Clock;
+/// use miniflow_native::{OutboxGauges, SqliteStore, SystemClock};
+///
+/// let dir = tempfile::tempdir()?;
+/// let store = SqliteStore::open(dir.path().join("flow.db"))?;
+/// let mut gauges = OutboxGauges::default();
+/// gauges.record(&store.stats(SystemClock.now())?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct OutboxGauges {
+    reported: BTreeSet<String>,
+}
+
+impl OutboxGauges {
+    /// Sets the gauges to `stats`: pending, leased and dead commands by kind, and for each kind how
+    /// long its oldest claimable command has been due (0 when none is). Kinds reported before and
+    /// absent now are set to 0.
+    pub fn record(&mut self, stats: &OutboxStats) {
+        let mut now_reported = BTreeSet::new();
+        for kind in &stats.kinds {
+            let age = kind.oldest_due.map_or(0.0, |since| {
+                stats.now.as_millis().saturating_sub(since.as_millis()) as f64 / 1_000.0
+            });
+            set_kind(&kind.kind, [kind.pending, kind.leased, kind.dead], age);
+            now_reported.insert(kind.kind.clone());
+        }
+        for gone in self.reported.difference(&now_reported) {
+            set_kind(gone, [0, 0, 0], 0.0);
+        }
+        self.reported = now_reported;
+    }
+}
+
+fn set_kind(kind: &str, [pending, leased, dead]: [u64; 3], age: f64) {
+    for (status, count) in [("pending", pending), ("leased", leased), ("dead", dead)] {
+        gauge!(names::OUTBOX_DEPTH, "status" => status, "kind" => kind.to_owned())
+            .set(count as f64);
+    }
+    gauge!(names::OUTBOX_LAG, "kind" => kind.to_owned()).set(age);
 }
 
 /// The span of a commit (`send`), with what can be said before it is written.

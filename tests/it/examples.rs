@@ -470,7 +470,8 @@ fn trip_and_worker_examples_run_on_postgres_given_a_database_url() {
 
 /// The metrics example serves what its workload recorded over HTTP on 127.0.0.1, in a text format
 /// that Prometheus's own checker (`promtool check metrics`) accepts, with the documented names and
-/// the counts of the workload: 3 retries, 1 dead letter, 1 commit conflict, a fired timer.
+/// the counts of the workload: 3 retries, 1 dead letter, 1 commit conflict, a fired timer, and the
+/// outbox gauges.
 #[test]
 fn metrics_example_serves_a_valid_prometheus_exposition_of_the_workload() {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
@@ -542,6 +543,17 @@ fn metrics_example_serves_a_valid_prometheus_exposition_of_the_workload() {
     assert_eq!(
         value("miniflow_claim_delay_seconds_count{kind=\"send_email\"}"),
         3.0
+    );
+    // The gauges, from the stats before the scrape: order-3's courier is dead, nothing waits.
+    let depth = |status: &str| {
+        value(&format!(
+            "miniflow_outbox_depth{{status=\"{status}\",kind=\"book_courier\"}}"
+        ))
+    };
+    assert_eq!((depth("dead"), depth("pending")), (1.0, 0.0));
+    assert_eq!(
+        value("miniflow_outbox_oldest_due_age_seconds{kind=\"book_courier\"}"),
+        0.0
     );
     // Every family is documented, with its help text.
     for line in scrape.lines().filter(|l| l.starts_with("# TYPE ")) {

@@ -227,7 +227,7 @@ type Series = (
     metrics_util::debugging::DebugValue,
 );
 
-/// Every counter and histogram a run records, read from a global debugging recorder.
+/// Every counter, gauge and histogram a run records, read from a global debugging recorder.
 struct Recorded(Vec<Series>);
 
 impl Recorded {
@@ -270,6 +270,21 @@ impl Recorded {
                 other => panic!("{name} is not a counter: {other:?}"),
             })
             .sum()
+    }
+
+    /// This snapshot and a `later` one, as one: a snapshot takes what was recorded since the last
+    /// (counters and gauges are reset by it, histograms drained).
+    fn then(mut self, later: Recorded) -> Self {
+        self.0.extend(later.0);
+        self
+    }
+
+    /// The gauge called `name` with (at least) `labels`, if it was ever set (its latest value).
+    fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.matching(name, labels).last().map(|value| match value {
+            metrics_util::debugging::DebugValue::Gauge(v) => v.into_inner(),
+            other => panic!("{name} is not a gauge: {other:?}"),
+        })
     }
 
     /// Every value recorded in the histograms called `name` with (at least) `labels`.
@@ -394,7 +409,46 @@ fn child_metrics() {
     let purged = store.purge_done(Duration::ZERO, clock.now(), 100).unwrap();
     assert_eq!(purged, 2, "ok and flaky are done");
 
-    let seen = Recorded::take(&snapshotter);
+    // The gauges: set by hand from the stats, then by a dispatcher as it delivers the last command.
+    commit(&mut store, "later", &["waiting"], None);
+    let mut gauges = miniflow::OutboxGauges::default();
+    gauges.record(&store.stats(clock.now()).unwrap());
+    let by_hand = Recorded::take(&snapshotter);
+    let depth = |seen: &Recorded, status: &str, kind: &str| {
+        seen.gauge(names::OUTBOX_DEPTH, &[("status", status), ("kind", kind)])
+    };
+    assert_eq!(depth(&by_hand, "pending", "waiting"), Some(1.0));
+    assert_eq!(depth(&by_hand, "dead", "doomed"), Some(1.0));
+    assert_eq!(depth(&by_hand, "leased", "stalls"), Some(1.0));
+    assert_eq!(
+        depth(&by_hand, "pending", "ok"),
+        None,
+        "done kinds are not counted"
+    );
+    let waited = (clock.now().as_millis() - T0.as_millis()) as f64 / 1_000.0;
+    assert_eq!(
+        by_hand.gauge(names::OUTBOX_LAG, &[("kind", "waiting")]),
+        Some(waited)
+    );
+    assert_eq!(
+        by_hand.gauge(names::OUTBOX_LAG, &[("kind", "stalls")]),
+        Some(0.0),
+        "not due"
+    );
+    Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+        .clock(clock.clone())
+        .report_stats(Duration::from_millis(10))
+        .run_until_idle()
+        .unwrap();
+    let after = Recorded::take(&snapshotter);
+    assert_eq!(depth(&after, "pending", "waiting"), Some(0.0), "delivered");
+    assert_eq!(
+        after.gauge(names::OUTBOX_LAG, &[("kind", "waiting")]),
+        Some(0.0)
+    );
+    assert_eq!(depth(&after, "dead", "doomed"), Some(1.0));
+
+    let seen = by_hand.then(after);
     let dump = || format!("{:#?}", seen.0);
     let kind = |k: &'static str| [("kind", k)];
     assert_eq!(
@@ -432,7 +486,7 @@ fn child_metrics() {
             )
         })
         .collect();
-    assert_eq!(outcomes, [("done", 3), ("retry", 1), ("permanent", 1)]);
+    assert_eq!(outcomes, [("done", 4), ("retry", 1), ("permanent", 1)]);
     for (name, _, _) in &seen.0 {
         assert!(
             names::METRICS.iter().any(|m| m.name == name.as_str()),
