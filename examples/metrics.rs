@@ -65,7 +65,7 @@ fn install_recorder() -> Result<PrometheusHandle, Box<dyn std::error::Error>> {
 }
 
 fn workload(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
-    let mut store = SqliteStore::open(&path)?;
+    let mut store = SqliteStore::open(path)?;
     let engine = Engine::new(Orders);
     for n in 1..=3 {
         let order = WorkflowId::new(format!("order-{n}"))?;
@@ -86,7 +86,7 @@ fn workload(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     )?;
     assert!(store.append_with_commands(&late).is_err());
 
-    let dispatcher = Dispatcher::sqlite(&path, |d: &Delivery| match d.kind.as_str() {
+    let dispatcher = Dispatcher::sqlite(path, |d: &Delivery| match d.kind.as_str() {
         // The card service is down at first: one retry each.
         "charge_card" if d.attempt == 1 => Outcome::retry("503 card service unavailable"),
         // order-3's courier cannot be booked: a dead letter.
