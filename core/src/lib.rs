@@ -13,6 +13,7 @@
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
 //! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
+//! | [`TraceContext`] | the W3C trace context stored with each command, so a trace runs through the outbox |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -71,6 +72,7 @@
 #![warn(missing_docs)]
 
 mod builtin;
+mod control;
 mod engine;
 mod error;
 mod id;
@@ -81,9 +83,12 @@ mod model;
 mod outbox;
 mod retry;
 mod schedule;
+mod stats;
 mod store;
+pub mod telemetry;
 mod time;
 mod timer;
+mod trace;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -92,6 +97,7 @@ pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
     COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
+pub use control::{Admission, KindChange, KindControl};
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
@@ -110,9 +116,11 @@ pub use outbox::{
 };
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
+pub use stats::{KindStats, OutboxStats};
 pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.
 pub mod prelude {

@@ -39,6 +39,9 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+mod telemetry;
+
+pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
 
 pub use clock::SystemClock;
 pub use dispatcher::{

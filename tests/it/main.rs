@@ -14,5 +14,6 @@ mod postgres;
 mod receiver;
 mod simulation;
 mod sqlite;
+mod telemetry;
 mod transactions;
 mod unreadable;

@@ -94,6 +94,8 @@ impl<S: Store> Worker<S> {
             }
             tally.stats.claimed += batch.len() as u64;
             self.held.hold(&batch);
+            let received = telemetry::received(&self.name, &batch, self.clock.now());
+            let _batch = received.enter();
             self.deliver(store, &batch, tally);
         }
     }
@@ -110,6 +112,7 @@ impl<S: Store> Worker<S> {
     /// (`run_until_idle` only; the other workers then stop too).
     pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
         tally.stats.store_errors += 1;
+        telemetry::store_failed(&error);
         tally.failures_in_a_row += 1;
         self.report_error(&error);
         let give_up =
@@ -136,6 +139,7 @@ impl<S: Store> Worker<S> {
         ) {
             Ok(timers) => {
                 tally.store_answered();
+                telemetry::timers_due(timers.len());
                 timers
             }
             Err(error) => {
@@ -169,6 +173,7 @@ impl<S: Store> Worker<S> {
             Ok(Ok(Some(_))) => {
                 tally.store_answered();
                 tally.stats.timers_fired += 1;
+                telemetry::timer_fired();
                 true
             }
             Ok(Ok(None)) => {
@@ -195,6 +200,7 @@ impl<S: Store> Worker<S> {
     /// not offered again and operators see why (`Store::timers`).
     pub(super) fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
         tally.stats.timers_rejected += 1;
+        telemetry::timer_failed("rejected");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!("timer {}: {reason}", timer.timer_id),
@@ -210,6 +216,7 @@ impl<S: Store> Worker<S> {
         tally: &mut Tally,
     ) {
         tally.stats.timer_panics += 1;
+        telemetry::timer_failed("panic");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!(
@@ -230,35 +237,58 @@ impl<S: Store> Worker<S> {
                 self.release(store, &batch[n..], tally);
                 return;
             }
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
-                self.handler.handle(delivery)
-            }))
-            .unwrap_or_else(|panic| {
-                tally.stats.panics += 1;
-                Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
-            });
-            if self.held.is_lost(&delivery.command_id) {
-                self.held.drop_lease(&delivery.command_id);
-                self.report(delivery, Settlement::LeaseLost, tally);
-                continue;
-            }
-            match outcome {
-                Outcome::Done => acks.push((delivery, None)),
-                Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
-                Outcome::Retry(error) => {
-                    self.fail(store, delivery, Failure::retryable(error), tally)
-                }
-                Outcome::Permanent(error) => {
-                    self.fail(store, delivery, Failure::permanent(error), tally)
-                }
-            }
+            self.deliver_one(store, delivery, &mut acks, tally);
             if since_flush.elapsed() >= self.config.ack_delay {
                 self.flush(store, &mut acks, tally);
                 since_flush = Instant::now();
             }
         }
         self.flush(store, &mut acks, tally);
+    }
+
+    /// Runs the handler on one delivery inside its `process` span, then queues its ack or settles
+    /// its failure.
+    fn deliver_one<'d>(
+        &self,
+        store: &mut S,
+        delivery: &'d Delivery,
+        acks: &mut Vec<(&'d Delivery, Option<Value>)>,
+        tally: &mut Tally,
+    ) {
+        let process = telemetry::process_span(delivery);
+        let _process = process.enter();
+        let started = Instant::now();
+        let mut panicked = false;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
+            self.handler.handle(delivery)
+        }))
+        .unwrap_or_else(|panic| {
+            tally.stats.panics += 1;
+            panicked = true;
+            Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
+        });
+        let how = match &outcome {
+            _ if panicked => "panic",
+            Outcome::Done | Outcome::DoneWith(_) => "done",
+            Outcome::Retry(_) => "retry",
+            Outcome::Permanent(_) => "permanent",
+        };
+        telemetry::delivered(&process, delivery, how, started.elapsed());
+        if self.held.is_lost(&delivery.command_id) {
+            self.held.drop_lease(&delivery.command_id);
+            process.record("error.type", "lease_lost");
+            self.report(delivery, Settlement::LeaseLost, tally);
+            return;
+        }
+        match outcome {
+            Outcome::Done => acks.push((delivery, None)),
+            Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
+            Outcome::Retry(error) => self.fail(store, delivery, Failure::retryable(error), tally),
+            Outcome::Permanent(error) => {
+                self.fail(store, delivery, Failure::permanent(error), tally)
+            }
+        }
     }
 
     /// Completes `acks` in one durable transaction, then reports them. An ack that did not land is a
@@ -272,6 +302,8 @@ impl<S: Store> Worker<S> {
         if acks.is_empty() {
             return;
         }
+        let settle = telemetry::settle_span("complete", acks.iter().map(|(d, _)| *d));
+        let _settle = settle.enter();
         let batch: Vec<Ack> = acks
             .iter_mut()
             .map(|(d, result)| Ack {
@@ -289,6 +321,7 @@ impl<S: Store> Worker<S> {
                 for (delivery, _) in acks.drain(..) {
                     self.held.drop_lease(&delivery.command_id);
                 }
+                telemetry::failed(&settle, &error);
                 self.store_failed(error, tally);
                 return;
             }
@@ -298,6 +331,7 @@ impl<S: Store> Worker<S> {
             match results.next() {
                 Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
                 Some(Err(Error::StaleLease { .. })) => {
+                    settle.record("error.type", "lease_lost");
                     self.report(delivery, Settlement::LeaseLost, tally)
                 }
                 Some(Err(error)) => self.store_failed(error, tally),
@@ -318,6 +352,8 @@ impl<S: Store> Worker<S> {
         failure: Failure,
         tally: &mut Tally,
     ) {
+        let settle = telemetry::settle_span("fail", std::iter::once(delivery));
+        let _settle = settle.enter();
         let result = store.fail(
             &delivery.command_id,
             delivery.token,
@@ -339,13 +375,24 @@ impl<S: Store> Worker<S> {
                 error: failure.error,
             },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
-            Err(error) => return self.store_failed(error, tally),
+            Err(error) => {
+                telemetry::failed(&settle, &error);
+                return self.store_failed(error, tally);
+            }
         };
+        if let Some(error_type) = telemetry::settlement_error(&settlement) {
+            settle.record("error.type", error_type);
+        }
         tally.store_answered();
         self.report(delivery, settlement, tally);
     }
 
     pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
+        if rest.is_empty() {
+            return;
+        }
+        let settle = telemetry::settle_span("release", rest.iter());
+        let _settle = settle.enter();
         for delivery in rest {
             self.held.drop_lease(&delivery.command_id);
             match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
@@ -366,6 +413,7 @@ impl<S: Store> Worker<S> {
             Settlement::Released => stats.released += 1,
             Settlement::Cancelled { .. } => stats.cancelled += 1,
         }
+        telemetry::settled(delivery, &settlement);
         if let Some(observer) = &self.observer {
             observer(delivery, &settlement);
         }

@@ -9,8 +9,9 @@ use std::time::Duration;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow, RetryPolicy,
-    Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, KindControl, Lease, OutboxRow,
+    OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, TraceContext,
+    Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -19,11 +20,13 @@ use rusqlite_migration::{Migrations, M};
 #[macro_use]
 mod rows;
 mod claim;
+mod controls;
 mod schema;
 mod timers;
 mod writes;
 
 use self::claim::*;
+use self::controls::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
 pub(crate) use self::schema::open_connection;
@@ -38,6 +41,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../../migrations/0003_timers.sql"),
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../../migrations/0005_operator_controls.sql"),
+    include_str!("../../migrations/0006_trace_context.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -279,7 +284,11 @@ impl SqliteStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        in_savepoint(tx, |conn| write_commit(conn, commit))
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let result = in_savepoint(tx, |conn| write_commit(conn, commit));
+        crate::telemetry::committed(&span, &result);
+        result
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -327,9 +336,14 @@ impl EventLog for SqliteStore {
         load_events(&self.conn, workflow_id)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let tx = self.write()?;
-        write_commit(&tx, commit)?;
-        tx.commit().map_err(storage)
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let result = self.write().and_then(|tx| {
+            write_commit(&tx, commit)?;
+            tx.commit().map_err(storage)
+        });
+        crate::telemetry::committed(&span, &result);
+        result
     }
 }
 
@@ -514,10 +528,13 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        self.conn
+        let purged = self
+            .conn
             .prepare_cached(PURGE_DONE)
             .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-            .map_err(storage)
+            .map_err(storage)?;
+        crate::telemetry::purged(purged);
+        Ok(purged)
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -534,6 +551,14 @@ impl Operations for SqliteStore {
     }
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.resolve(note, now))
+    }
+    /// Two grouped reads of the partial indexes `outbox_claim` (unfinished rows) and
+    /// `outbox_dead_by_kind` (dead rows), and the controls; works on a read-only store.
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        outbox_stats(&self.conn, now)
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        read_controls(&self.conn, SELECT_CONTROLS)
     }
 }
 
@@ -569,18 +594,13 @@ mod tests {
                 "timers_scheduled_by_name",
             ),
             ("old done rows", PURGE_DONE, "outbox_done"),
+            (
+                "dead by kind",
+                STATS_DEAD,
+                "COVERING INDEX outbox_dead_by_kind",
+            ),
         ] {
-            let mut stmt = store
-                .conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap();
-            let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
-            let plan: Vec<String> = stmt
-                .query_map(args, |row| row.get::<_, String>("detail"))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
-            let plan = plan.join(" | ");
+            let plan = query_plan(&store, sql);
             assert!(plan.contains(index), "{name} does not use {index}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{name} sorts: {plan}");
             assert!(
@@ -588,5 +608,38 @@ mod tests {
                 "{name} scans the table: {plan}"
             );
         }
+    }
+
+    fn query_plan(store: &SqliteStore, sql: &str) -> String {
+        let mut stmt = store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
+        let plan: Vec<String> = stmt
+            .query_map(args, |row| row.get::<_, String>("detail"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        plan.join(" | ")
+    }
+
+    /// Stats read the unfinished rows from a covering partial index (grouping them is their only
+    /// sort) and the dead ones from theirs: never a done row, never the table.
+    #[test]
+    fn stats_read_partial_indexes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        let plan = query_plan(&store, STATS_UNFINISHED);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_claim"),
+            "unfinished rows by kind: {plan}"
+        );
+        let plan = query_plan(&store, STATS_DEAD);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_dead_by_kind")
+                && !plan.contains("TEMP B-TREE"),
+            "dead rows by kind: {plan}"
+        );
     }
 }

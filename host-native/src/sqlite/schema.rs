@@ -91,6 +91,7 @@ pub(super) const TABLES: &[(&str, i64)] = &[
     ("outbox", 1),
     ("idempotency", 2),
     ("timers", 3),
+    ("kind_controls", 5),
 ];
 
 /// The 16 bytes a SQLite database file starts with.
@@ -337,6 +338,69 @@ mod opening_tests {
             .begin(&key, digest, Timestamp::from_millis(500))
             .unwrap();
         assert_eq!(answer, miniflow_core::Begin::Fresh { token: 500 });
+    }
+
+    /// A store of schema version 4 (before operator controls) with a command in each status.
+    fn version_4_store(path: &Path) {
+        let conn = Connection::open(path).unwrap();
+        for sql in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 4;
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5);
+             INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, attempts,
+                 available_at, lease_owner, lease_expires_at, lease_token, created_at, processed_at)
+             VALUES ('w', 1, 0, 'book', '{}', 'pending', 0, 5, NULL, NULL, 0, 5, NULL),
+                    ('w', 1, 1, 'book', '{}', 'leased', 1, 900, 'old', 900, 1, 5, NULL),
+                    ('w', 1, 2, 'mail', '{}', 'dead', 3, 5, 'old', 50, 3, 5, 60),
+                    ('w', 1, 3, 'mail', '{}', 'done', 1, 5, 'old', 50, 1, 5, 60);",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_version_4_store_keeps_its_commands_through_the_upgrade_to_operator_controls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v4.db");
+        version_4_store(&path);
+        assert!(
+            SqliteStore::open_read_only(&path).is_err(),
+            "reading refuses an older store"
+        );
+        assert_eq!(SqliteStore::migrate(&path).unwrap(), 4);
+        assert_eq!(user_version(&path), SCHEMA_VERSION);
+
+        let mut store = SqliteStore::open(&path).unwrap();
+        let rows = store.commands(&WorkflowId::new("w").unwrap()).unwrap();
+        let shown: Vec<_> = rows
+            .iter()
+            .map(|r| (r.command_id.to_string(), r.status))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("w:1:0".to_owned(), Status::Pending),
+                ("w:1:1".to_owned(), Status::Leased),
+                ("w:1:2".to_owned(), Status::Dead),
+                ("w:1:3".to_owned(), Status::Done),
+            ]
+        );
+        assert!(store.kind_controls().unwrap().is_empty());
+        let stats = store.stats(Timestamp::from_millis(100)).unwrap();
+        let book = stats.kind("book").unwrap();
+        assert_eq!((book.pending, book.leased, book.due), (1, 1, 1));
+        assert_eq!(stats.kind("mail").unwrap().dead, 1);
+        // Claims go on where version 4 left off: the pending command, then the expired lease.
+        let claimed = store
+            .claim(
+                &ClaimRequest::new("new").limit(5),
+                Timestamp::from_millis(1_000),
+            )
+            .unwrap();
+        let ids: Vec<_> = claimed.iter().map(|d| d.command_id.to_string()).collect();
+        assert_eq!(ids, ["w:1:0", "w:1:1"]);
+        assert_eq!(claimed[1].token, 2, "the fencing token goes on counting");
     }
 
     fn refusal(path: &Path) -> String {
