@@ -4,9 +4,11 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
+use crate::schedule::Firing;
 use crate::store::{Commit, EventLog, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
+use crate::trace::TraceContext;
 
 /// A workflow: how its events fold into state, and what it decides when a new event arrives.
 ///
@@ -209,7 +211,25 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
-        self.commit_event(store, workflow_id, event, now, None)
+        self.commit_event(store, workflow_id, event, now, None, None)
+    }
+
+    /// As [`Engine::handle`], storing `context` (the W3C trace context of the caller's span, e.g.
+    /// from an incoming `traceparent` header) with every command decided, so that each delivery
+    /// continues the trace ([`Commit::traced`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_traced<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: &TraceContext,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        self.commit_event(store, workflow_id, event, now, None, Some(context))
     }
 
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
@@ -253,6 +273,10 @@ impl<W: Workflow> Engine<W> {
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
     ///
+    /// An occurrence of a recurring schedule ([`crate::Schedule`]) commits a `schedule_fired` event
+    /// for the occurrence its missed-occurrence policy picks, and arms the schedule's next occurrence
+    /// in the same transaction.
+    ///
     /// When the workflow rejects the timer's event ([`crate::Decision::reject`]), the timer ends
     /// `rejected` with the reason ([`Timers::reject_timer`]) and the [`Error::Rejected`] is returned:
     /// a refused timer is not taken again and again.
@@ -273,9 +297,9 @@ impl<W: Workflow> Engine<W> {
                 format!("is due at {}, not yet at {now}", timer.fire_at),
             ));
         }
-        let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
+        let (event, firing) = Firing::of(timer, now)?;
         let workflow_id = timer.timer_id.workflow_id();
-        match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id)) {
+        match self.commit_event(store, workflow_id, event, now, Some(&firing), None) {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
             Err(Error::Rejected {
@@ -298,7 +322,8 @@ impl<W: Workflow> Engine<W> {
         workflow_id: &WorkflowId,
         event: Event,
         now: Timestamp,
-        fires: Option<&TimerId>,
+        fires: Option<&Firing>,
+        context: Option<&TraceContext>,
     ) -> Result<Handled, Error> {
         // Checked before the event is copied for each try: a payload past the limits may nest deeper
         // than a recursive copy survives.
@@ -310,8 +335,11 @@ impl<W: Workflow> Engine<W> {
         loop {
             let events = store.load(workflow_id)?;
             let mut commit = self.plan(&events, workflow_id, event.clone(), now)?;
-            if let Some(timer_id) = fires {
-                commit = commit.firing(timer_id.clone())?;
+            if let Some(firing) = fires {
+                commit = firing.apply(commit)?;
+            }
+            if let Some(context) = context {
+                commit = commit.traced(context.clone());
             }
             match store.append_with_commands(&commit) {
                 Ok(()) => return Ok(Handled::of(&commit, conflicts)),

@@ -12,6 +12,8 @@
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
+//! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
+//! | [`TraceContext`] | the W3C trace context stored with each command, so a trace runs through the outbox |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -70,6 +72,7 @@
 #![warn(missing_docs)]
 
 mod builtin;
+mod control;
 mod engine;
 mod error;
 mod id;
@@ -80,17 +83,22 @@ mod model;
 mod outbox;
 mod retention;
 mod retry;
+mod schedule;
+mod stats;
 mod store;
+pub mod telemetry;
 mod time;
 mod timer;
+mod trace;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
 pub use builtin::{
-    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
-    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
+    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
+    COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
+pub use control::{Admission, KindChange, KindControl};
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
@@ -111,9 +119,12 @@ pub use retention::{
     command_is_settled, finished_at, is_retirable, last_recorded_at, retired, timer_is_settled,
 };
 pub use retry::RetryPolicy;
+pub use schedule::{Missed, Recurrence, Schedule};
+pub use stats::{KindStats, OutboxStats};
 pub use store::{Ack, Commit, EventLog, Handover, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.
 pub mod prelude {

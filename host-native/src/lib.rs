@@ -39,7 +39,10 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+mod telemetry;
 mod writer;
+
+pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
 
 pub use clock::SystemClock;
 pub use dispatcher::{

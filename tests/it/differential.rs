@@ -15,9 +15,10 @@ use std::time::Duration;
 use miniflow::prelude::*;
 use miniflow::{
     canonical_json, json, Ack, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision,
-    Delivery, Error, Event, EventRecord, Extended, Failure, Lease, MemoryStore, OutboxRow,
-    RetryPolicy, Seq, Settled, SqliteOptions, SqliteStore, Status, Synchronous, Timer, TimerId,
-    TimerRow, TimerStatus, Timestamp, WorkflowId,
+    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, MemoryStore,
+    Missed, OutboxRow, RetryPolicy, Schedule, Seq, Settled, SqliteOptions, SqliteStore, Status,
+    Synchronous, Timer, TimerId, TimerRow, TimerSource, TimerStatus, Timestamp, Workflow,
+    WorkflowId,
 };
 
 /// The seeds CI runs.
@@ -327,6 +328,20 @@ impl<S: Store> Run<S> {
             };
             decision = decision.timer(timer);
         }
+        // Now and then a recurring schedule, under a timer's name (replacing what runs under it).
+        if self.rng.u8(..6) == 0 {
+            let name = TIMER_NAMES[self.rng.usize(..TIMER_NAMES.len())];
+            let schedule = if self.rng.bool() {
+                Schedule::every(name, ms(1_000 * self.rng.u64(1..=4)))
+            } else {
+                Schedule::cron(name, "*/2 * * * * *")
+            };
+            let missed = match self.rng.u32(0..=3) {
+                0 => Missed::FireOnce,
+                max => Missed::FireAll { max },
+            };
+            decision = decision.schedule(schedule.on_missed(missed).payload(self.payload(0)));
+        }
         decision
     }
 
@@ -413,6 +428,15 @@ impl<S: Store> Run<S> {
             self.now,
         )
         .expect("a valid commit");
+        if self.rng.bool() {
+            // Traced commits: the context (and a tracestate, sometimes) rides with each command.
+            let trace_id: [u8; 16] = std::array::from_fn(|_| self.rng.u8(..));
+            let state = self.rng.bool().then_some("vendor=x");
+            let context = miniflow::TraceContext::new(trace_id, [7; 8], 1)
+                .and_then(|c| c.with_tracestate(state))
+                .expect("a valid trace context");
+            commit = commit.traced(context);
+        }
         if self.rng.u8(..5) == 0 {
             let decision = self.decision(&w);
             commit
@@ -423,7 +447,8 @@ impl<S: Store> Run<S> {
     }
 
     /// A commit firing a timer: mostly a scheduled one, sometimes one that fired, was cancelled or
-    /// never existed.
+    /// never existed. An occurrence of a schedule fires through the engine, which arms the next
+    /// occurrence in the same commit (the decision may stop or restart the schedule).
     fn fire(&mut self) {
         let timers: Vec<TimerRow> = WORKFLOWS
             .iter()
@@ -433,7 +458,20 @@ impl<S: Store> Run<S> {
             .iter()
             .filter(|t| t.status == TimerStatus::Scheduled)
             .collect();
-        let timer_id = if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
+        // Occurrences come due one at a time: take a due one when there is one, half the time.
+        let due_occurrences: Vec<&TimerRow> = scheduled
+            .iter()
+            .copied()
+            .filter(|t| {
+                t.fire_at <= self.now
+                    && matches!(t.timer_id.source(), TimerSource::Occurrence { .. })
+            })
+            .collect();
+        let timer_id = if !due_occurrences.is_empty() && self.rng.bool() {
+            due_occurrences[self.rng.usize(..due_occurrences.len())]
+                .timer_id
+                .clone()
+        } else if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
             scheduled[self.rng.usize(..scheduled.len())]
                 .timer_id
                 .clone()
@@ -443,8 +481,17 @@ impl<S: Store> Run<S> {
             TimerId::scheduled(wid("b-10"), Seq::new(999).expect("a seq"), 0).expect("an ID")
         };
         let w = timer_id.workflow_id().clone();
-        let last = self.last_seq(&w);
         let decision = self.decision(&w);
+        let occurrence = timers.iter().find(|t| {
+            t.timer_id == timer_id && matches!(t.timer_id.source(), TimerSource::Occurrence { .. })
+        });
+        if let Some(row) = occurrence.cloned() {
+            let engine = Engine::new(Decides(decision));
+            let operation = format!("fire({}) through the engine", row.timer_id);
+            self.both(operation, |store, now| engine.fire(store, &row, now));
+            return;
+        }
+        let last = self.last_seq(&w);
         let commit = Commit::new(
             w,
             last,
@@ -688,7 +735,20 @@ macro_rules! debug_line {
     };
 }
 
-debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>);
+debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>, Option<Handled>);
+
+/// A workflow whose decision on every event is the one it was made with.
+struct Decides(Decision);
+
+impl Workflow for Decides {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+
+    fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+        self.0.clone()
+    }
+}
 
 fn lease(lease: Option<&Lease>) -> String {
     lease.map_or("-".to_owned(), |l| {
@@ -701,7 +761,7 @@ impl Line for OutboxRow {
         format!(
             "{} {} {} attempts {} available_at {} lease {} processed_at {:?} last_error {:?} \
              manual_retries {} resolution {:?} created_at {} payload {} report_result {} \
-             result {:?} cancel_requested {}",
+             result {:?} cancel_requested {} trace {:?}",
             self.command_id,
             self.kind,
             self.status,
@@ -717,6 +777,9 @@ impl Line for OutboxRow {
             self.report_result,
             self.result.as_ref().map(canonical_json),
             self.cancel_requested,
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }
@@ -730,13 +793,17 @@ impl Line for Option<OutboxRow> {
 impl Line for Delivery {
     fn line(&self) -> String {
         format!(
-            "{} {} attempt {} token {} until {} payload {}",
+            "{} {} attempt {} token {} until {} due {} payload {} trace {:?}",
             self.command_id,
             self.kind,
             self.attempt,
             self.token,
             self.lease_expires_at,
+            self.due_at,
             canonical_json(&self.payload),
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }

@@ -15,6 +15,7 @@ mod receiver;
 mod retention;
 mod simulation;
 mod sqlite;
+mod telemetry;
 mod transactions;
 mod unreadable;
 mod writer;

@@ -379,6 +379,12 @@ impl Operations for FaultyStore {
     fn resolve(&mut self, id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.write(|s| s.resolve(id, note, now))
     }
+    fn stats(&self, now: Timestamp) -> Result<miniflow::OutboxStats, Error> {
+        self.read(|s| s.stats(now))
+    }
+    fn kind_controls(&self) -> Result<Vec<miniflow::KindControl>, Error> {
+        self.read(|s| s.kind_controls())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -2065,6 +2071,13 @@ impl Sim {
             TimerSource::Scheduled { .. } => events
                 .iter()
                 .filter(|e| e.kind == TIMER_FIRED && e.payload["timer_id"] == json!(id.to_string()))
+                .collect(),
+            TimerSource::Occurrence { .. } => events
+                .iter()
+                .filter(|e| {
+                    e.kind == miniflow::SCHEDULE_FIRED
+                        && e.payload["timer_id"] == json!(id.to_string())
+                })
                 .collect(),
             TimerSource::Failure { command_id, .. } => events
                 .iter()

@@ -73,13 +73,16 @@ impl<S: Store> Worker<S> {
     pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
         let request = self.config.claim_request(self.name.clone());
         let mut done: Vec<Done> = Vec::new();
+        // The `receive` span of the batch `done` belongs to: its acks are settled inside it.
+        let mut received = tracing::Span::none();
         while !self.halted(tally) {
             let fired = self.fire_due_timers(store, tally);
             if self.halted(tally) {
                 break;
             }
             let mark = self.idle.as_ref().map(|idle| idle.mark());
-            let Some(batch) = self.settle_and_claim(store, &mut done, &request, tally) else {
+            let claimed = self.settle_and_claim(store, &received, &mut done, &request, tally);
+            let Some(batch) = claimed else {
                 self.back_off(tally);
                 continue;
             };
@@ -100,8 +103,11 @@ impl<S: Store> Worker<S> {
             }
             tally.stats.claimed += batch.len() as u64;
             self.held.hold(&batch);
+            received = telemetry::received(&self.name, &batch, self.clock.now());
+            let _batch = received.enter();
             self.deliver(store, batch, &mut done, tally);
         }
+        let _batch = received.enter();
         self.flush(store, &mut done, tally);
     }
 
@@ -110,14 +116,24 @@ impl<S: Store> Worker<S> {
     pub(super) fn settle_and_claim(
         &self,
         store: &mut S,
+        received: &tracing::Span,
         done: &mut Vec<Done>,
         request: &ClaimRequest,
         tally: &mut Tally,
     ) -> Option<Vec<Delivery>> {
+        let settle = match done.is_empty() {
+            true => tracing::Span::none(),
+            false => received
+                .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d))),
+        };
         let acks = take_acks(done);
-        match store.complete_all_and_claim(acks, request, self.clock.now()) {
+        let handover = {
+            let _settle = (!acks.is_empty()).then(|| settle.enter());
+            store.complete_all_and_claim(acks, request, self.clock.now())
+        };
+        match handover {
             Ok(handover) => {
-                self.settled(done, Ok(handover.completed), tally);
+                self.settled(&settle, done, Ok(handover.completed), tally);
                 match handover.claimed {
                     Ok(batch) => {
                         tally.store_answered();
@@ -130,7 +146,11 @@ impl<S: Store> Worker<S> {
                 }
             }
             Err(error) => {
-                self.settled(done, Err(error), tally);
+                if done.is_empty() {
+                    self.store_failed(error, tally);
+                } else {
+                    self.settled(&settle, done, Err(error), tally);
+                }
                 None
             }
         }
@@ -148,6 +168,7 @@ impl<S: Store> Worker<S> {
     /// (`run_until_idle` only; the other workers then stop too).
     pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
         tally.stats.store_errors += 1;
+        telemetry::store_failed(&error);
         tally.failures_in_a_row += 1;
         self.report_error(&error);
         let give_up =
@@ -174,6 +195,7 @@ impl<S: Store> Worker<S> {
         ) {
             Ok(timers) => {
                 tally.store_answered();
+                telemetry::timers_due(timers.len());
                 timers
             }
             Err(error) => {
@@ -207,6 +229,7 @@ impl<S: Store> Worker<S> {
             Ok(Ok(Some(_))) => {
                 tally.store_answered();
                 tally.stats.timers_fired += 1;
+                telemetry::timer_fired();
                 true
             }
             Ok(Ok(None)) => {
@@ -233,6 +256,7 @@ impl<S: Store> Worker<S> {
     /// not offered again and operators see why (`Store::timers`).
     pub(super) fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
         tally.stats.timers_rejected += 1;
+        telemetry::timer_failed("rejected");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!("timer {}: {reason}", timer.timer_id),
@@ -248,6 +272,7 @@ impl<S: Store> Worker<S> {
         tally: &mut Tally,
     ) {
         tally.stats.timer_panics += 1;
+        telemetry::timer_failed("panic");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!(
@@ -276,32 +301,55 @@ impl<S: Store> Worker<S> {
                 self.release(store, &rest, tally);
                 return;
             }
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
-                self.handler.handle(&delivery)
-            }))
-            .unwrap_or_else(|panic| {
-                tally.stats.panics += 1;
-                Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
-            });
-            if self.held.is_lost(&delivery.command_id) {
-                self.held.drop_lease(&delivery.command_id);
-                self.report(&delivery, Settlement::LeaseLost, tally);
-                continue;
-            }
-            match outcome {
-                Outcome::Done => done.push((delivery, None)),
-                Outcome::DoneWith(result) => done.push((delivery, Some(result))),
-                Outcome::Retry(error) => {
-                    self.fail(store, &delivery, Failure::retryable(error), tally)
-                }
-                Outcome::Permanent(error) => {
-                    self.fail(store, &delivery, Failure::permanent(error), tally)
-                }
-            }
+            self.deliver_one(store, delivery, done, tally);
             if since_flush.elapsed() >= self.config.ack_delay {
                 self.flush(store, done, tally);
                 since_flush = Instant::now();
+            }
+        }
+    }
+
+    /// Runs the handler on one delivery inside its `process` span, then queues its ack or settles
+    /// its failure.
+    fn deliver_one(
+        &self,
+        store: &mut S,
+        delivery: Delivery,
+        done: &mut Vec<Done>,
+        tally: &mut Tally,
+    ) {
+        let process = telemetry::process_span(&delivery);
+        let _process = process.enter();
+        let started = Instant::now();
+        let mut panicked = false;
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
+            self.handler.handle(&delivery)
+        }))
+        .unwrap_or_else(|panic| {
+            tally.stats.panics += 1;
+            panicked = true;
+            Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
+        });
+        let how = match &outcome {
+            _ if panicked => "panic",
+            Outcome::Done | Outcome::DoneWith(_) => "done",
+            Outcome::Retry(_) => "retry",
+            Outcome::Permanent(_) => "permanent",
+        };
+        telemetry::delivered(&process, &delivery, how, started.elapsed());
+        if self.held.is_lost(&delivery.command_id) {
+            self.held.drop_lease(&delivery.command_id);
+            process.record("error.type", "lease_lost");
+            self.report(&delivery, Settlement::LeaseLost, tally);
+            return;
+        }
+        match outcome {
+            Outcome::Done => done.push((delivery, None)),
+            Outcome::DoneWith(result) => done.push((delivery, Some(result))),
+            Outcome::Retry(error) => self.fail(store, &delivery, Failure::retryable(error), tally),
+            Outcome::Permanent(error) => {
+                self.fail(store, &delivery, Failure::permanent(error), tally)
             }
         }
     }
@@ -311,15 +359,21 @@ impl<S: Store> Worker<S> {
         if done.is_empty() {
             return;
         }
+        let settle = telemetry::settle_span("complete", done.iter().map(|(d, _)| d));
         let acks = take_acks(done);
-        let results = store.complete_all(&acks, self.clock.now());
-        self.settled(done, results, tally);
+        let results = {
+            let _settle = settle.enter();
+            store.complete_all(&acks, self.clock.now())
+        };
+        self.settled(&settle, done, results, tally);
     }
 
-    /// Reports the acks of `done` as `results` says, and stops tracking their leases. An ack that
-    /// did not land is a store error: its lease expires and the command is delivered again.
+    /// Reports the acks of `done` as `results` says (in `settle`, their span), and stops tracking
+    /// their leases. An ack that did not land is a store error: its lease expires and the command is
+    /// delivered again.
     pub(super) fn settled(
         &self,
+        settle: &tracing::Span,
         done: &mut Vec<Done>,
         results: Result<Vec<Result<(), Error>>, Error>,
         tally: &mut Tally,
@@ -327,6 +381,7 @@ impl<S: Store> Worker<S> {
         if done.is_empty() {
             return;
         }
+        let _settle = settle.enter();
         let mut results = match results {
             Ok(results) => {
                 tally.store_answered();
@@ -336,6 +391,7 @@ impl<S: Store> Worker<S> {
                 for (delivery, _) in done.drain(..) {
                     self.held.drop_lease(&delivery.command_id);
                 }
+                telemetry::failed(settle, &error);
                 self.store_failed(error, tally);
                 return;
             }
@@ -346,6 +402,7 @@ impl<S: Store> Worker<S> {
             match results.next() {
                 Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
                 Some(Err(Error::StaleLease { .. })) => {
+                    settle.record("error.type", "lease_lost");
                     self.report(delivery, Settlement::LeaseLost, tally)
                 }
                 Some(Err(error)) => self.store_failed(error, tally),
@@ -366,6 +423,8 @@ impl<S: Store> Worker<S> {
         failure: Failure,
         tally: &mut Tally,
     ) {
+        let settle = telemetry::settle_span("fail", std::iter::once(delivery));
+        let _settle = settle.enter();
         let result = store.fail(
             &delivery.command_id,
             delivery.token,
@@ -387,13 +446,24 @@ impl<S: Store> Worker<S> {
                 error: failure.error,
             },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
-            Err(error) => return self.store_failed(error, tally),
+            Err(error) => {
+                telemetry::failed(&settle, &error);
+                return self.store_failed(error, tally);
+            }
         };
+        if let Some(error_type) = telemetry::settlement_error(&settlement) {
+            settle.record("error.type", error_type);
+        }
         tally.store_answered();
         self.report(delivery, settlement, tally);
     }
 
     pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
+        if rest.is_empty() {
+            return;
+        }
+        let settle = telemetry::settle_span("release", rest.iter());
+        let _settle = settle.enter();
         for delivery in rest {
             self.held.drop_lease(&delivery.command_id);
             match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
@@ -414,6 +484,7 @@ impl<S: Store> Worker<S> {
             Settlement::Released => stats.released += 1,
             Settlement::Cancelled { .. } => stats.cancelled += 1,
         }
+        telemetry::settled(delivery, &settlement);
         if let Some(observer) = &self.observer {
             observer(delivery, &settlement);
         }

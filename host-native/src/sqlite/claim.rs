@@ -72,6 +72,7 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
         report_result: row.get(col::REPORT_RESULT).unwrap_or_default(),
         result: None,
         cancel_requested: row.get(col::CANCEL_REQUESTED).unwrap_or_default(),
+        trace_context: read_trace_context(row),
     })
 }
 

@@ -9,8 +9,9 @@ use std::time::Duration;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, Lease, OutboxRow,
-    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, KindControl, Lease,
+    OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp,
+    TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -24,12 +25,14 @@ use crate::writer::{made_work, Writer};
 #[macro_use]
 mod rows;
 mod claim;
+mod controls;
 mod retention;
 mod schema;
 mod timers;
 mod writes;
 
 use self::claim::*;
+use self::controls::*;
 use self::retention::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
@@ -45,6 +48,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../../migrations/0003_timers.sql"),
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../../migrations/0005_operator_controls.sql"),
+    include_str!("../../migrations/0006_trace_context.sql"),
     include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
 ];
 
@@ -320,8 +325,12 @@ impl SqliteStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
         let json = CommitJson::of(commit);
-        in_savepoint(tx, |conn| write_commit(conn, commit, &json))
+        let result = in_savepoint(tx, |conn| write_commit(conn, commit, &json));
+        crate::telemetry::committed(&span, &result);
+        result
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -370,12 +379,17 @@ impl EventLog for SqliteStore {
     /// The payloads are written out on the caller's thread, and the commit goes back to it to be
     /// dropped there: the writer thread, which every caller waits for, does only the SQL.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
         let (commit, json) = (commit.clone(), CommitJson::of(commit));
-        self.write(move |tx| {
-            write_commit(tx, &commit, &json)?;
-            Ok((commit, json))
-        })
-        .map(drop)
+        let result = self
+            .write(move |tx| {
+                write_commit(tx, &commit, &json)?;
+                Ok((commit, json))
+            })
+            .map(drop);
+        crate::telemetry::committed(&span, &result);
+        result
     }
 }
 
@@ -519,14 +533,16 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        self.write(move |tx| {
+        let purged = self.write(move |tx| {
             let purged = tx
                 .prepare_cached(PURGE_DONE)
                 .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
                 .map_err(storage)?;
             give_back_free_pages(tx)?;
             Ok(purged)
-        })
+        })?;
+        crate::telemetry::purged(purged);
+        Ok(purged)
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -544,6 +560,14 @@ impl Operations for SqliteStore {
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         let note = note.to_owned();
         self.update(command_id, now, move |row| row.resolve(&note, now))
+    }
+    /// Two grouped reads of the partial indexes `outbox_claim` (unfinished rows) and
+    /// `outbox_dead_by_kind` (dead rows), and the controls; works on a read-only store.
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        outbox_stats(&self.conn, now)
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        read_controls(&self.conn, SELECT_CONTROLS)
     }
 }
 
@@ -585,18 +609,13 @@ mod tests {
             ),
             ("old done rows", PURGE_DONE, "outbox_done"),
             ("finished workflows", RETIRABLE, "PRIMARY KEY"),
+            (
+                "dead by kind",
+                STATS_DEAD,
+                "COVERING INDEX outbox_dead_by_kind",
+            ),
         ] {
-            let mut stmt = store
-                .conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap();
-            let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
-            let plan: Vec<String> = stmt
-                .query_map(args, |row| row.get::<_, String>("detail"))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
-            let plan = plan.join(" | ");
+            let plan = query_plan(&store, sql);
             assert!(plan.contains(index), "{name} does not use {index}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{name} sorts: {plan}");
             assert!(
@@ -604,5 +623,38 @@ mod tests {
                 "{name} scans the table: {plan}"
             );
         }
+    }
+
+    fn query_plan(store: &SqliteStore, sql: &str) -> String {
+        let mut stmt = store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
+        let plan: Vec<String> = stmt
+            .query_map(args, |row| row.get::<_, String>("detail"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        plan.join(" | ")
+    }
+
+    /// Stats read the unfinished rows from a covering partial index (grouping them is their only
+    /// sort) and the dead ones from theirs: never a done row, never the table.
+    #[test]
+    fn stats_read_partial_indexes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        let plan = query_plan(&store, STATS_UNFINISHED);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_claim"),
+            "unfinished rows by kind: {plan}"
+        );
+        let plan = query_plan(&store, STATS_DEAD);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_dead_by_kind")
+                && !plan.contains("TEMP B-TREE"),
+            "dead rows by kind: {plan}"
+        );
     }
 }

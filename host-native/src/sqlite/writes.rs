@@ -264,14 +264,17 @@ pub(super) fn write_commit(
         let mut insert_command = tx
             .prepare_cached(
                 "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                 available_at, created_at, report_result) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
+                 available_at, created_at, report_result, traceparent, tracestate) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8, ?9)",
             )
             .map_err(storage)?;
         if let Some(timer_id) = commit.fires() {
             fire_timer(tx, timer_id, commit.now())?;
         }
         cancel_commands(tx, commit)?;
+        // One trace context for the whole commit, formatted once.
+        let traceparent = commit.trace_context().map(TraceContext::traceparent);
+        let tracestate = commit.trace_context().and_then(TraceContext::tracestate);
         for (row, payload) in commit.commands().iter().zip(&json.commands) {
             insert_command
                 .execute(params![
@@ -282,6 +285,8 @@ pub(super) fn write_commit(
                     payload,
                     to_sql_time("now", row.created_at)?,
                     row.report_result,
+                    traceparent,
+                    tracestate,
                 ])
                 .map_err(storage)?;
         }
