@@ -1,7 +1,7 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -116,7 +116,14 @@ pub struct SqliteStore {
     path: PathBuf,
     /// Where writes go; `None` for a read-only store.
     writer: Option<Writer>,
+    /// The row keys of the commands this store claimed and has not settled: an ack reaches its row
+    /// by its key.
+    claimed: HashMap<CommandId, i64>,
 }
+
+/// The most row keys a store remembers: past it, it forgets them (acks then look rows up by
+/// command ID), so that a caller who never settles what it claimed does not grow the map.
+const MAX_REMEMBERED: usize = 1 << 16;
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
 pub(crate) fn storage(e: rusqlite::Error) -> Error {
@@ -165,6 +172,7 @@ impl SqliteStore {
             conn,
             path,
             writer: Some(writer),
+            claimed: HashMap::new(),
         })
     }
 
@@ -218,6 +226,7 @@ impl SqliteStore {
             conn,
             path,
             writer: None,
+            claimed: HashMap::new(),
         })
     }
 
@@ -354,6 +363,30 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
+    /// Remembers the row keys of `claimed`, and returns its deliveries.
+    fn remember(&mut self, claimed: Vec<(i64, Delivery)>) -> Vec<Delivery> {
+        if self.claimed.len() + claimed.len() > MAX_REMEMBERED {
+            self.claimed.clear();
+        }
+        claimed
+            .into_iter()
+            .map(|(key, delivery)| {
+                self.claimed.insert(delivery.command_id.clone(), key);
+                delivery
+            })
+            .collect()
+    }
+
+    /// `acks` with the row keys this store remembers of them, which it forgets.
+    fn with_keys(&mut self, acks: Vec<Ack>) -> Vec<(Ack, Option<i64>)> {
+        acks.into_iter()
+            .map(|ack| {
+                let key = self.claimed.remove(&ack.command_id);
+                (ack, key)
+            })
+            .collect()
+    }
+
     /// Applies `change` to one row inside one write transaction; an error rolls it back. The rules
     /// themselves live in [`OutboxRow`]'s methods, shared with every store.
     fn update<T: Send + 'static>(
@@ -419,7 +452,8 @@ impl Outbox for SqliteStore {
             return Ok(Vec::new());
         }
         let request = request.clone();
-        self.write(move |tx| claim_in(tx, &request, now))
+        let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        Ok(self.remember(claimed))
     }
     fn extend(
         &mut self,
@@ -431,6 +465,7 @@ impl Outbox for SqliteStore {
         self.update(command_id, now, move |row| row.extend(token, ttl, now))
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.claimed.remove(command_id);
         self.update(command_id, now, move |row| row.release(token, now))
     }
     fn complete(
@@ -440,8 +475,9 @@ impl Outbox for SqliteStore {
         result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
+        let key = self.claimed.remove(command_id);
         let (command_id, result) = (command_id.clone(), result.cloned());
-        self.write(move |tx| complete_in(tx, &command_id, token, result.as_ref(), now))
+        self.write(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
     }
     /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
     /// groups with it). The results are returned only after the commit, so a reported completion is
@@ -451,7 +487,7 @@ impl Outbox for SqliteStore {
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let acks = acks.to_vec();
+        let acks = self.with_keys(acks.to_vec());
         self.write(move |tx| complete_each(tx, &acks, now))
     }
     /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
@@ -470,14 +506,14 @@ impl Outbox for SqliteStore {
             });
         }
         request.validate()?;
-        let request = request.clone();
-        self.write(move |tx| {
+        let (acks, request) = (self.with_keys(acks), request.clone());
+        let (completed, claimed) = self.write(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
-            let claimed = claim_in(tx, &request, now)?;
-            Ok(Handover {
-                completed,
-                claimed: Ok(claimed),
-            })
+            Ok((completed, claim_in(tx, &request, now)?))
+        })?;
+        Ok(Handover {
+            completed,
+            claimed: Ok(self.remember(claimed)),
         })
     }
     fn fail(
@@ -488,6 +524,7 @@ impl Outbox for SqliteStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
+        self.claimed.remove(command_id);
         let (failure, policy) = (failure.clone(), policy.clone());
         self.update(command_id, now, move |row| {
             row.fail(token, &failure, &policy, now)
@@ -575,6 +612,51 @@ impl Operations for SqliteStore {
 mod tests {
     use super::*;
 
+    /// An ack reaches its row by the key the claim remembered, and a key that names another row
+    /// completes nothing of that row: the command ID is checked too.
+    #[test]
+    fn an_ack_by_row_key_completes_its_own_command_only() {
+        use miniflow_core::{Command, Decision};
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path().join("acks.db")).unwrap();
+        let now = Timestamp::from_millis(5);
+        let decision = Decision::new()
+            .command(Command::new("a", serde_json::json!({})))
+            .command(Command::new("b", serde_json::json!({})));
+        let event = Event::new("e", serde_json::json!({}));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            event,
+            decision,
+            now,
+        );
+        store.append_with_commands(&commit.unwrap()).unwrap();
+        let claimed = store.claim(&ClaimRequest::new("w").limit(2), now).unwrap();
+        let (a, b) = (&claimed[0], &claimed[1]);
+        assert_eq!(store.claimed.len(), 2, "both keys remembered");
+        // As if `a`'s row had been purged and its key reused by `b`'s row.
+        let b_key = store.claimed[&b.command_id];
+        store.claimed.insert(a.command_id.clone(), b_key);
+
+        store.complete(&a.command_id, a.token, None, now).unwrap();
+        let status =
+            |id: &CommandId, store: &SqliteStore| store.command(id).unwrap().unwrap().status;
+        assert_eq!(status(&a.command_id, &store), Status::Done);
+        assert_eq!(
+            status(&b.command_id, &store),
+            Status::Leased,
+            "the other row is untouched"
+        );
+        store
+            .complete_all(&[Ack::new(b.command_id.clone(), b.token)], now)
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(status(&b.command_id, &store), Status::Done);
+        assert!(store.claimed.is_empty(), "settled commands are forgotten");
+    }
+
     /// Every query a worker or `pending` runs is answered from an index: none walks the done rows,
     /// and none sorts in a temporary b-tree.
     #[test]
@@ -587,6 +669,8 @@ mod tests {
             ("strict claim", CLAIM_STRICT, "outbox_due"),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
+            ("an ack", COMPLETE, "sqlite_autoindex_outbox_1"),
+            ("an ack by row key", COMPLETE_BY_KEY, "INTEGER PRIMARY KEY"),
             (
                 "a workflow's rows",
                 SELECT_WORKFLOW,

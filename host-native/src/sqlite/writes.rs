@@ -76,20 +76,36 @@ pub(super) fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
 }
 
-/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
-/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
-/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
-/// [`OutboxRow::check_lease`].
+/// The fast path of an ack: the row is the command's, leased under the token, and feeds nothing back.
+pub(super) const COMPLETE: &str =
+    "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
+     WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+     AND status = 'leased' AND lease_token = ?4 \
+     AND report_result = 0 AND cancel_requested = 0";
+/// As [`COMPLETE`], reaching the row by its integer key `?7`.
+pub(super) const COMPLETE_BY_KEY: &str =
+    "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
+     WHERE id = ?7 AND workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+     AND status = 'leased' AND lease_token = ?4 \
+     AND report_result = 0 AND cancel_requested = 0";
+
 /// Completes each of `acks` inside `tx`: one result per ack. A storage error ends it, and the
 /// caller's transaction with it.
 pub(super) fn complete_each(
     tx: &Connection,
-    acks: &[Ack],
+    acks: &[(Ack, Option<i64>)],
     now: Timestamp,
 ) -> Result<Vec<Result<(), Error>>, Error> {
     let mut results = Vec::with_capacity(acks.len());
-    for ack in acks {
-        let completed = complete_in(tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
+    for (ack, key) in acks {
+        let completed = complete_in(
+            tx,
+            *key,
+            &ack.command_id,
+            ack.token,
+            ack.result.as_ref(),
+            now,
+        );
         results.push(match completed {
             Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
             other => other,
@@ -98,8 +114,16 @@ pub(super) fn complete_each(
     Ok(results)
 }
 
+/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
+/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
+/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
+/// [`OutboxRow::check_lease`].
+///
+/// `key`, the row's integer key if the caller knows it (from its claim), spares the lookup of the
+/// command ID; the command ID is checked all the same.
 pub(super) fn complete_in(
     conn: &Connection,
+    key: Option<i64>,
     id: &CommandId,
     token: u64,
     result: Option<&serde_json::Value>,
@@ -110,24 +134,21 @@ pub(super) fn complete_in(
         miniflow_core::JsonLimits::default().check("result", result)?;
     }
     let now_sql = to_sql_time("now", now)?;
-    let changed = conn
-        .prepare_cached(
-            "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
-             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
-             AND status = 'leased' AND lease_token = ?4 \
-             AND report_result = 0 AND cancel_requested = 0",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                w,
-                s,
-                i,
-                token_param(token),
-                now_sql,
-                result.map(canonical_json)
-            ])
+    let (token_sql, result_json) = (token_param(token), result.map(canonical_json));
+    let by_key = |key| {
+        conn.prepare_cached(COMPLETE_BY_KEY).and_then(|mut stmt| {
+            stmt.execute(params![w, s, i, token_sql, now_sql, result_json, key])
         })
-        .map_err(storage)?;
+    };
+    let by_id = || {
+        conn.prepare_cached(COMPLETE)
+            .and_then(|mut stmt| stmt.execute(params![w, s, i, token_sql, now_sql, result_json]))
+    };
+    // A key that no longer names the command's row (it was purged, its key reused) is passed over.
+    let changed = match key.map(by_key).transpose().map_err(storage)? {
+        Some(1) => 1,
+        _ => by_id().map_err(storage)?,
+    };
     if changed == 1 {
         return Ok(());
     }
