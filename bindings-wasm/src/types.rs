@@ -20,8 +20,8 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 /** Something that happened to a workflow, before it is recorded. */
 export interface EventInput { kind: string; payload?: Json }
 /** A request to the outside world, decided by a workflow. With `report_result`, its result comes back
- * into the workflow as a `command_completed` event. */
-export interface CommandInput { kind: string; payload?: Json; report_result?: boolean }
+ * into the workflow as a `command_completed` event. Claims take a higher `priority` first (default 0). */
+export interface CommandInput { kind: string; payload?: Json; report_result?: boolean; priority?: number }
 /** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
 export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
 /** What a workflow decides: commands, timers to schedule or cancel, or a rejection of the event. */
@@ -54,6 +54,8 @@ export interface OutboxRow {
   command_id: string;
   kind: string;
   payload: Json;
+  /** Claims take a higher priority first. */
+  priority: number;
   status: CommandStatus;
   attempts: number;
   last_error: string | null;
@@ -186,6 +188,8 @@ pub struct CommandInput {
     payload: Value,
     #[serde(default)]
     report_result: bool,
+    #[serde(default)]
+    priority: i32,
 }
 
 /// `TimerInput`.
@@ -233,7 +237,7 @@ impl From<DecisionInput> for Decision {
         }
         let mut decision = Decision::new();
         for c in full.commands {
-            let command = Command::new(c.kind, c.payload);
+            let command = Command::new(c.kind, c.payload).priority(c.priority);
             decision = decision.command(if c.report_result {
                 command.report_result()
             } else {

@@ -123,6 +123,29 @@ impl KindControl {
     }
 }
 
+/// The most dead commands one bulk retry or resolution changes in one transaction
+/// ([`crate::Operations::retry_dead_of_kind`], [`crate::Operations::resolve_dead_of_kind`]): 1,000.
+pub const MAX_BULK_BATCH: usize = 1_000;
+
+/// Checks the arguments of a bulk action on the dead commands of `kind`. Every store calls it before
+/// it writes, so bad arguments fail the same way on every backend and change nothing.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming the field for a malformed kind (as for a command's kind) or a
+/// batch of 0 or above [`MAX_BULK_BATCH`].
+pub fn check_bulk(kind: &str, batch: usize) -> Result<(), Error> {
+    check_kind("kind", kind)?;
+    if !(1..=MAX_BULK_BATCH).contains(&batch) {
+        return Err(Error::invalid(
+            "batch",
+            batch,
+            format!("must be 1 to {MAX_BULK_BATCH}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks the name of the person or tool that changes a control: 1 to 128 bytes, no control
 /// characters.
 fn check_operator(by: &str) -> Result<(), Error> {

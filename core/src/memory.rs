@@ -4,7 +4,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::control::KindControl;
+use crate::control::{check_bulk, Admission, KindChange, KindControl};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::model::EventRecord;
@@ -232,6 +232,36 @@ impl MemoryStore {
             .collect()
     }
 
+    /// What the operators' controls let a claim at `now` take: the active controls, with the
+    /// unexpired leases of each limited kind counted ([`OutboxRow::holds_lease`]).
+    fn admission(&self, now: Timestamp) -> Admission {
+        let mut admission = Admission::new(self.controls.values());
+        if admission.is_open() {
+            return admission;
+        }
+        let limited: BTreeSet<String> = admission.limited_kinds().map(str::to_owned).collect();
+        let mut leases: BTreeMap<&str, u64> = BTreeMap::new();
+        for row in self.unfinished.iter().filter_map(|id| self.outbox.get(id)) {
+            if limited.contains(&row.kind) && row.holds_lease(now) {
+                *leases.entry(&row.kind).or_default() += 1;
+            }
+        }
+        for (kind, count) in leases {
+            admission.leased(kind, count);
+        }
+        admission
+    }
+
+    /// The first `batch` dead commands of `kind`, in command ID order.
+    fn dead_ids(&self, kind: &str, batch: usize) -> Vec<CommandId> {
+        self.outbox
+            .values()
+            .filter(|row| row.status == Status::Dead && row.kind == kind)
+            .take(batch)
+            .map(|row| row.command_id.clone())
+            .collect()
+    }
+
     /// The claimable rows for `request` at `now`, in claim order.
     fn claimable(&self, request: &ClaimRequest, now: Timestamp) -> Vec<CommandId> {
         let mut due: Vec<&OutboxRow> = Vec::new();
@@ -361,12 +391,21 @@ impl Outbox for MemoryStore {
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
+        let mut admission = self.admission(now);
         let mut deliveries = Vec::new();
         for id in self.claimable(request, now) {
             if deliveries.len() == request.limit {
                 break;
             }
+            if !self
+                .outbox
+                .get(&id)
+                .is_some_and(|row| admission.admits(row))
+            {
+                continue;
+            }
             if let Some(delivery) = self.update(&id, now, |row| Ok(row.claim(request, now)))? {
+                admission.took(&delivery.kind);
                 deliveries.push(delivery);
             }
         }
@@ -507,6 +546,53 @@ impl Operations for MemoryStore {
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         Ok(self.controls.values().cloned().collect())
     }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error> {
+        let control = KindControl::change(self.controls.get(kind), kind, change, by, now)?;
+        self.controls.insert(control.kind.clone(), control.clone());
+        Ok(control)
+    }
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        Ok(self
+            .outbox
+            .values()
+            .filter(|row| row.status == Status::Dead && row.kind == kind)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let ids = self.dead_ids(kind, batch);
+        for id in &ids {
+            self.update(id, now, |row| row.retry(now))?;
+        }
+        Ok(ids)
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let ids = self.dead_ids(kind, batch);
+        for id in &ids {
+            self.update(id, now, |row| row.resolve(note, now))?;
+        }
+        Ok(ids)
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +689,41 @@ mod tests {
                 .seq,
             Seq::new(3).unwrap()
         );
+    }
+
+    #[test]
+    fn snapshots_keep_priorities_and_controls_and_version_1_still_reads() {
+        let mut store = MemoryStore::new();
+        let now = Timestamp::from_millis(10);
+        let decision = Decision::new().command(Command::new("mail", json!({})).priority(7));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            decision,
+            now,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        store
+            .control_kind("mail", crate::KindChange::Limit(2), "ops", now)
+            .unwrap();
+        let copy = MemoryStore::from_snapshot(&store.export_snapshot()).unwrap();
+        assert_eq!(
+            copy.kind_controls().unwrap(),
+            store.kind_controls().unwrap()
+        );
+        assert_eq!(copy.pending(10).unwrap()[0].priority, 7);
+
+        let version_1 = r#"{"format":"miniflow.memory-store","version":1,
+            "events":[{"workflow_id":"w","seq":1,"kind":"e","payload":null,"recorded_at":0}],
+            "outbox":[{"command_id":"w:1:0","kind":"k","payload":null,"status":"pending",
+                "attempts":0,"last_error":null,"available_at":0,"lease":null,"created_at":0,
+                "processed_at":null,"manual_retries":0,"resolution":null}],
+            "timers":[]}"#;
+        let old = MemoryStore::from_snapshot(version_1).unwrap();
+        assert_eq!(old.pending(10).unwrap()[0].priority, 0);
+        assert!(old.kind_controls().unwrap().is_empty());
     }
 
     #[test]

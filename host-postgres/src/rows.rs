@@ -17,7 +17,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested"
+         resolution, report_result, result, cancel_requested, priority"
     };
 }
 
@@ -102,6 +102,7 @@ pub(crate) mod col {
     pub(crate) const REPORT_RESULT: Col = Col(16, "report_result");
     pub(crate) const RESULT: Col = Col(17, "result");
     pub(crate) const CANCEL_REQUESTED: Col = Col(18, "cancel_requested");
+    pub(crate) const PRIORITY: Col = Col(19, "priority");
 }
 
 /// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
@@ -199,6 +200,7 @@ pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
         command_id: command_id(row)?,
         kind: get(row, col::KIND)?,
         payload: json(row, col::PAYLOAD)?,
+        priority: get(row, col::PRIORITY)?,
         status: get::<&str>(row, col::STATUS)?
             .parse()
             .map_err(|e| unreadable("status", e))?,
@@ -224,6 +226,7 @@ pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
         command_id: command_id(row).ok()?,
         kind: get(row, col::KIND).unwrap_or_default(),
         payload: serde_json::Value::Null,
+        priority: get(row, col::PRIORITY).unwrap_or_default(),
         status: get::<&str>(row, col::STATUS)
             .ok()
             .and_then(|status| status.parse().ok())

@@ -7,7 +7,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested"
+         resolution, report_result, result, cancel_requested, priority"
     };
 }
 
@@ -30,22 +30,32 @@ pub(super) const SELECT_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 pub(super) const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
-/// A claim reads its candidates in pages, in claim order, each page after the key `(?3, ?4, ?5, ?6)` of
-/// the last candidate it looked at (see [`claim_in`]).
+/// A claim reads its candidates in pages, in claim order ([`OutboxRow::claim_order`]): one priority
+/// (`?7`) at a time, each page after the key `(?3, ?4, ?5, ?6)` of the last candidate it looked at,
+/// leaving out the kinds the operators' controls exclude (`?8`, a JSON array; see [`claim_in`]).
 pub(super) const CLAIM_DUE_FIRST: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 \
+    "WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
      AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
+     AND kind NOT IN (SELECT value FROM json_each(?8)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
-pub(super) const ANY_COMMAND_DUE: &str =
-    "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
 pub(super) const CLAIM_STRICT: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 \
+    "WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
      AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
+     AND kind NOT IN (SELECT value FROM json_each(?8)) \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
          AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
 );
+/// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
+pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
+     WHERE processed_at IS NULL AND priority < ?1 ORDER BY priority DESC LIMIT 1";
+pub(super) const ANY_COMMAND_DUE: &str =
+    "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
+/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, a JSON array).
+pub(super) const ANY_COMMAND_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
+     WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND kind NOT IN (SELECT value FROM json_each(?2)))";
 
 /// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
 /// wrote that this one cannot parse): its column, and why.
@@ -312,6 +322,7 @@ pub(super) mod col {
     pub const REPORT_RESULT: usize = 16;
     pub const RESULT: usize = 17;
     pub const CANCEL_REQUESTED: usize = 18;
+    pub const PRIORITY: usize = 19;
 }
 
 pub(super) fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
@@ -384,6 +395,7 @@ pub(super) fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
         command_id: read_command_id(row)?,
         kind: row.get(col::KIND)?,
         payload: read_json(row, col::PAYLOAD)?,
+        priority: row.get(col::PRIORITY)?,
         status: read_text(row, col::STATUS)?
             .parse()
             .map_err(|e| unreadable(row, col::STATUS, e))?,

@@ -210,8 +210,8 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
         let mut insert_command = tx
             .prepare_cached(
                 "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                 available_at, created_at, report_result) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
+                 available_at, created_at, report_result, priority) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8)",
             )
             .map_err(storage)?;
         if let Some(timer_id) = commit.fires() {
@@ -228,6 +228,7 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
                     canonical_json(&row.payload),
                     to_sql_time("now", row.created_at)?,
                     row.report_result,
+                    row.priority,
                 ])
                 .map_err(storage)?;
         }
