@@ -203,7 +203,10 @@ pub fn paused_kinds_are_skipped_until_resumed<H: Harness>(h: &mut H) {
         (paused.changed_by.as_str(), paused.changed_at),
         ("alice", at(1))
     );
-    assert_eq!(store.kind_controls().unwrap(), std::slice::from_ref(&paused));
+    assert_eq!(
+        store.kind_controls().unwrap(),
+        std::slice::from_ref(&paused)
+    );
 
     // Past w2's lease: only the mails; w2:1:0 is neither taken over nor buried.
     let got = store.claim(&request(10), at(200)).unwrap();
