@@ -164,7 +164,7 @@ pub(super) fn dead_of_kind(
     ];
     while out.len() < limit_rows {
         let wanted = limit_rows - out.len();
-        let mut page = Vec::with_capacity(wanted);
+        let mut page = Vec::with_capacity(wanted.min(256));
         let [w, s, i] = &after;
         each_row(
             conn,
