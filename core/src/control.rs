@@ -10,6 +10,17 @@
 //!
 //! In strict per-workflow order a command of a paused or full kind still holds back the later
 //! commands of its workflow: order within a workflow comes before the controls.
+//!
+//! A lease that runs out frees its slot, whether or not its holder is still at work (as it lets
+//! another worker take the command over). A holder whose lease ran out and was not taken over may
+//! still extend it with a late heartbeat: a heartbeat never fails for a limit, so the kind can then
+//! hold one lease more than N until a delivery settles. Give limited kinds a lease TTL their
+//! heartbeats keep up with.
+//!
+//! What it costs: the claim order is one global order, so a claim walks past the due commands of
+//! the kinds it may not take that come before the ones it takes (an index walk on SQL stores, no
+//! row read); a paused kind with a large due backlog makes every claim walk it (see
+//! `benches/controls.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

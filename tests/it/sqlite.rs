@@ -306,6 +306,31 @@ fn idle_polling_does_not_take_the_write_lock() {
             .len(),
         1
     );
+    // Due commands of a paused kind, or of a limited kind with no slot left, are nothing to take:
+    // idle polls pass them by without the lock too.
+    let commit = Commit::new(
+        wid("w"),
+        Seq::new(1).unwrap(),
+        Event::new("e", json!({})),
+        Decision::new()
+            .command(Command::new("paused", json!({})))
+            .command(Command::new("full", json!({}))),
+        Timestamp::from_millis(10_000),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let now = Timestamp::from_millis(10_001);
+    store
+        .control_kind("paused", miniflow::KindChange::Pause, "test", now)
+        .unwrap();
+    store
+        .control_kind("full", miniflow::KindChange::Limit(1), "test", now)
+        .unwrap();
+    let one = miniflow::ClaimRequest::new("holder").limit(1);
+    assert_eq!(store.claim(&one, now).unwrap()[0].kind, "full");
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(poller.claim(&request, now).unwrap().is_empty());
+    holder.execute_batch("COMMIT").unwrap();
 }
 
 /// Six workers, each on its own connection to one file, claim a kind limited to 3 at once as fast as

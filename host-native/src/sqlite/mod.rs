@@ -102,6 +102,9 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
+    /// The last claim came back full: the next one goes straight to claiming, without asking first
+    /// whether anything is claimable (there most likely is).
+    busy: bool,
 }
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
@@ -146,7 +149,11 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            busy: false,
+        })
     }
 
     /// Opens the store at `path` to read it, and changes nothing: the file is opened with
@@ -195,7 +202,11 @@ impl SqliteStore {
                 ),
             ));
         }
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            busy: false,
+        })
     }
 
     /// Upgrades the store at `path` to [`SCHEMA_VERSION`] and returns the schema version it had. A store
@@ -376,12 +387,13 @@ impl Outbox for SqliteStore {
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        if !self.any_claimable(now)? {
+        if !self.busy && !self.any_claimable(now)? {
             return Ok(Vec::new());
         }
         let tx = self.write()?;
         let deliveries = claim_in(&tx, request, now)?;
         tx.commit().map_err(storage)?;
+        self.busy = deliveries.len() == request.limit;
         Ok(deliveries)
     }
     fn extend(
