@@ -136,6 +136,7 @@ pub(super) fn claim_in(
             },
         )?;
         let full_page = page.len() == wanted;
+        page.sort_by(|a, b| claim_key_order(&a.key, &b.key));
         for candidate in page {
             let (command, workflow) = candidate.identity();
             after = candidate.key;
@@ -169,6 +170,33 @@ pub(super) fn claim_in(
         }
     }
     Ok(deliveries)
+}
+
+/// The order of two candidates' keys `(available_at, workflow_id, event_seq, idx)` as SQLite sorts
+/// them: column by column, NULL before numbers before text before blobs.
+fn claim_key_order(a: &[SqlValue; 4], b: &[SqlValue; 4]) -> std::cmp::Ordering {
+    fn rank(value: &SqlValue) -> u8 {
+        match value {
+            SqlValue::Null => 0,
+            SqlValue::Integer(_) | SqlValue::Real(_) => 1,
+            SqlValue::Text(_) => 2,
+            SqlValue::Blob(_) => 3,
+        }
+    }
+    let column = |a: &SqlValue, b: &SqlValue| match (a, b) {
+        (SqlValue::Integer(a), SqlValue::Integer(b)) => a.cmp(b),
+        (SqlValue::Real(a), SqlValue::Real(b)) => a.total_cmp(b),
+        (SqlValue::Integer(a), SqlValue::Real(b)) => (*a as f64).total_cmp(b),
+        (SqlValue::Real(a), SqlValue::Integer(b)) => a.total_cmp(&(*b as f64)),
+        (SqlValue::Text(a), SqlValue::Text(b)) => a.as_bytes().cmp(b.as_bytes()),
+        (SqlValue::Blob(a), SqlValue::Blob(b)) => a.cmp(b),
+        (a, b) => rank(a).cmp(&rank(b)),
+    };
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| column(a, b))
+        .find(|order| order.is_ne())
+        .unwrap_or(std::cmp::Ordering::Equal)
 }
 
 /// The highest priority of an unfinished command below `below`, if any.

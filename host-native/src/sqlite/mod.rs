@@ -631,8 +631,8 @@ mod tests {
         let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
         for (name, sql, index) in [
             ("pending", SELECT_PENDING, "outbox_unfinished"),
-            ("claim", CLAIM_DUE_FIRST, "outbox_claim"),
-            ("strict claim", CLAIM_STRICT, "outbox_claim"),
+            ("claim", CLAIM_DUE_FIRST, "COVERING INDEX outbox_claim"),
+            ("strict claim", CLAIM_STRICT, "COVERING INDEX outbox_claim"),
             ("next priority", NEXT_PRIORITY, "outbox_claim"),
             (
                 "anything claimable",

@@ -30,22 +30,31 @@ pub(super) const SELECT_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 pub(super) const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
-/// A claim reads its candidates in pages, in claim order ([`OutboxRow::claim_order`]): one priority
-/// (`?7`) at a time, each page after the key `(?3, ?4, ?5, ?6)` of the last candidate it looked at,
-/// leaving out the kinds the operators' controls exclude (`?8`, a JSON array; see [`claim_in`]).
-pub(super) const CLAIM_DUE_FIRST: &str = select_rows!(
-    "WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
-     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
-     AND kind NOT IN (SELECT value FROM json_each(?8)) \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
-);
-pub(super) const CLAIM_STRICT: &str = select_rows!(
-    "WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
-     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
-     AND kind NOT IN (SELECT value FROM json_each(?8)) \
-     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
-         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
+/// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
+/// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
+/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at; leaving out the kinds the operators'
+/// controls exclude, `?8`, a JSON array), then their rows by primary key. Reading the keys first
+/// keeps the walk past excluded kinds in the index, without a row read per step. The page comes in
+/// no promised order: [`claim_in`] sorts it by its keys.
+macro_rules! claim_page {
+    ($strict:literal) => {
+        concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM (SELECT workflow_id, event_seq, idx FROM outbox c \
+             WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
+             AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
+             AND kind NOT IN (SELECT value FROM json_each(?8)) ",
+            $strict,
+            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
+             JOIN outbox o USING (workflow_id, event_seq, idx)"
+        )
+    };
+}
+pub(super) const CLAIM_DUE_FIRST: &str = claim_page!("");
+pub(super) const CLAIM_STRICT: &str = claim_page!(
+    "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = c.workflow_id \
+     AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (c.event_seq, c.idx)) "
 );
 /// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
 pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
