@@ -1530,6 +1530,8 @@ impl Operations for PostgresStore {
         let clock = self.clock(&mut db, now)?;
         crate::controls::outbox_stats(&mut db, clock)
     }
+    /// Times as stored: in the database's clock with [`PostgresOptions::database_clock`] (there
+    /// is no caller's `now` to translate them by; [`Operations::stats`] translates them).
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         let mut connection = self.shared.connection()?;
         crate::controls::read_controls(
