@@ -91,10 +91,7 @@ pub(super) fn claim_in(
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<Delivery>, Error> {
-    let sql = match request.order {
-        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
-        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-    };
+    let strict = request.order == ClaimOrder::StrictPerWorkflow;
     let now_sql = to_sql_time("now", now)?;
     let mut admission = admission(tx, now)?;
     const FIRST: [SqlValue; 4] = [
@@ -115,19 +112,23 @@ pub(super) fn claim_in(
         let wanted = request.limit - deliveries.len();
         let mut page = Vec::with_capacity(wanted);
         let [a, w, s, i] = &after;
+        let wanted_sql = limit(wanted);
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&now_sql, &wanted_sql, a, w, s, i, &level];
+        let excluded = excluded(&admission);
+        let sql = match (&excluded, strict) {
+            (None, false) => CLAIM_DUE_FIRST,
+            (None, true) => CLAIM_STRICT,
+            (Some(_), false) => CLAIM_DUE_FIRST_EXCLUDING,
+            (Some(_), true) => CLAIM_STRICT_EXCLUDING,
+        };
+        if let Some((first, rest)) = &excluded {
+            args.push(first);
+            args.push(rest);
+        }
         each_row(
             tx,
             sql,
-            params![
-                now_sql,
-                limit(wanted),
-                a,
-                w,
-                s,
-                i,
-                level,
-                excluded(&admission)
-            ],
+            args.as_slice(),
             Candidate::read,
             |_| String::new(),
             |candidate| {

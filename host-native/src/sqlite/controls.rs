@@ -38,9 +38,13 @@ pub(super) fn admission(conn: &Connection, now: Timestamp) -> Result<Admission, 
     Ok(admission)
 }
 
-/// The kinds `admission` excludes, as the JSON array the claim queries take.
-pub(super) fn excluded(admission: &Admission) -> String {
-    serde_json::to_string(&admission.excluded()).unwrap_or_else(|_| "[]".to_owned())
+/// The kinds `admission` excludes as the claim queries take them: the first, and the others as a
+/// JSON array; `None` when it excludes none.
+pub(super) fn excluded(admission: &Admission) -> Option<(String, String)> {
+    let excluded = admission.excluded();
+    let (first, rest) = excluded.split_first()?;
+    let rest = serde_json::to_string(rest).unwrap_or_else(|_| "[]".to_owned());
+    Some(((*first).to_owned(), rest))
 }
 
 /// A stored text as it reads, whatever it holds: stats count a damaged row rather than fail on it.

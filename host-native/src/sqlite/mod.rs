@@ -254,15 +254,13 @@ impl SqliteStore {
     /// lock only when there is something to take.
     fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
         let admission = admission(&self.conn, now)?;
-        if admission.is_open() {
+        let Some((first, rest)) = excluded(&admission) else {
             return self.any_due(ANY_COMMAND_DUE, now);
-        }
+        };
         let now = to_sql_time("now", now)?;
         self.conn
             .prepare_cached(ANY_COMMAND_CLAIMABLE)
-            .and_then(|mut stmt| {
-                stmt.query_row(params![now, excluded(&admission)], |row| row.get(0))
-            })
+            .and_then(|mut stmt| stmt.query_row(params![now, first, rest], |row| row.get(0)))
             .map_err(storage)
     }
 
@@ -633,6 +631,16 @@ mod tests {
             ("pending", SELECT_PENDING, "outbox_unfinished"),
             ("claim", CLAIM_DUE_FIRST, "COVERING INDEX outbox_claim"),
             ("strict claim", CLAIM_STRICT, "COVERING INDEX outbox_claim"),
+            (
+                "claim leaving kinds out",
+                CLAIM_DUE_FIRST_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
+            (
+                "strict claim leaving kinds out",
+                CLAIM_STRICT_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
             ("next priority", NEXT_PRIORITY, "outbox_claim"),
             (
                 "anything claimable",

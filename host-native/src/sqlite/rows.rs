@@ -32,39 +32,53 @@ pub(super) const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
 /// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
 /// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
-/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at; leaving out the kinds the operators'
-/// controls exclude, `?8`, a JSON array), then their rows by primary key. Reading the keys first
-/// keeps the walk past excluded kinds in the index, without a row read per step. The page comes in
-/// no promised order: [`claim_in`] sorts it by its keys.
+/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by primary key.
+/// Reading the keys first keeps the walk past excluded kinds in the index, without a row read per
+/// step. The page comes in no promised order: [`claim_in`] sorts it by its keys.
 macro_rules! claim_page {
-    ($strict:literal) => {
+    ($filter:expr, $strict:expr) => {
         concat!(
             "SELECT ",
             row_columns!(),
             " FROM (SELECT workflow_id, event_seq, idx FROM outbox c \
              WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
-             AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
-             AND kind NOT IN (SELECT value FROM json_each(?8)) ",
+             AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) ",
+            $filter,
             $strict,
             "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
              JOIN outbox o USING (workflow_id, event_seq, idx)"
         )
     };
 }
-pub(super) const CLAIM_DUE_FIRST: &str = claim_page!("");
-pub(super) const CLAIM_STRICT: &str = claim_page!(
-    "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = c.workflow_id \
-     AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (c.event_seq, c.idx)) "
-);
+/// Leaves out the kinds the operators' controls exclude: `?8`, and those of the JSON array `?9`
+/// (one kind is the common case, and a plain comparison is cheaper than a lookup per row).
+macro_rules! excluding {
+    () => {
+        "AND kind <> ?8 AND kind NOT IN (SELECT value FROM json_each(?9)) "
+    };
+}
+macro_rules! strict {
+    () => {
+        "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = c.workflow_id \
+         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (c.event_seq, c.idx)) "
+    };
+}
+/// A claim page when no control excludes a kind (the common case: no filter at all).
+pub(super) const CLAIM_DUE_FIRST: &str = claim_page!("", "");
+pub(super) const CLAIM_STRICT: &str = claim_page!("", strict!());
+/// A claim page leaving out excluded kinds.
+pub(super) const CLAIM_DUE_FIRST_EXCLUDING: &str = claim_page!(excluding!(), "");
+pub(super) const CLAIM_STRICT_EXCLUDING: &str = claim_page!(excluding!(), strict!());
 /// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
 pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
      WHERE processed_at IS NULL AND priority < ?1 ORDER BY priority DESC LIMIT 1";
 pub(super) const ANY_COMMAND_DUE: &str =
     "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
-/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, a JSON array).
+/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, and those of the JSON
+/// array `?3`).
 pub(super) const ANY_COMMAND_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
      WHERE processed_at IS NULL AND available_at <= ?1 \
-     AND kind NOT IN (SELECT value FROM json_each(?2)))";
+     AND kind <> ?2 AND kind NOT IN (SELECT value FROM json_each(?3)))";
 
 /// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
 /// wrote that this one cannot parse): its column, and why.
