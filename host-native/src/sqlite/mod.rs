@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, KindControl, Lease, OutboxRow,
-    OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, TraceContext,
-    Workflow, WorkflowId,
+    canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimOrder, ClaimRequest,
+    CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled,
+    KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status,
+    TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -103,6 +103,9 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
+    /// The last claim came back full: the next one goes straight to claiming, without asking first
+    /// whether anything is claimable (there most likely is).
+    busy: bool,
 }
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
@@ -147,7 +150,11 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            busy: false,
+        })
     }
 
     /// Opens the store at `path` to read it, and changes nothing: the file is opened with
@@ -196,7 +203,11 @@ impl SqliteStore {
                 ),
             ));
         }
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            busy: false,
+        })
     }
 
     /// Upgrades the store at `path` to [`SCHEMA_VERSION`] and returns the schema version it had. A store
@@ -236,6 +247,21 @@ impl SqliteStore {
         self.conn
             .prepare_cached(sql)
             .and_then(|mut stmt| stmt.query_row([now], |row| row.get(0)))
+            .map_err(storage)
+    }
+
+    /// Whether a claim at `now` may find anything: a due command of a kind the operators' controls
+    /// do not exclude. Idle workers poll with it outside any transaction, so they take the write
+    /// lock only when there is something to take.
+    fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
+        let admission = admission(&self.conn, now)?;
+        let Some((first, rest)) = excluded(&admission) else {
+            return self.any_due(ANY_COMMAND_DUE, now);
+        };
+        let now = to_sql_time("now", now)?;
+        self.conn
+            .prepare_cached(ANY_COMMAND_CLAIMABLE)
+            .and_then(|mut stmt| stmt.query_row(params![now, first, rest], |row| row.get(0)))
             .map_err(storage)
     }
 
@@ -369,12 +395,13 @@ impl Outbox for SqliteStore {
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        if !self.any_due(ANY_COMMAND_DUE, now)? {
+        if !self.busy && !self.any_claimable(now)? {
             return Ok(Vec::new());
         }
         let tx = self.write()?;
         let deliveries = claim_in(&tx, request, now)?;
         tx.commit().map_err(storage)?;
+        self.busy = deliveries.len() == request.limit;
         Ok(deliveries)
     }
     fn extend(
@@ -560,6 +587,47 @@ impl Operations for SqliteStore {
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         read_controls(&self.conn, SELECT_CONTROLS)
     }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error> {
+        let tx = self.write()?;
+        let control = control_kind_in(&tx, kind, change, by, now)?;
+        tx.commit().map_err(storage)?;
+        Ok(control)
+    }
+    /// Skips rows that cannot be read (DESIGN rule 13).
+    fn dead_letters_of_kind(&self, kind: &str, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        dead_of_kind(&self.conn, kind, limit_rows)
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let tx = self.write()?;
+        let ids = change_dead_of_kind(&tx, kind, batch, now, |row| row.retry(now))?;
+        tx.commit().map_err(storage)?;
+        Ok(ids)
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let tx = self.write()?;
+        let ids = change_dead_of_kind(&tx, kind, batch, now, |row| row.resolve(note, now))?;
+        tx.commit().map_err(storage)?;
+        Ok(ids)
+    }
 }
 
 #[cfg(test)]
@@ -574,8 +642,29 @@ mod tests {
         let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
         for (name, sql, index) in [
             ("pending", SELECT_PENDING, "outbox_unfinished"),
-            ("claim", CLAIM_DUE_FIRST, "outbox_due"),
-            ("strict claim", CLAIM_STRICT, "outbox_due"),
+            ("claim", CLAIM_DUE_FIRST, "COVERING INDEX outbox_claim"),
+            ("strict claim", CLAIM_STRICT, "COVERING INDEX outbox_claim"),
+            (
+                "claim leaving kinds out",
+                CLAIM_DUE_FIRST_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
+            (
+                "strict claim leaving kinds out",
+                CLAIM_STRICT_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
+            ("next priority", NEXT_PRIORITY, "outbox_claim"),
+            (
+                "anything claimable",
+                ANY_COMMAND_CLAIMABLE,
+                "COVERING INDEX outbox_due",
+            ),
+            (
+                "leases of a kind",
+                COUNT_LEASES,
+                "COVERING INDEX outbox_leased",
+            ),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "PRIMARY KEY"),
             ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
