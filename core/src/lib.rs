@@ -98,7 +98,7 @@ pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
     COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
-pub use control::{Admission, KindChange, KindControl};
+pub use control::{check_bulk, Admission, KindChange, KindControl, MAX_BULK_BATCH};
 pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
