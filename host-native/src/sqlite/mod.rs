@@ -527,11 +527,12 @@ impl Outbox for SqliteStore {
             });
         }
         request.validate()?;
-        let (acks, request) = (self.with_keys(acks), request.clone());
+        let (acks, limit, request) = (self.with_keys(acks), request.limit, request.clone());
         let (completed, claimed) = self.write(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
             Ok((completed, claim_in(tx, &request, now)?))
         })?;
+        self.busy = claimed.len() == limit;
         Ok(Handover {
             completed,
             claimed: Ok(self.remember(claimed)),
