@@ -8,7 +8,8 @@ pub use miniflow_core::*;
 pub use miniflow_native::{
     cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, Listing,
     OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, SqliteIdempotencyStore,
-    SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, SCHEMA_VERSION,
+    SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, Writer,
+    SCHEMA_VERSION,
 };
 
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).

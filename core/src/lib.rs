@@ -81,6 +81,7 @@ mod limits;
 mod memory;
 mod model;
 mod outbox;
+mod retention;
 mod retry;
 mod schedule;
 mod stats;
@@ -114,10 +115,13 @@ pub use outbox::{
     Cancelled, Changed, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow,
     Settled, Status, MAX_ERROR_LEN,
 };
+pub use retention::{
+    command_is_settled, finished_at, is_retirable, last_recorded_at, retired, timer_is_settled,
+};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
-pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
+pub use store::{Ack, Commit, EventLog, Handover, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};

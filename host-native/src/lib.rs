@@ -40,6 +40,7 @@ mod dispatcher;
 mod idempotency;
 mod sqlite;
 mod telemetry;
+mod writer;
 
 pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
 
@@ -56,3 +57,4 @@ pub use rusqlite;
 pub use sqlite::{
     Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand, SCHEMA_VERSION,
 };
+pub use writer::Writer;

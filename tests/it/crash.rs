@@ -19,7 +19,7 @@
 //! The random sample prints its seed; `MINIFLOW_CRASH_SEED=<seed>` replays it, and
 //! `MINIFLOW_CRASH_ROUNDS=<n>` runs a longer soak.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -39,7 +39,8 @@ use miniflow::{
 
 use crate::child;
 use crate::delivery::{
-    check_invariants, produce, run_workers, work_left, worker_settings, CrashPoint, Receiver,
+    check_invariants, kill_inside_commit, produce, run_workers, work_left, worker_settings,
+    CrashPoint, Mark, Receiver,
 };
 
 const ORDERS: usize = 40; // × 5 commands
@@ -219,10 +220,7 @@ impl Workflow for Legs {
                         .report_result()
                 })
                 .fold(Decision::new(), Decision::command),
-            COMMAND_COMPLETED => {
-                FIRING_A_RESULT.with(|mark| mark.set(true));
-                Decision::none()
-            }
+            COMMAND_COMPLETED => Decision::none(),
             _ => Decision::none(),
         }
     }
@@ -281,33 +279,14 @@ impl ResultCrash {
     }
 }
 
-thread_local! {
-    /// Set on a worker thread when its handler has done an effect: the next commit of the thread's
-    /// store is the ack (acks are the only writes a worker makes between its deliveries).
-    static ACK_DUE: Cell<bool> = const { Cell::new(false) };
-    /// Set while this thread decides on a `command_completed` event: the next commit fires it.
-    static FIRING_A_RESULT: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Arms a SIGKILL of this process inside the `nth` commit marked by `marker` (counted across every
-/// connection sharing `commits`). A transaction rolled back instead clears the mark.
-fn kill_inside_marked_commit(
-    conn: &Connection,
-    marker: &'static std::thread::LocalKey<Cell<bool>>,
-    nth: u64,
-    commits: Arc<AtomicU64>,
-) {
-    conn.rollback_hook(Some(move || marker.with(|mark| mark.set(false))))
-        .unwrap();
-    conn.commit_hook(Some(move || {
-        let marked = marker.with(|mark| mark.replace(false));
-        if marked && commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
-            child::kill_self();
-        }
-        false // go on with the commit
-    }))
-    .unwrap();
-}
+/// A commit that acknowledges a command and schedules its `command_completed`.
+const ACK_WITH_RESULT: Mark =
+    Some("AFTER INSERT ON main.timers WHEN NEW.event_kind = 'command_completed'");
+/// A commit that fires a `command_completed` event into its workflow.
+const FIRING_A_RESULT: Mark = Some(
+    "AFTER UPDATE OF status ON main.timers \
+     WHEN NEW.status = 'fired' AND NEW.event_kind = 'command_completed'",
+);
 
 thread_local! {
     static RESULT_RECEIVER: RefCell<Option<Receiver>> = const { RefCell::new(None) };
@@ -330,7 +309,6 @@ fn deliver_results(db: &Path, receiver: &Path, crash: Option<ResultCrash>) {
         if matches!(crash, Some(ResultCrash::AfterEffect(at)) if at == n) {
             child::kill_self();
         }
-        ACK_DUE.with(|mark| mark.set(true));
         Outcome::done_with(json!({ "reference": reference }))
     };
     let path = db.to_path_buf();
@@ -338,14 +316,11 @@ fn deliver_results(db: &Path, receiver: &Path, crash: Option<ResultCrash>) {
         let store = SqliteStore::open(&path)?;
         match crash {
             Some(ResultCrash::InsideAck(nth)) => {
-                kill_inside_marked_commit(store.connection(), &ACK_DUE, nth, commits.clone())
+                kill_inside_commit(&store, nth, ACK_WITH_RESULT, commits.clone())
             }
-            Some(ResultCrash::InsideFeedback(nth)) => kill_inside_marked_commit(
-                store.connection(),
-                &FIRING_A_RESULT,
-                nth,
-                commits.clone(),
-            ),
+            Some(ResultCrash::InsideFeedback(nth)) => {
+                kill_inside_commit(&store, nth, FIRING_A_RESULT, commits.clone())
+            }
             _ => {}
         }
         Ok(store)
@@ -533,7 +508,7 @@ fn workers_killed_around_an_ack_with_a_result_feed_it_back_exactly_once() {
         ResultCrash::AfterEffect(1), // the receiver did it, the ack never came
         ResultCrash::AfterEffect(29),
         ResultCrash::InsideAck(1), // the ack and its scheduled feedback, half-committed
-        ResultCrash::InsideAck(5),
+        ResultCrash::InsideAck(3), // a later one: acks of both workers may share a commit
         ResultCrash::InsideFeedback(1), // the result half-fired into its workflow
         ResultCrash::InsideFeedback(13),
     ];
@@ -971,6 +946,6 @@ fn child_schedule_firer() {
     }
     let mut store = SqliteStore::open(child::setting("MINIFLOW_DB")).unwrap();
     let nth = child::setting("MINIFLOW_CRASH_AT").parse().unwrap();
-    crate::delivery::kill_inside_commit(&store, nth, false, Arc::new(AtomicU64::new(0)));
+    kill_inside_commit(&store, nth, None, Arc::new(AtomicU64::new(0)));
     fire_ticks(&mut store);
 }

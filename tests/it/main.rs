@@ -12,8 +12,10 @@ mod examples;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod receiver;
+mod retention;
 mod simulation;
 mod sqlite;
 mod telemetry;
 mod transactions;
 mod unreadable;
+mod writer;

@@ -2,11 +2,12 @@
 
 use super::*;
 
-/// A command a claim looked at: its key in claim order, and its row, or what the claim needs to bury
-/// a row that cannot be read.
+/// A command a claim looked at: its key in claim order, its row's integer key, and its row, or what
+/// the claim needs to bury a row that cannot be read.
 pub(super) struct Candidate {
     /// `(available_at, workflow_id, event_seq, idx)` as stored.
     pub(super) key: [SqlValue; 4],
+    pub(super) id: i64,
     pub(super) row: Result<OutboxRow, Unclaimable>,
 }
 
@@ -25,6 +26,7 @@ impl Candidate {
             col::IDX,
         ]
         .map(|column| row.get::<_, SqlValue>(column).unwrap_or(SqlValue::Null));
+        let id = row.get(col::ID)?;
         let row = match read_outbox_row(row) {
             Ok(outbox_row) => Ok(outbox_row),
             Err(e) => Err(Unclaimable {
@@ -35,17 +37,15 @@ impl Candidate {
                 salvaged: salvage(row),
             }),
         };
-        Ok(Self { key, row })
+        Ok(Self { key, id, row })
     }
 
-    /// The command and its workflow as stored, to recognise a candidate seen before.
-    pub(super) fn identity(&self) -> (String, String) {
-        let [_, workflow_id, event_seq, idx] = &self.key;
-        let workflow_id = match workflow_id {
+    /// The workflow as stored, to recognise a workflow seen before.
+    pub(super) fn workflow(&self) -> String {
+        match &self.key[1] {
             SqlValue::Text(text) => text.clone(),
             other => format!("{other:?}"),
-        };
-        (format!("{workflow_id}:{event_seq:?}:{idx:?}"), workflow_id)
+        }
     }
 }
 
@@ -87,11 +87,13 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
 /// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
 /// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
 /// candidate it looked at, then at the next lower priority.
+///
+/// Each delivery comes with its row's integer key, for the ack.
 pub(super) fn claim_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     request: &ClaimRequest,
     now: Timestamp,
-) -> Result<Vec<Delivery>, Error> {
+) -> Result<Vec<(i64, Delivery)>, Error> {
     let strict = request.order == ClaimOrder::StrictPerWorkflow;
     let now_sql = to_sql_time("now", now)?;
     let mut admission = admission(tx, now)?;
@@ -106,7 +108,7 @@ pub(super) fn claim_in(
     // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
     // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
     // candidate when the claim began, so neither is taken now.
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<i64> = HashSet::new();
     let mut seen_workflows: HashSet<String> = HashSet::new();
     let mut deliveries = Vec::new();
     while let Some(level) = priority.filter(|_| deliveries.len() < request.limit) {
@@ -140,12 +142,11 @@ pub(super) fn claim_in(
         let full_page = page.len() == wanted;
         page.sort_by(|a, b| claim_key_order(&a.key, &b.key));
         for candidate in page {
-            let (command, workflow) = candidate.identity();
-            after = candidate.key;
             let first_look = match request.order {
-                ClaimOrder::DueFirst => seen.insert(command),
-                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+                ClaimOrder::DueFirst => seen.insert(candidate.id),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(candidate.workflow()),
             };
+            after = candidate.key;
             if !first_look {
                 continue;
             }
@@ -153,17 +154,17 @@ pub(super) fn claim_in(
                 // Its kind ran out of slots earlier in this page.
                 Ok(row) if !admission.admits(&row) => {}
                 Ok(row) => {
-                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
-                    match &changed.value {
+                    let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
+                    match changed.value.take() {
                         Some(delivery) => {
-                            write_lease(tx, &changed.row)?;
+                            write_lease(tx, candidate.id, &changed.row)?;
                             admission.took(&delivery.kind);
-                            deliveries.push(delivery.clone());
+                            deliveries.push((candidate.id, delivery));
                         }
                         None => write_change(tx, &changed)?,
                     }
                 }
-                Err(unclaimable) => bury_unreadable(tx, &after, unclaimable, now)?,
+                Err(unclaimable) => bury_unreadable(tx, candidate.id, unclaimable, now)?,
             }
         }
         if !full_page {
@@ -202,7 +203,7 @@ fn claim_key_order(a: &[SqlValue; 4], b: &[SqlValue; 4]) -> std::cmp::Ordering {
 }
 
 /// The highest priority of an unfinished command below `below`, if any.
-fn next_priority(tx: &Transaction<'_>, below: i64) -> Result<Option<i64>, Error> {
+fn next_priority(tx: &Connection, below: i64) -> Result<Option<i64>, Error> {
     let mut stmt = tx.prepare_cached(NEXT_PRIORITY).map_err(storage)?;
     let mut rows = stmt.query([below]).map_err(storage)?;
     match rows.next().map_err(storage)? {
@@ -216,8 +217,8 @@ fn next_priority(tx: &Transaction<'_>, below: i64) -> Result<Option<i64>, Error>
 /// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
 /// that could be read. Its other columns stay as they are, for whoever repairs it.
 pub(super) fn bury_unreadable(
-    tx: &Transaction<'_>,
-    key: &[SqlValue; 4],
+    tx: &Connection,
+    id: i64,
     unclaimable: Unclaimable,
     now: Timestamp,
 ) -> Result<(), Error> {
@@ -225,7 +226,6 @@ pub(super) fn bury_unreadable(
         "the stored command could not be read: {}",
         unclaimable.why.why
     );
-    let [_, workflow_id, event_seq, idx] = key;
     let processed_at = to_sql_time("now", now)?;
     // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
     // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
@@ -240,19 +240,9 @@ pub(super) fn bury_unreadable(
         None => (Status::Dead, Some(reason), None),
     };
     tx.prepare_cached(
-        "UPDATE outbox SET status = ?4, last_error = ?5, processed_at = ?6 \
-         WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+        "UPDATE outbox SET status = ?2, last_error = ?3, processed_at = ?4 WHERE id = ?1",
     )
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            workflow_id,
-            event_seq,
-            idx,
-            status.as_str(),
-            last_error,
-            processed_at
-        ])
-    })
+    .and_then(|mut stmt| stmt.execute(params![id, status.as_str(), last_error, processed_at]))
     .map_err(storage)?;
     match feedback {
         // A count of manual retries that could not be read may name a failure already reported.

@@ -1,7 +1,7 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -10,23 +10,30 @@ use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimOrder, ClaimRequest,
     CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled,
-    KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status,
-    TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    Handover, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled,
+    Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    TransactionBehavior,
+};
 use rusqlite_migration::{Migrations, M};
+
+use crate::writer::{made_work, Writer};
 
 #[macro_use]
 mod rows;
 mod claim;
 mod controls;
+mod retention;
 mod schema;
 mod timers;
 mod writes;
 
 use self::claim::*;
 use self::controls::*;
+use self::retention::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
 pub(crate) use self::schema::open_connection;
@@ -43,13 +50,14 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
     include_str!("../../migrations/0005_operator_controls.sql"),
     include_str!("../../migrations/0006_trace_context.sql"),
+    include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
 ];
 
 /// The newest schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// How a commit reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Synchronous {
     /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
     #[default]
@@ -81,8 +89,10 @@ impl Default for SqliteOptions {
 
 /// The miniflow [`Store`] on a SQLite file (WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` writes).
 ///
-/// One `SqliteStore` is one connection. Open one per thread or process; they coordinate through the
-/// file, and every write is one short `BEGIN IMMEDIATE` transaction.
+/// A `SqliteStore` reads on a connection of its own and writes through the process's [`Writer`] of
+/// its file: every store of one file in a process shares that one writer thread, which commits what
+/// arrives together in one transaction (each caller answered once its write is durable). Open one
+/// store per thread; processes coordinate through the file.
 ///
 /// ```
 /// use miniflow_core::prelude::*;
@@ -101,12 +111,22 @@ impl Default for SqliteOptions {
 /// ```
 #[derive(Debug)]
 pub struct SqliteStore {
+    /// Reads; and the writes of a read-only store, which fail.
     conn: Connection,
     path: PathBuf,
+    /// Where writes go; `None` for a read-only store.
+    writer: Option<Writer>,
+    /// The row keys of the commands this store claimed and has not settled: an ack reaches its row
+    /// by its key.
+    claimed: HashMap<CommandId, i64>,
     /// The last claim came back full: the next one goes straight to claiming, without asking first
     /// whether anything is claimable (there most likely is).
     busy: bool,
 }
+
+/// The most row keys a store remembers: past it, it forgets them (acks then look rows up by
+/// command ID), so that a caller who never settles what it claimed does not grow the map.
+const MAX_REMEMBERED: usize = 1 << 16;
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
 pub(crate) fn storage(e: rusqlite::Error) -> Error {
@@ -134,6 +154,10 @@ impl SqliteStore {
     /// a URI: `file:flow.db` is the file of that name. To look at a store without changing it, use
     /// [`SqliteStore::open_read_only`].
     ///
+    /// A store of an older schema is upgraded first. A file written before schema version 7 is also
+    /// rebuilt once (`VACUUM`), so that it gives the pages retention frees back to the file system:
+    /// that holds the write lock for as long as the copy takes and needs free disk space for it.
+    ///
     /// # Errors
     ///
     /// [`Error::UnsupportedSchema`] when the file was written by a newer miniflow (it is left as it is);
@@ -150,9 +174,12 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
+        let writer = Writer::open_with(&path, options)?;
         Ok(Self {
             conn,
             path,
+            writer: Some(writer),
+            claimed: HashMap::new(),
             busy: false,
         })
     }
@@ -206,6 +233,8 @@ impl SqliteStore {
         Ok(Self {
             conn,
             path,
+            writer: None,
+            claimed: HashMap::new(),
             busy: false,
         })
     }
@@ -234,10 +263,16 @@ impl SqliteStore {
         &self.path
     }
 
-    /// The underlying connection, for diagnostics and tests. Writing through it bypasses every rule
-    /// miniflow keeps.
+    /// The connection the store reads on, for diagnostics and tests. Writing through it bypasses
+    /// every rule miniflow keeps (and the writer: it waits for SQLite's lock like another process).
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The writer thread the store writes through (`None` for a read-only store): to write rows of
+    /// your own in its transactions ([`Writer::run`]), or to wait for new work.
+    pub fn writer(&self) -> Option<&Writer> {
+        self.writer.as_ref()
     }
 
     /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
@@ -265,10 +300,23 @@ impl SqliteStore {
             .map_err(storage)
     }
 
-    fn write(&mut self) -> Result<Transaction<'_>, Error> {
-        self.conn
+    /// Runs `work` in one durable write transaction: through the writer, or for a read-only store
+    /// on its own connection (where it fails).
+    fn write<R, W>(&mut self, work: W) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
+        if let Some(writer) = &self.writer {
+            return writer.run(work);
+        }
+        let tx = self
+            .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(storage)
+            .map_err(storage)?;
+        let value = work(&tx)?;
+        tx.commit().map_err(storage)?;
+        Ok(value)
     }
 
     /// Writes `commit` inside the caller's own transaction `tx`, so the caller's rows (an `orders`
@@ -312,7 +360,8 @@ impl SqliteStore {
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
         let span = crate::telemetry::send_span(commit);
         let _send = span.enter();
-        let result = in_savepoint(tx, |conn| write_commit(conn, commit));
+        let json = CommitJson::of(commit);
+        let result = in_savepoint(tx, |conn| write_commit(conn, commit, &json));
         crate::telemetry::committed(&span, &result);
         result
     }
@@ -338,22 +387,45 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
-    /// Applies `change` to one row inside one `BEGIN IMMEDIATE` transaction; an error rolls it back.
-    /// The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
-    fn update<T>(
+    /// Remembers the row keys of `claimed`, and returns its deliveries.
+    fn remember(&mut self, claimed: Vec<(i64, Delivery)>) -> Vec<Delivery> {
+        if self.claimed.len() + claimed.len() > MAX_REMEMBERED {
+            self.claimed.clear();
+        }
+        claimed
+            .into_iter()
+            .map(|(key, delivery)| {
+                self.claimed.insert(delivery.command_id.clone(), key);
+                delivery
+            })
+            .collect()
+    }
+
+    /// `acks` with the row keys this store remembers of them, which it forgets.
+    fn with_keys(&mut self, acks: Vec<Ack>) -> Vec<(Ack, Option<i64>)> {
+        acks.into_iter()
+            .map(|ack| {
+                let key = self.claimed.remove(&ack.command_id);
+                (ack, key)
+            })
+            .collect()
+    }
+
+    /// Applies `change` to one row inside one write transaction; an error rolls it back. The rules
+    /// themselves live in [`OutboxRow`]'s methods, shared with every store.
+    fn update<T: Send + 'static>(
         &mut self,
         command_id: &CommandId,
         now: Timestamp,
-        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        let tx = self.write()?;
-        let row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
-            command_id: command_id.clone(),
-        })?;
-        let changed = row.change(now, change)?;
-        write_change(&tx, &changed)?;
-        tx.commit().map_err(storage)?;
-        Ok(changed.value)
+        let command_id = command_id.clone();
+        self.write(move |tx| {
+            let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
+            let changed = row.into_change(now, change)?;
+            write_change(tx, &changed)?;
+            Ok(changed.value)
+        })
     }
 }
 
@@ -361,13 +433,18 @@ impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
     }
+    /// The payloads are written out on the caller's thread, and the commit goes back to it to be
+    /// dropped there: the writer thread, which every caller waits for, does only the SQL.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         let span = crate::telemetry::send_span(commit);
         let _send = span.enter();
-        let result = self.write().and_then(|tx| {
-            write_commit(&tx, commit)?;
-            tx.commit().map_err(storage)
-        });
+        let (commit, json) = (commit.clone(), CommitJson::of(commit));
+        let result = self
+            .write(move |tx| {
+                write_commit(tx, &commit, &json)?;
+                Ok((commit, json))
+            })
+            .map(drop);
         crate::telemetry::committed(&span, &result);
         result
     }
@@ -391,18 +468,17 @@ impl Outbox for SqliteStore {
         query_rows(&self.conn, SELECT_WORKFLOW, [workflow_id.as_str()])
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.mark_done(now))
+        self.update(command_id, now, move |row| row.mark_done(now))
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         if !self.busy && !self.any_claimable(now)? {
             return Ok(Vec::new());
         }
-        let tx = self.write()?;
-        let deliveries = claim_in(&tx, request, now)?;
-        tx.commit().map_err(storage)?;
-        self.busy = deliveries.len() == request.limit;
-        Ok(deliveries)
+        let (limit, request) = (request.limit, request.clone());
+        let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        self.busy = claimed.len() == limit;
+        Ok(self.remember(claimed))
     }
     fn extend(
         &mut self,
@@ -411,10 +487,11 @@ impl Outbox for SqliteStore {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Extended, Error> {
-        self.update(command_id, now, |row| row.extend(token, ttl, now))
+        self.update(command_id, now, move |row| row.extend(token, ttl, now))
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.release(token, now))
+        self.claimed.remove(command_id);
+        self.update(command_id, now, move |row| row.release(token, now))
     }
     fn complete(
         &mut self,
@@ -423,28 +500,47 @@ impl Outbox for SqliteStore {
         result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let tx = self.write()?;
-        complete_in(&tx, command_id, token, result, now)?;
-        tx.commit().map_err(storage)
+        let key = self.claimed.remove(command_id);
+        let (command_id, result) = (command_id.clone(), result.cloned());
+        self.write(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
     }
-    /// All acks in one `BEGIN IMMEDIATE` transaction: one fsync for the batch. The results are returned
-    /// only after the commit, so a reported completion is durable.
+    /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
+    /// groups with it). The results are returned only after the commit, so a reported completion is
+    /// durable.
     fn complete_all(
         &mut self,
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let tx = self.write()?;
-        let mut results = Vec::with_capacity(acks.len());
-        for ack in acks {
-            let completed = complete_in(&tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
-            results.push(match completed {
-                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
-                other => other,
+        let acks = self.with_keys(acks.to_vec());
+        self.write(move |tx| complete_each(tx, &acks, now))
+    }
+    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
+    /// fails the whole write: nothing of it commits, and the commands it acknowledged are delivered
+    /// again once their leases run out (their receivers fold the repeat).
+    fn complete_all_and_claim(
+        &mut self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Handover, Error> {
+        if acks.is_empty() {
+            return Ok(Handover {
+                completed: Vec::new(),
+                claimed: self.claim(request, now),
             });
         }
-        tx.commit().map_err(storage)?;
-        Ok(results)
+        request.validate()?;
+        let (acks, limit, request) = (self.with_keys(acks), request.limit, request.clone());
+        let (completed, claimed) = self.write(move |tx| {
+            let completed = complete_each(tx, &acks, now)?;
+            Ok((completed, claim_in(tx, &request, now)?))
+        })?;
+        self.busy = claimed.len() == limit;
+        Ok(Handover {
+            completed,
+            claimed: Ok(self.remember(claimed)),
+        })
     }
     fn fail(
         &mut self,
@@ -454,7 +550,11 @@ impl Outbox for SqliteStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
-        self.update(command_id, now, |row| row.fail(token, failure, policy, now))
+        self.claimed.remove(command_id);
+        let (failure, policy) = (failure.clone(), policy.clone());
+        self.update(command_id, now, move |row| {
+            row.fail(token, &failure, &policy, now)
+        })
     }
 }
 
@@ -468,47 +568,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        let tx = self.write()?;
-        let mut timers = Vec::new();
-        let mut unreadable = Vec::new();
-        each_row(
-            &tx,
-            CLAIM_TIMERS,
-            params![to_sql_time("now", now)?, limit(limit_rows)],
-            read_timer,
-            |row| raw_text(row, 0),
-            |timer| {
-                match timer {
-                    Ok(timer) => timers.push(timer),
-                    Err(bad) => unreadable.push(bad),
-                }
-                Ok(true)
-            },
-        )?;
-        // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
-        // read error, where operators see it, and is not taken again.
-        for bad in unreadable {
-            let reason = format!("the stored timer could not be read: {}", bad.why);
-            tx.prepare_cached(
-                "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
-                 WHERE timer_id = ?1 AND processed_at IS NULL",
-            )
-            .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
-            .map_err(storage)?;
-        }
-        for timer in &mut timers {
-            timer.take(lease_ttl, now);
-            tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
-                .and_then(|mut stmt| {
-                    stmt.execute(params![
-                        timer.timer_id.to_string(),
-                        to_sql_time_lossy(timer.available_at)
-                    ])
-                })
-                .map_err(storage)?;
-        }
-        tx.commit().map_err(storage)?;
-        Ok(timers)
+        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
@@ -516,27 +576,8 @@ impl Timers for SqliteStore {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let tx = self.write()?;
-        let mut timer = query_timers(&tx, SELECT_TIMER, [timer_id.to_string()])?
-            .pop()
-            .ok_or_else(|| Error::TimerNotScheduled {
-                timer_id: timer_id.to_string(),
-                status: "unknown",
-            })?;
-        timer.reject(reason, now)?;
-        tx.prepare_cached(
-            "UPDATE timers SET status = ?2, processed_at = ?3, last_error = ?4 WHERE timer_id = ?1",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                timer_id.to_string(),
-                timer.status.as_str(),
-                to_sql_time_lossy(now),
-                timer.last_error
-            ])
-        })
-        .map_err(storage)?;
-        tx.commit().map_err(storage)
+        let (timer_id, reason) = (timer_id.clone(), reason.to_owned());
+        self.write(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
@@ -555,11 +596,14 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        let purged = self
-            .conn
-            .prepare_cached(PURGE_DONE)
-            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-            .map_err(storage)?;
+        let purged = self.write(move |tx| {
+            let purged = tx
+                .prepare_cached(PURGE_DONE)
+                .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+                .map_err(storage)?;
+            give_back_free_pages(tx)?;
+            Ok(purged)
+        })?;
         crate::telemetry::purged(purged);
         Ok(purged)
     }
@@ -574,10 +618,11 @@ impl Operations for SqliteStore {
         )
     }
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.retry(now))
+        self.update(command_id, now, move |row| row.retry(now))
     }
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.resolve(note, now))
+        let note = note.to_owned();
+        self.update(command_id, now, move |row| row.resolve(&note, now))
     }
     /// Two grouped reads of the partial indexes `outbox_claim` (unfinished rows) and
     /// `outbox_dead_by_kind` (dead rows), and the controls; works on a read-only store.
@@ -594,10 +639,8 @@ impl Operations for SqliteStore {
         by: &str,
         now: Timestamp,
     ) -> Result<KindControl, Error> {
-        let tx = self.write()?;
-        let control = control_kind_in(&tx, kind, change, by, now)?;
-        tx.commit().map_err(storage)?;
-        Ok(control)
+        let (kind, by) = (kind.to_owned(), by.to_owned());
+        self.write(move |tx| control_kind_in(tx, &kind, change, &by, now))
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters_of_kind(&self, kind: &str, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -610,10 +653,8 @@ impl Operations for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<CommandId>, Error> {
         check_bulk(kind, batch)?;
-        let tx = self.write()?;
-        let ids = change_dead_of_kind(&tx, kind, batch, now, |row| row.retry(now))?;
-        tx.commit().map_err(storage)?;
-        Ok(ids)
+        let kind = kind.to_owned();
+        self.write(move |tx| change_dead_of_kind(tx, &kind, batch, now, |row| row.retry(now)))
     }
     fn resolve_dead_of_kind(
         &mut self,
@@ -623,16 +664,61 @@ impl Operations for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<CommandId>, Error> {
         check_bulk(kind, batch)?;
-        let tx = self.write()?;
-        let ids = change_dead_of_kind(&tx, kind, batch, now, |row| row.resolve(note, now))?;
-        tx.commit().map_err(storage)?;
-        Ok(ids)
+        let (kind, note) = (kind.to_owned(), note.to_owned());
+        self.write(move |tx| {
+            change_dead_of_kind(tx, &kind, batch, now, |row| row.resolve(&note, now))
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ack reaches its row by the key the claim remembered, and a key that names another row
+    /// completes nothing of that row: the command ID is checked too.
+    #[test]
+    fn an_ack_by_row_key_completes_its_own_command_only() {
+        use miniflow_core::{Command, Decision};
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path().join("acks.db")).unwrap();
+        let now = Timestamp::from_millis(5);
+        let decision = Decision::new()
+            .command(Command::new("a", serde_json::json!({})))
+            .command(Command::new("b", serde_json::json!({})));
+        let event = Event::new("e", serde_json::json!({}));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            event,
+            decision,
+            now,
+        );
+        store.append_with_commands(&commit.unwrap()).unwrap();
+        let claimed = store.claim(&ClaimRequest::new("w").limit(2), now).unwrap();
+        let (a, b) = (&claimed[0], &claimed[1]);
+        assert_eq!(store.claimed.len(), 2, "both keys remembered");
+        // As if `a`'s row had been purged and its key reused by `b`'s row.
+        let b_key = store.claimed[&b.command_id];
+        store.claimed.insert(a.command_id.clone(), b_key);
+
+        store.complete(&a.command_id, a.token, None, now).unwrap();
+        let status =
+            |id: &CommandId, store: &SqliteStore| store.command(id).unwrap().unwrap().status;
+        assert_eq!(status(&a.command_id, &store), Status::Done);
+        assert_eq!(
+            status(&b.command_id, &store),
+            Status::Leased,
+            "the other row is untouched"
+        );
+        store
+            .complete_all(&[Ack::new(b.command_id.clone(), b.token)], now)
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(status(&b.command_id, &store), Status::Done);
+        assert!(store.claimed.is_empty(), "settled commands are forgotten");
+    }
 
     /// Every query a worker or `pending` runs is answered from an index: none walks the done rows,
     /// and none sorts in a temporary b-tree.
@@ -666,8 +752,15 @@ mod tests {
                 "COVERING INDEX outbox_leased",
             ),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
-            ("one row", SELECT_ONE, "PRIMARY KEY"),
-            ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
+            ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
+            ("an ack", COMPLETE, "sqlite_autoindex_outbox_1"),
+            ("an ack by row key", COMPLETE_BY_KEY, "INTEGER PRIMARY KEY"),
+            (
+                "a workflow's rows",
+                SELECT_WORKFLOW,
+                "sqlite_autoindex_outbox_1",
+            ),
+            ("a retired workflow", SELECT_RETIRED, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
             ("anything due", ANY_COMMAND_DUE, "outbox_due"),
             ("any timer due", ANY_TIMER_DUE, "timers_due"),
@@ -683,6 +776,7 @@ mod tests {
                 "timers_scheduled_by_name",
             ),
             ("old done rows", PURGE_DONE, "outbox_done"),
+            ("finished workflows", RETIRABLE, "PRIMARY KEY"),
             (
                 "dead by kind",
                 STATS_DEAD,

@@ -7,7 +7,8 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested, traceparent, tracestate, priority"
+         resolution, report_result, result, cancel_requested, traceparent, tracestate, priority, \
+         id"
     };
 }
 
@@ -32,7 +33,7 @@ pub(super) const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
 /// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
 /// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
-/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by primary key.
+/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by integer key.
 /// Reading the keys first keeps the walk past excluded kinds in the index, without a row read per
 /// step. The page comes in no promised order: [`claim_in`] sorts it by its keys.
 macro_rules! claim_page {
@@ -40,13 +41,13 @@ macro_rules! claim_page {
         concat!(
             "SELECT ",
             row_columns!(),
-            " FROM (SELECT workflow_id, event_seq, idx FROM outbox c \
+            " FROM (SELECT id FROM outbox c \
              WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
              AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) ",
             $filter,
             $strict,
             "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
-             JOIN outbox o USING (workflow_id, event_seq, idx)"
+             JOIN outbox o USING (id)"
         )
     };
 }
@@ -348,6 +349,8 @@ pub(super) mod col {
     pub const TRACEPARENT: usize = 19;
     pub const TRACESTATE: usize = 20;
     pub const PRIORITY: usize = 21;
+    /// The row's integer key (schema version 7).
+    pub const ID: usize = 22;
 }
 
 pub(super) fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
