@@ -26,9 +26,9 @@ pub(super) type ClaimKey = (Timestamp, CommandId);
 /// The unfinished outbox rows, for claims, `pending` and cancellations.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ClaimIndex {
-    /// Every unfinished row by command ID with its `available_at`: `pending` reads it in order, a
-    /// decision's cancellations read one workflow's range, and the first of a workflow is its head.
-    by_id: BTreeMap<CommandId, Timestamp>,
+    /// Every unfinished row by command ID: `pending` reads it in order, a decision's cancellations
+    /// read one workflow's range, and the first of a workflow is its head.
+    by_id: BTreeMap<CommandId, Entry>,
     /// Every unfinished row in claim order: the candidates of a [`ClaimOrder::DueFirst`] claim.
     due: BTreeSet<ClaimKey>,
     /// The first unfinished row of each workflow in claim order: the candidates of a
@@ -36,34 +36,92 @@ pub(super) struct ClaimIndex {
     heads: BTreeSet<ClaimKey>,
 }
 
+/// What the index knows of an unfinished row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    /// Its `available_at`, the first part of its claim key.
+    at: Timestamp,
+    /// Whether it is the first unfinished row of its workflow (and so in `heads`).
+    head: bool,
+}
+
 impl ClaimIndex {
-    /// Records `row` as it now stands (new, changed or finished). O(log n).
+    /// Records `row` as it now stands (new, changed or finished): a handful of O(log n) steps.
     pub(super) fn put(&mut self, row: &OutboxRow) {
         let id = &row.command_id;
         let (at, _) = row.claim_order();
-        let now_at = row.status.is_unfinished().then_some(at);
-        let was_at = self.by_id.get(id).copied();
-        if was_at == now_at {
-            return;
-        }
-        let workflow = id.workflow_id();
-        let head_before = self.head(workflow);
-        if let Some(was_at) = was_at {
-            self.by_id.remove(id);
-            self.due.remove(&(was_at, id.clone()));
-        }
-        if let Some(at) = now_at {
-            self.by_id.insert(id.clone(), at);
-            self.due.insert((at, id.clone()));
-        }
-        let head_after = self.head(workflow);
-        if head_before != head_after {
-            if let Some(key) = head_before {
-                self.heads.remove(&key);
+        let unfinished = row.status.is_unfinished();
+        match (self.by_id.get_mut(id), unfinished) {
+            (None, false) => {}
+            (Some(entry), true) => {
+                let was = std::mem::replace(&mut entry.at, at);
+                if was != at {
+                    let head = entry.head;
+                    self.move_key(&(was, id.clone()), at, head);
+                }
             }
-            if let Some(key) = head_after {
-                self.heads.insert(key);
+            (Some(&mut entry), false) => {
+                self.by_id.remove(id);
+                self.due.remove(&(entry.at, id.clone()));
+                if entry.head {
+                    self.heads.remove(&(entry.at, id.clone()));
+                    self.promote_after(id);
+                }
             }
+            (None, true) => {
+                let head = !self.has_unfinished_before(id);
+                if head {
+                    // It comes before the workflow's old head, if there is one (a retried dead row).
+                    self.demote_after(id);
+                    self.heads.insert((at, id.clone()));
+                }
+                self.by_id.insert(id.clone(), Entry { at, head });
+                self.due.insert((at, id.clone()));
+            }
+        }
+    }
+
+    /// Moves `was` to the time `at` in the claim order (and in the heads, for a head).
+    fn move_key(&mut self, was: &ClaimKey, at: Timestamp, head: bool) {
+        self.due.remove(was);
+        self.due.insert((at, was.1.clone()));
+        if head {
+            self.heads.remove(was);
+            self.heads.insert((at, was.1.clone()));
+        }
+    }
+
+    /// Whether an unfinished row of `id`'s workflow comes before `id`.
+    fn has_unfinished_before(&self, id: &CommandId) -> bool {
+        self.by_id
+            .range(..id)
+            .next_back()
+            .is_some_and(|(before, _)| before.workflow_id() == id.workflow_id())
+    }
+
+    /// The next unfinished row of `id`'s workflow after `id`, with its entry.
+    fn next_of_workflow(&mut self, id: &CommandId) -> Option<(&CommandId, &mut Entry)> {
+        self.by_id
+            .range_mut((Bound::Excluded(id), Bound::Unbounded))
+            .next()
+            .filter(|(next, _)| next.workflow_id() == id.workflow_id())
+    }
+
+    /// Makes the row after `id` in its workflow (if any) the head: `id` left the index.
+    fn promote_after(&mut self, id: &CommandId) {
+        if let Some((next, entry)) = self.next_of_workflow(id) {
+            entry.head = true;
+            let key = (entry.at, next.clone());
+            self.heads.insert(key);
+        }
+    }
+
+    /// The row after `id` in its workflow (if any) is no longer the head: `id` came back before it.
+    fn demote_after(&mut self, id: &CommandId) {
+        if let Some((next, entry)) = self.next_of_workflow(id) {
+            entry.head = false;
+            let key = (entry.at, next.clone());
+            self.heads.remove(&key);
         }
     }
 
@@ -102,13 +160,6 @@ impl ClaimIndex {
             .into_iter()
             .flat_map(move |first| self.by_id.range(first..).map(|(id, _)| id))
             .take_while(move |id| id.workflow_id() == workflow)
-    }
-
-    /// The key of the first unfinished command of `workflow`.
-    fn head(&self, workflow: &WorkflowId) -> Option<ClaimKey> {
-        self.of_workflow(workflow)
-            .next()
-            .map(|id| (self.by_id[id], id.clone()))
     }
 
     /// Every key, each set in its order, for the tests' comparison with the rules.
