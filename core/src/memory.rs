@@ -132,6 +132,11 @@ impl MemoryStore {
         Ok(store)
     }
 
+    /// The timer `timer_id`, if this store has it.
+    pub fn timer(&self, timer_id: &TimerId) -> Option<&TimerRow> {
+        self.timers.get(timer_id.to_string().as_str())
+    }
+
     /// Fault injection for tests: every later commit that carries a command of `kind` fails after its
     /// events were staged, as a disk error would, so tests can prove that nothing of it is kept.
     pub fn fail_commits_with_command_kind(&mut self, kind: impl Into<String>) {
