@@ -101,10 +101,16 @@ impl Fault {
 /// objects with `toJSON` such as dates) as JSON. `undefined` object members are left out, as
 /// `JSON.stringify` does; anything JSON cannot hold is refused naming its path (`event.payload.items[2]`).
 pub fn json(field: &str, value: &JsValue) -> Result<Value, JsValue> {
-    walk(value, 0).map_err(|fault| fault.into_error(field))
+    walk(value, 0, false).map_err(|fault| fault.into_error(field))
 }
 
-fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
+/// A stored JSON value read back (a snapshot's payload): as [`json`], but a number past ±(2^53 − 1)
+/// that an older version wrote is kept as it reads, since reads never refuse what writes accepted.
+pub fn stored_json(field: &str, value: &JsValue) -> Result<Value, JsValue> {
+    walk(value, 0, true).map_err(|fault| fault.into_error(field))
+}
+
+fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
     if value.is_null() {
         return Ok(Value::Null);
     }
@@ -112,6 +118,13 @@ fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
         return Ok(Value::Bool(flag));
     }
     if let Some(number) = value.as_f64() {
+        if stored && number.is_finite() {
+            if let Some(large) =
+                Number::from_f64(number).filter(|_| number.abs() > MAX_SAFE_INTEGER)
+            {
+                return Ok(Value::Number(large));
+            }
+        }
         return json_number(number).map(Value::Number).map_err(Fault::new);
     }
     if let Some(text) = value.as_string() {
@@ -132,7 +145,7 @@ fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
             if item.is_undefined() {
                 return Err(Fault::new("is undefined, not JSON").at(format!("[{i}]")));
             }
-            items.push(walk(&item, depth + 1).map_err(|f| f.at(format!("[{i}]")))?);
+            items.push(walk(&item, depth + 1, stored).map_err(|f| f.at(format!("[{i}]")))?);
         }
         return Ok(Value::Array(items));
     }
@@ -141,7 +154,7 @@ fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
             let converted = to_json
                 .call0(value)
                 .map_err(|e| Fault::new(format!("threw in toJSON: {}", describe(&e))))?;
-            return walk(&converted, depth + 1);
+            return walk(&converted, depth + 1, stored);
         }
     }
     let mut map = Map::new();
@@ -151,7 +164,7 @@ fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
         if member.is_undefined() {
             continue;
         }
-        let item = walk(&member, depth + 1).map_err(|f| f.at(member_path(&name)))?;
+        let item = walk(&member, depth + 1, stored).map_err(|f| f.at(member_path(&name)))?;
         map.insert(name, item);
     }
     Ok(Value::Object(map))
@@ -163,7 +176,7 @@ fn member_path(name: &str) -> String {
         && !name.starts_with(|c: char| c.is_ascii_digit())
         && name
             .chars()
-            .all(|c| c.is_alphanumeric() || c == '_' || c == '$');
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
     if identifier {
         format!(".{name}")
     } else {
@@ -285,6 +298,37 @@ impl<'a> Fields<'a> {
         })
     }
 
+    /// `value` as an object whose other fields are ignored (stored rows read back).
+    pub fn any(path: &'a str, value: &'a JsValue) -> Result<Self, JsValue> {
+        if !value.is_object() || Array::is_array(value) {
+            return Err(invalid(
+                path,
+                format!("expected an object, got {}", type_of(value)),
+            ));
+        }
+        Ok(Self {
+            object: value,
+            path,
+        })
+    }
+
+    /// A required whole number field.
+    pub fn whole(&self, name: &str) -> Result<u64, JsValue> {
+        whole(&self.path(name), &self.get(name))
+    }
+
+    /// A field that may be `null` or absent, read by `read` otherwise.
+    pub fn nullable<T>(
+        &self,
+        name: &str,
+        read: impl FnOnce(&str, &JsValue) -> Result<T, JsValue>,
+    ) -> Result<Option<T>, JsValue> {
+        match self.get(name) {
+            value if value.is_undefined() || value.is_null() => Ok(None),
+            value => read(&self.path(name), &value).map(Some),
+        }
+    }
+
     /// The path of field `name`, for errors.
     pub fn path(&self, name: &str) -> String {
         format!("{}.{name}", self.path)
@@ -392,7 +436,7 @@ fn camel_case(name: &str) -> String {
         if c == '_' {
             upper = true;
         } else if upper {
-            out.extend(c.to_uppercase());
+            out.push(c.to_ascii_uppercase());
             upper = false;
         } else {
             out.push(c);

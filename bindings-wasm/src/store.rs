@@ -50,7 +50,7 @@ impl JsMemoryStore {
     ) -> Result<JsMemoryStore, JsValue> {
         let json = string("json", &json)?;
         Ok(Self {
-            inner: RefCell::new(MemoryStore::from_snapshot(&json).js()?),
+            inner: RefCell::new(crate::snapshot::read(&json)?),
         })
     }
 

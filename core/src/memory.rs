@@ -93,40 +93,75 @@ impl MemoryStore {
         let invalid = |reason: String| Error::invalid("snapshot", abbreviate(text), reason);
         let header: SnapshotHeader = serde_json::from_str(text)
             .map_err(|e| invalid(format!("is not a miniflow snapshot: {e}")))?;
-        if header.format != SNAPSHOT_FORMAT {
-            return Err(invalid(format!(
-                "has format {:?}, expected {SNAPSHOT_FORMAT:?}",
-                header.format
-            )));
-        }
-        if header.version > SNAPSHOT_VERSION {
-            return Err(invalid(format!(
-                "has version {}, newer than this miniflow reads ({SNAPSHOT_VERSION}): upgrade miniflow",
-                header.version
-            )));
-        }
+        Self::check_snapshot_header(&header.format, u64::from(header.version)).map_err(invalid)?;
         let snapshot: Snapshot =
             serde_json::from_str(text).map_err(|e| invalid(format!("is malformed: {e}")))?;
+        Self::from_rows(snapshot.events, snapshot.outbox, snapshot.timers).map_err(invalid)
+    }
+
+    /// Why a snapshot with this `format` and `version` cannot be read, if it cannot: for a host that
+    /// reads a snapshot's JSON itself (the JS package, with `JSON.parse`) before
+    /// [`MemoryStore::from_snapshot_rows`].
+    ///
+    /// # Errors
+    ///
+    /// The reason, for an `InvalidInput` error naming the snapshot: another format, or a version newer
+    /// than this miniflow reads.
+    pub fn check_snapshot_header(format: &str, version: u64) -> Result<(), String> {
+        if format != SNAPSHOT_FORMAT {
+            return Err(format!(
+                "has format {format:?}, expected {SNAPSHOT_FORMAT:?}"
+            ));
+        }
+        if version > u64::from(SNAPSHOT_VERSION) {
+            return Err(format!(
+                "has version {version}, newer than this miniflow reads ({SNAPSHOT_VERSION}): upgrade miniflow"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A store from the rows of a snapshot a host read itself (after
+    /// [`MemoryStore::check_snapshot_header`]), checked as [`MemoryStore::from_snapshot`] checks them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (field `snapshot`) when the rows break an invariant (a seq gap, a
+    /// command without its event).
+    pub fn from_snapshot_rows(
+        events: Vec<EventRecord>,
+        outbox: Vec<OutboxRow>,
+        timers: Vec<TimerRow>,
+    ) -> Result<Self, Error> {
+        Self::from_rows(events, outbox, timers)
+            .map_err(|reason| Error::invalid("snapshot", "(rows)", reason))
+    }
+
+    fn from_rows(
+        events: Vec<EventRecord>,
+        outbox: Vec<OutboxRow>,
+        timers: Vec<TimerRow>,
+    ) -> Result<Self, String> {
         let mut store = MemoryStore::new();
-        for event in snapshot.events {
+        for event in events {
             let events = store.events.entry(event.workflow_id.clone()).or_default();
             if event.seq.get() != events.len() as u64 + 1 {
-                return Err(invalid(format!(
+                return Err(format!(
                     "event {} of {} is out of order",
                     event.seq, event.workflow_id
-                )));
+                ));
             }
             events.push(event);
         }
-        for row in snapshot.outbox {
+        for row in outbox {
             let id = &row.command_id;
             if store.last_seq(id.workflow_id()) < id.event_seq() {
-                return Err(invalid(format!("command {id} has no event")));
+                return Err(format!("command {id} has no event"));
             }
             store.unfinished.put(&row);
             store.outbox.insert(id.clone(), row);
         }
-        for timer in snapshot.timers {
+        for timer in timers {
             store.put_timer(timer);
         }
         Ok(store)

@@ -139,3 +139,55 @@ test("the built-in event kinds are exported, and are the kinds of the events min
   assert.deepEqual(kinds, [COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED].sort());
   throwsCode(assert, () => engine.fire(store, { timer_id: "w:1:t9" }, 30), "INVALID_INPUT", "not a timer of this store");
 });
+
+test("a snapshot with every kind of row reads back to the same text, and a damaged one names the field", () => {
+  const store = new MemoryStore();
+  const engine = new Engine({
+    init: () => null,
+    evolve: (s) => s,
+    decide: (_, event) =>
+      event.kind === "start"
+        ? {
+            commands: [{ kind: "pay", payload: { amount: 12.5, items: [1, { deep: [null, true, "文"] }] }, reportResult: true }, { kind: "ship" }, { kind: "mail" }, { kind: "undo" }],
+            timers: [{ name: "remind", afterMs: 10 }, { name: "expire", at: 50_000, payload: { why: "late" } }, { name: "nudge", afterMs: 5 }],
+          }
+        : event.kind === "stop"
+          ? { cancelTimers: ["expire"], cancelKinds: ["undo"] }
+          : event.kind === "timer_fired" && event.payload.name === "nudge"
+            ? { reject: "not now" }
+            : [],
+  });
+  engine.handle(store, "w:1", { kind: "start", payload: { at: new Date(0) } }, 0);
+  const [pay, ship, mail] = store.claim({ worker: "w", limit: 3, leaseTtlMs: 100 }, 0);
+  store.completeWith(pay.command_id, pay.token, { ok: 1 }, 1);
+  store.fail(ship.command_id, ship.token, { error: "refused", retryable: false }, undefined, 1);
+  store.resolve(ship.command_id, "by hand", 2);
+  store.fail(mail.command_id, mail.token, { error: "503", retryable: true }, { initialDelayMs: 1_000 }, 2);
+  engine.handle(store, "w:1", { kind: "stop" }, 3);
+  for (const timer of store.claimTimers(10, 1_000, 20)) {
+    try {
+      engine.fire(store, timer, 20);
+    } catch (e) {
+      assert.equal(e.code, "REJECTED");
+    }
+  }
+  const [again] = store.claim({ worker: "w2", leaseTtlMs: 100 }, 2_000);
+  assert.equal(again.command_id, mail.command_id);
+  const text = store.exportSnapshot();
+  const statuses = store.commands("w:1").map((r) => r.status).sort();
+  assert.deepEqual(statuses, ["cancelled", "done", "done", "leased"]);
+  const timerStatuses = new Set(JSON.parse(text).timers.map((t) => t.status));
+  for (const status of ["fired", "cancelled", "rejected"]) assert.ok(timerStatuses.has(status), `${status} in ${[...timerStatuses]}`);
+  const copy = MemoryStore.fromSnapshot(text);
+  assert.equal(copy.exportSnapshot(), text);
+  assert.deepEqual(copy.load("w:1"), store.load("w:1"));
+  const damaged = JSON.parse(text);
+  damaged.outbox[1].status = "lost";
+  throwsCode(assert, () => MemoryStore.fromSnapshot(JSON.stringify(damaged)), "INVALID_INPUT", "status");
+  damaged.outbox[1].status = "done";
+  damaged.outbox[1].attempts = -1;
+  throwsCode(assert, () => MemoryStore.fromSnapshot(JSON.stringify(damaged)), "INVALID_INPUT", "snapshot.outbox[1].attempts");
+  const gap = JSON.parse(text);
+  gap.events[0].seq = 2;
+  throwsCode(assert, () => MemoryStore.fromSnapshot(JSON.stringify(gap)), "INVALID_INPUT", "out of order");
+});
