@@ -51,14 +51,27 @@ fn json_number(number: f64) -> Result<Number, String> {
     }
     if number.abs() > MAX_SAFE_INTEGER {
         return Err(format!(
-            "is {number}, past ±(2^53 − 1): JavaScript does not hold such numbers exactly; send it as a string"
+            "is {}, past ±(2^53 − 1): JavaScript does not hold such numbers exactly; send it as a string",
+            show(number)
         ));
     }
     if number.fract() == 0.0 {
         // Whole and within ±2^53: exact as an integer, written without a fraction, like JSON.stringify.
         return Ok(Number::from(number as i64));
     }
-    Number::from_f64(number).ok_or_else(|| format!("is {number}, not a JSON number"))
+    Number::from_f64(number).ok_or_else(|| format!("is {}, not a JSON number", show(number)))
+}
+
+/// A number as JS writes it, whole numbers without a fraction (and without `core::fmt`'s float
+/// formatting, which is a tenth of the module).
+fn show(number: f64) -> String {
+    if !number.is_finite() {
+        return js_number(number).to_owned();
+    }
+    if number.fract() == 0.0 && number.abs() < 1e21 {
+        return format!("{}", number as i128);
+    }
+    Number::from_f64(number).map_or_else(String::new, |n| n.to_string())
 }
 
 /// A non-finite number as JS writes it.
@@ -213,13 +226,13 @@ pub fn whole(field: &str, value: &JsValue) -> Result<u64, JsValue> {
     if number.fract() != 0.0 || number < 0.0 {
         return Err(invalid(
             field,
-            format!("{number} is not a whole number ≥ 0"),
+            format!("{} is not a whole number ≥ 0", show(number)),
         ));
     }
     if number > MAX_SAFE_INTEGER {
         return Err(invalid(
             field,
-            format!("{number} is past 2^53 − 1, the largest exact integer"),
+            format!("{} is past 2^53 − 1, the largest exact integer", show(number)),
         ));
     }
     Ok(number as u64)
