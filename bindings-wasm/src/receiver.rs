@@ -29,10 +29,10 @@ pub fn digest(
     let fields: Option<Vec<String>> = if fields.is_undefined() {
         None
     } else {
-        let names = items("fields", &fields)?
-            .into_iter()
-            .map(|(path, name)| string(&path, &name))
-            .collect::<Result<_, _>>()?;
+        let mut names = Vec::new();
+        for (path, name) in items("fields", &fields)? {
+            names.push(string(&path, &name)?);
+        }
         Some(names)
     };
     Ok(match fields {

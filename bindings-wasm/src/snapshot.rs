@@ -26,18 +26,16 @@ pub fn read(text: &str) -> Result<MemoryStore, JsValue> {
     let version = snapshot.whole("version")?;
     MemoryStore::check_snapshot_header(&format, version).map_err(not_a_snapshot)?;
     let rows = |name: &str| items(&snapshot.path(name), &snapshot.get(name));
-    let events = rows("events")?
-        .iter()
-        .map(|(path, row)| event(path, row))
-        .collect::<Result<_, _>>()?;
-    let outbox = rows("outbox")?
-        .iter()
-        .map(|(path, row)| command(path, row))
-        .collect::<Result<_, _>>()?;
-    let timers = rows("timers")?
-        .iter()
-        .map(|(path, row)| timer(path, row))
-        .collect::<Result<_, _>>()?;
+    let (mut events, mut outbox, mut timers) = (Vec::new(), Vec::new(), Vec::new());
+    for (path, row) in rows("events")? {
+        events.push(event(&path, &row)?);
+    }
+    for (path, row) in rows("outbox")? {
+        outbox.push(command(&path, &row)?);
+    }
+    for (path, row) in rows("timers")? {
+        timers.push(timer(&path, &row)?);
+    }
     MemoryStore::from_snapshot_rows(events, outbox, timers).js()
 }
 

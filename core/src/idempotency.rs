@@ -135,7 +135,7 @@ impl Digest {
         // Written as the canonical text of `{ field: value, … }` without copying the values, so a
         // field of any depth is hashed without recursion.
         let null = Value::Null;
-        let intent: std::collections::BTreeMap<&str, &Value> = fields
+        let mut intent: Vec<(&str, &Value)> = fields
             .iter()
             .map(|field| {
                 let value = if field.starts_with('/') {
@@ -146,6 +146,9 @@ impl Digest {
                 (*field, value.unwrap_or(&null))
             })
             .collect();
+        // Sorted by name, each name once (the same name names the same value).
+        intent.sort_by(|a, b| a.0.cmp(b.0));
+        intent.dedup_by(|a, b| a.0 == b.0);
         let mut text = String::from("{");
         for (i, (field, value)) in intent.into_iter().enumerate() {
             if i > 0 {

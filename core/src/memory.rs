@@ -5,7 +5,7 @@ mod index;
 mod index_tests;
 
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use index::{ClaimIndex, ClaimKey, TimerIndex, TimerKey};
@@ -246,12 +246,17 @@ impl MemoryStore {
         }
         if !commit.cancel_timers().is_empty() {
             // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
+            // Every timer ID of a workflow starts with `{workflow_id}:` (some of another workflow
+            // whose ID starts so too: the filter drops them).
+            let prefix: TimerKey = format!("{}:", commit.workflow_id()).into();
             let cancelled = self
-                .scheduled
-                .of_workflow(commit.workflow_id())
-                .filter_map(|key| self.timers.get(key))
+                .timers
+                .range(prefix.clone()..)
+                .take_while(|(key, _)| key.starts_with(&*prefix))
+                .map(|(_, timer)| timer)
                 .filter(|timer| {
-                    commit.fires() != Some(&timer.timer_id)
+                    timer.timer_id.workflow_id() == commit.workflow_id()
+                        && commit.fires() != Some(&timer.timer_id)
                         && commit.cancel_timers().contains(&timer.name)
                 });
             for timer in cancelled {
@@ -403,15 +408,20 @@ impl Outbox for MemoryStore {
         request.validate()?;
         let mut deliveries = Vec::new();
         let mut after: Option<ClaimKey> = None;
-        let mut seen_workflows = BTreeSet::new();
+        // Strict order: the workflows looked at, sorted (at most `limit` plus the buried).
+        let mut seen_workflows: Vec<WorkflowId> = Vec::new();
         while deliveries.len() < request.limit {
             let Some(key) = self.unfinished.next(request.order, after.as_ref(), now) else {
                 break;
             };
-            let strict = request.order == ClaimOrder::StrictPerWorkflow;
-            if strict && !seen_workflows.insert(key.1.workflow_id().clone()) {
-                after = Some(key);
-                continue;
+            if request.order == ClaimOrder::StrictPerWorkflow {
+                match seen_workflows.binary_search(key.1.workflow_id()) {
+                    Ok(_) => {
+                        after = Some(key);
+                        continue;
+                    }
+                    Err(at) => seen_workflows.insert(at, key.1.workflow_id().clone()),
+                }
             }
             if let Some(delivery) = self.update(&key.1, now, |row| Ok(row.claim(request, now)))? {
                 deliveries.push(delivery);

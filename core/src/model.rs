@@ -263,7 +263,7 @@ fn write_canonical(value: &Value, out: &mut String) {
             }
             Step::Value(Value::Object(map)) => {
                 let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
                 out.push('{');
                 steps.push(Step::Text("}"));
                 for (i, (key, item)) in entries.into_iter().enumerate().rev() {

@@ -176,31 +176,28 @@ impl ClaimIndex {
 /// made once per timer instead of once per comparison.
 pub(super) type TimerKey = Arc<str>;
 
-/// The scheduled timers, for firers and for cancellations.
+/// The scheduled timers, for firers. (A decision's cancellations read the timers whose ID starts
+/// with the workflow's, a range of the timers by ID.)
 #[derive(Debug, Clone, Default)]
 pub(super) struct TimerIndex {
     /// In due order ([`TimerRow::due_order`]).
     due: BTreeSet<(Timestamp, TimerKey)>,
-    /// By workflow, for a decision that cancels its timers by name.
-    by_workflow: BTreeSet<(WorkflowId, TimerKey)>,
 }
 
 impl TimerIndex {
     /// Records that the timer under `key` went from `before` (absent when new) to `after`. O(log n).
     pub(super) fn put(&mut self, key: &TimerKey, before: Option<&TimerRow>, after: &TimerRow) {
         let scheduled = |timer: &TimerRow| timer.status == TimerStatus::Scheduled;
-        if let Some(before) = before.filter(|t| scheduled(t)) {
-            if scheduled(after) && before.available_at == after.available_at {
-                return;
-            }
-            self.due.remove(&(before.available_at, key.clone()));
-            self.by_workflow
-                .remove(&(before.timer_id.workflow_id().clone(), key.clone()));
+        let was = before.filter(|t| scheduled(t)).map(|t| t.available_at);
+        let now = scheduled(after).then_some(after.available_at);
+        if was == now {
+            return;
         }
-        if scheduled(after) {
-            self.due.insert((after.available_at, key.clone()));
-            self.by_workflow
-                .insert((after.timer_id.workflow_id().clone(), key.clone()));
+        if let Some(at) = was {
+            self.due.remove(&(at, key.clone()));
+        }
+        if let Some(at) = now {
+            self.due.insert((at, key.clone()));
         }
     }
 
@@ -212,17 +209,6 @@ impl TimerIndex {
             .take(limit)
             .map(|(_, key)| key.clone())
             .collect()
-    }
-
-    /// The scheduled timers of `workflow`.
-    pub(super) fn of_workflow<'a>(
-        &'a self,
-        workflow: &'a WorkflowId,
-    ) -> impl Iterator<Item = &'a TimerKey> + 'a {
-        self.by_workflow
-            .range((workflow.clone(), TimerKey::from(""))..)
-            .take_while(move |(of, _)| of == workflow)
-            .map(|(_, key)| key)
     }
 
     /// Every key in due order, for the tests' comparison with the rules.
