@@ -68,8 +68,8 @@ fn show(number: f64) -> String {
     if !number.is_finite() {
         return js_number(number).to_owned();
     }
-    if number.fract() == 0.0 && number.abs() < 1e21 {
-        return format!("{}", number as i128);
+    if number.fract() == 0.0 && number.abs() < 9e18 {
+        return format!("{}", number as i64);
     }
     Number::from_f64(number).map_or_else(String::new, |n| n.to_string())
 }
@@ -232,7 +232,10 @@ pub fn whole(field: &str, value: &JsValue) -> Result<u64, JsValue> {
     if number > MAX_SAFE_INTEGER {
         return Err(invalid(
             field,
-            format!("{} is past 2^53 − 1, the largest exact integer", show(number)),
+            format!(
+                "{} is past 2^53 − 1, the largest exact integer",
+                show(number)
+            ),
         ));
     }
     Ok(number as u64)

@@ -144,14 +144,18 @@ impl MemoryStore {
     ) -> Result<Self, String> {
         let mut store = MemoryStore::new();
         for event in events {
-            let events = store.events.entry(event.workflow_id.clone()).or_default();
-            if event.seq.get() != events.len() as u64 + 1 {
+            if event.seq.get() != store.last_seq(&event.workflow_id).get() + 1 {
                 return Err(format!(
                     "event {} of {} is out of order",
                     event.seq, event.workflow_id
                 ));
             }
-            events.push(event);
+            match store.events.get_mut(&event.workflow_id) {
+                Some(events) => events.push(event),
+                None => {
+                    store.events.insert(event.workflow_id.clone(), vec![event]);
+                }
+            }
         }
         for row in outbox {
             let id = &row.command_id;
@@ -358,10 +362,13 @@ impl EventLog for MemoryStore {
         }
         let staged_timers = self.stage_timers(commit)?;
         let staged_cancels = self.stage_cancels(commit);
-        self.events
-            .entry(commit.workflow_id().clone())
-            .or_default()
-            .extend_from_slice(commit.events());
+        match self.events.get_mut(commit.workflow_id()) {
+            Some(events) => events.extend_from_slice(commit.events()),
+            None => {
+                let events = commit.events().to_vec();
+                self.events.insert(commit.workflow_id().clone(), events);
+            }
+        }
         for row in staged_cancels.into_iter().chain(staged_rows) {
             self.unfinished.put(&row);
             self.outbox.insert(row.command_id.clone(), row);
@@ -517,17 +524,21 @@ impl Operations for MemoryStore {
         batch: usize,
     ) -> Result<usize, Error> {
         // The oldest first, then by command ID: the order a store indexed on `processed_at` reads.
-        let mut purgeable: Vec<&OutboxRow> = self
-            .outbox
-            .values()
-            .filter(|row| row.is_purgeable(older_than, now))
-            .collect();
-        purgeable.sort_by(|a, b| a.purge_order().cmp(&b.purge_order()));
-        let purgeable: Vec<CommandId> = purgeable
-            .into_iter()
-            .take(batch)
-            .map(|row| row.command_id.clone())
-            .collect();
+        // Only the first `batch` in that order are kept, sorted, as the rows go by.
+        let mut oldest: Vec<(Option<Timestamp>, &CommandId)> = Vec::new();
+        for row in self.outbox.values() {
+            if !row.is_purgeable(older_than, now) {
+                continue;
+            }
+            let key = row.purge_order();
+            if oldest.len() == batch && oldest.last().is_none_or(|last| key >= *last) {
+                continue;
+            }
+            let at = oldest.binary_search(&key).unwrap_or_else(|at| at);
+            oldest.insert(at, key);
+            oldest.truncate(batch);
+        }
+        let purgeable: Vec<CommandId> = oldest.into_iter().map(|(_, id)| id.clone()).collect();
         for id in &purgeable {
             self.outbox.remove(id);
         }
