@@ -13,6 +13,30 @@ use wasm_bindgen::{JsCast, JsValue};
 
 use crate::error::{from_core, invalid, js_error};
 
+thread_local! {
+    /// JS strings of the field names the bindings read, made once: making a JS string from Rust
+    /// text on every read would cost more than the read.
+    static NAMES: std::cell::RefCell<Vec<(&'static str, JsValue)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `name` as a JS string, made once per name.
+pub fn name(name: &'static str) -> JsValue {
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if let Some((_, value)) = names.iter().find(|(known, _)| std::ptr::eq(*known, name)) {
+            return value.clone();
+        }
+        let value = JsValue::from_str(name);
+        names.push((name, value.clone()));
+        value
+    })
+}
+
+/// Field `name` of `object` (`undefined` when absent).
+pub fn field(object: &JsValue, name: &'static str) -> JsValue {
+    Reflect::get(object, &self::name(name)).unwrap_or(JsValue::UNDEFINED)
+}
+
 /// The largest integer JavaScript represents exactly: 2^53 − 1.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
@@ -124,12 +148,7 @@ pub fn stored_json(field: &str, value: &JsValue) -> Result<Value, JsValue> {
 }
 
 fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
-    if value.is_null() {
-        return Ok(Value::Null);
-    }
-    if let Some(flag) = value.as_bool() {
-        return Ok(Value::Bool(flag));
-    }
+    // Numbers and strings first: most leaves are one of them, and each test is a call into JS.
     if let Some(number) = value.as_f64() {
         if stored && number.is_finite() {
             if let Some(large) =
@@ -144,6 +163,12 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
         return Ok(Value::String(text));
     }
     if !value.is_object() {
+        if let Some(flag) = value.as_bool() {
+            return Ok(Value::Bool(flag));
+        }
+        if value.is_null() {
+            return Ok(Value::Null);
+        }
         return Err(Fault::new(format!("is {}, not JSON", type_of(value))));
     }
     if depth >= MAX_WALK_DEPTH {
@@ -162,7 +187,8 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
         }
         return Ok(Value::Array(items));
     }
-    if let Ok(to_json) = Reflect::get(value, &"toJSON".into()) {
+    {
+        let to_json = field(value, "toJSON");
         if let Some(to_json) = to_json.dyn_ref::<Function>() {
             let converted = to_json
                 .call0(value)
@@ -288,14 +314,22 @@ pub struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     /// `value` as an object with fields among `allowed`.
-    pub fn of(path: &'a str, value: &'a JsValue, allowed: &[&str]) -> Result<Self, JsValue> {
-        if !value.is_object() || Array::is_array(value) {
-            return Err(invalid(
-                path,
-                format!("expected an object, got {}", type_of(value)),
-            ));
+    pub fn of(
+        path: &'a str,
+        value: &'a JsValue,
+        allowed: &[&'static str],
+    ) -> Result<Self, JsValue> {
+        let fields = Self::any(path, value)?;
+        // Fast path: as many own keys as allowed fields present means no other key.
+        let keys = Object::keys(value.unchecked_ref::<Object>());
+        let present = allowed
+            .iter()
+            .filter(|name| Reflect::has(value, &self::name(name)).unwrap_or(false))
+            .count();
+        if keys.length() as usize == present {
+            return Ok(fields);
         }
-        for key in Object::keys(value.unchecked_ref::<Object>()).iter() {
+        for key in keys.iter() {
             let key = key.as_string().unwrap_or_default();
             if allowed.contains(&key.as_str()) {
                 continue;
@@ -308,10 +342,7 @@ impl<'a> Fields<'a> {
             };
             return Err(invalid(path, format!("has an unknown field `{key}`{hint}")));
         }
-        Ok(Self {
-            object: value,
-            path,
-        })
+        Ok(fields)
     }
 
     /// `value` as an object whose other fields are ignored (stored rows read back).
@@ -329,14 +360,15 @@ impl<'a> Fields<'a> {
     }
 
     /// A required whole number field.
-    pub fn whole(&self, name: &str) -> Result<u64, JsValue> {
-        whole(&self.path(name), &self.get(name))
+    pub fn whole(&self, name: &'static str) -> Result<u64, JsValue> {
+        let value = self.get(name);
+        whole_or_none(&value).ok_or_else(|| whole(&self.path(name), &value).unwrap_err())
     }
 
     /// A field that may be `null` or absent, read by `read` otherwise.
     pub fn nullable<T>(
         &self,
-        name: &str,
+        name: &'static str,
         read: impl FnOnce(&str, &JsValue) -> Result<T, JsValue>,
     ) -> Result<Option<T>, JsValue> {
         match self.get(name) {
@@ -351,35 +383,44 @@ impl<'a> Fields<'a> {
     }
 
     /// Field `name`, `undefined` when absent.
-    pub fn get(&self, name: &str) -> JsValue {
-        Reflect::get(self.object, &name.into()).unwrap_or(JsValue::UNDEFINED)
+    pub fn get(&self, name: &'static str) -> JsValue {
+        field(self.object, name)
     }
 
     /// A required string field.
-    pub fn string(&self, name: &str) -> Result<String, JsValue> {
+    pub fn string(&self, name: &'static str) -> Result<String, JsValue> {
         let value = self.get(name);
-        if value.is_undefined() {
-            return Err(invalid(&self.path(name), "is missing"));
+        match value.as_string() {
+            Some(text) => Ok(text),
+            None if value.is_undefined() => Err(invalid(&self.path(name), "is missing")),
+            None => string(&self.path(name), &value),
         }
-        string(&self.path(name), &value)
     }
 
     /// An optional string field.
-    pub fn optional_string(&self, name: &str) -> Result<Option<String>, JsValue> {
+    pub fn optional_string(&self, name: &'static str) -> Result<Option<String>, JsValue> {
+        let value = self.get(name);
+        match value.as_string() {
+            Some(text) => Ok(Some(text)),
+            None if value.is_undefined() => Ok(None),
+            None => string(&self.path(name), &value).map(Some),
+        }
+    }
+
+    /// An optional whole number field (≥ 0, exact in JS).
+    pub fn optional_whole(&self, name: &'static str) -> Result<Option<u64>, JsValue> {
         let value = self.get(name);
         if value.is_undefined() {
             return Ok(None);
         }
-        string(&self.path(name), &value).map(Some)
-    }
-
-    /// An optional whole number field (≥ 0, exact in JS).
-    pub fn optional_whole(&self, name: &str) -> Result<Option<u64>, JsValue> {
-        optional_whole(&self.path(name), &self.get(name))
+        match whole_or_none(&value) {
+            Some(number) => Ok(Some(number)),
+            None => whole(&self.path(name), &value).map(Some),
+        }
     }
 
     /// An optional finite number field.
-    pub fn optional_number(&self, name: &str) -> Result<Option<f64>, JsValue> {
+    pub fn optional_number(&self, name: &'static str) -> Result<Option<f64>, JsValue> {
         let value = self.get(name);
         if value.is_undefined() {
             return Ok(None);
@@ -397,7 +438,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A boolean field, `default` when absent.
-    pub fn boolean(&self, name: &str, default: Option<bool>) -> Result<bool, JsValue> {
+    pub fn boolean(&self, name: &'static str, default: Option<bool>) -> Result<bool, JsValue> {
         let value = self.get(name);
         match (value.as_bool(), default) {
             (Some(flag), _) => Ok(flag),
@@ -411,21 +452,29 @@ impl<'a> Fields<'a> {
     }
 
     /// A JSON field (`payload`), `null` when absent.
-    pub fn json(&self, name: &str) -> Result<Value, JsValue> {
+    pub fn json(&self, name: &'static str) -> Result<Value, JsValue> {
         match self.get(name) {
             value if value.is_undefined() => Ok(Value::Null),
-            value => json(&self.path(name), &value),
+            value => walk(&value, 0, false).map_err(|fault| fault.into_error(&self.path(name))),
         }
     }
 
     /// An optional array field, its items with their paths (`decision.timers[1]`).
-    pub fn array(&self, name: &str) -> Result<Vec<(String, JsValue)>, JsValue> {
+    pub fn array(&self, name: &'static str) -> Result<Vec<(String, JsValue)>, JsValue> {
         let value = self.get(name);
         if value.is_undefined() {
             return Ok(Vec::new());
         }
         items(&self.path(name), &value)
     }
+}
+
+/// `value` as a whole number ≥ 0 that JS represents exactly, or `None`.
+fn whole_or_none(value: &JsValue) -> Option<u64> {
+    value
+        .as_f64()
+        .filter(|n| n.fract() == 0.0 && *n >= 0.0 && *n <= MAX_SAFE_INTEGER)
+        .map(|n| n as u64)
 }
 
 /// The items of an array argument with their paths (`commands[1]`).

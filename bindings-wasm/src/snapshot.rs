@@ -25,7 +25,7 @@ pub fn read(text: &str) -> Result<MemoryStore, JsValue> {
         .ok_or_else(|| not_a_snapshot("is not a miniflow snapshot: no format".into()))?;
     let version = snapshot.whole("version")?;
     MemoryStore::check_snapshot_header(&format, version).map_err(not_a_snapshot)?;
-    let rows = |name: &str| items(&snapshot.path(name), &snapshot.get(name));
+    let rows = |name: &'static str| items(&snapshot.path(name), &snapshot.get(name));
     let (mut events, mut outbox, mut timers) = (Vec::new(), Vec::new(), Vec::new());
     for (path, row) in rows("events")? {
         events.push(event(&path, &row)?);

@@ -77,17 +77,18 @@ impl JsMemoryStore {
         let event = types::event("event", &event)?;
         let decision = types::commands("commands", &commands)?;
         let commit = Commit::new(workflow, expected, event, decision, now(&now_ms)?).js()?;
-        self.write()?.append_with_commands(&commit).js()?;
-        to_js(&HandledOutput::from(miniflow_core::Handled {
-            seq: commit.last_seq(),
+        let handled = HandledOutput {
+            seq: commit.last_seq().get(),
             command_ids: commit
                 .commands()
                 .iter()
-                .map(|r| r.command_id.clone())
+                .map(|r| r.command_id.to_string())
                 .collect(),
             timer_ids: Vec::new(),
             conflicts: 0,
-        }))
+        };
+        self.write()?.append(commit).js()?;
+        to_js(&handled)
     }
 
     /// The events of a workflow, in seq order.

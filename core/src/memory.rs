@@ -340,12 +340,44 @@ impl EventLog for MemoryStore {
         Ok(self.events.get(workflow_id).cloned().unwrap_or_default())
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let staged = self.stage(commit)?;
+        self.apply(
+            staged,
+            commit.workflow_id(),
+            commit.events().to_vec(),
+            commit.commands().to_vec(),
+        );
+        Ok(())
+    }
+}
+
+/// What a commit changes besides its own events and commands, staged before anything is written.
+struct Staged {
+    timers: Vec<TimerRow>,
+    cancels: Vec<OutboxRow>,
+}
+
+impl MemoryStore {
+    /// Writes `commit` as [`EventLog::append_with_commands`] does, moving its rows into the store
+    /// instead of copying them (payloads and all).
+    ///
+    /// # Errors
+    ///
+    /// As [`EventLog::append_with_commands`]; nothing is written.
+    pub fn append(&mut self, commit: Commit) -> Result<(), Error> {
+        let staged = self.stage(&commit)?;
+        let (workflow_id, events, commands) = commit.into_rows();
+        self.apply(staged, &workflow_id, events, commands);
+        Ok(())
+    }
+
+    /// Checks `commit` against the store and stages what it changes besides its own rows; the
+    /// store changes only once nothing can fail any more.
+    fn stage(&self, commit: &Commit) -> Result<Staged, Error> {
         let actual = self.last_seq(commit.workflow_id());
         if actual != commit.expected_seq() {
             return Err(commit.conflict(actual));
         }
-        // Stage everything first; the store changes only once nothing can fail any more.
-        let mut staged_rows = Vec::with_capacity(commit.commands().len());
         for row in commit.commands() {
             if self.poisoned_kinds.contains(&row.kind) {
                 return Err(Error::Storage(
@@ -358,25 +390,34 @@ impl EventLog for MemoryStore {
                     row.command_id
                 )));
             }
-            staged_rows.push(row.clone());
         }
-        let staged_timers = self.stage_timers(commit)?;
-        let staged_cancels = self.stage_cancels(commit);
-        match self.events.get_mut(commit.workflow_id()) {
-            Some(events) => events.extend_from_slice(commit.events()),
+        Ok(Staged {
+            timers: self.stage_timers(commit)?,
+            cancels: self.stage_cancels(commit),
+        })
+    }
+
+    /// Writes a staged commit: its events, its commands, the rows it cancels, its timers.
+    fn apply(
+        &mut self,
+        staged: Staged,
+        workflow_id: &WorkflowId,
+        events: Vec<EventRecord>,
+        commands: Vec<OutboxRow>,
+    ) {
+        match self.events.get_mut(workflow_id) {
+            Some(log) => log.extend(events),
             None => {
-                let events = commit.events().to_vec();
-                self.events.insert(commit.workflow_id().clone(), events);
+                self.events.insert(workflow_id.clone(), events);
             }
         }
-        for row in staged_cancels.into_iter().chain(staged_rows) {
+        for row in staged.cancels.into_iter().chain(commands) {
             self.unfinished.put(&row);
             self.outbox.insert(row.command_id.clone(), row);
         }
-        for timer in staged_timers {
+        for timer in staged.timers {
             self.put_timer(timer);
         }
-        Ok(())
     }
 }
 

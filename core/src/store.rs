@@ -224,6 +224,11 @@ impl Commit {
         Ok(self)
     }
 
+    /// The workflow, events and commands, for a store that moves them instead of copying them.
+    pub(crate) fn into_rows(self) -> (WorkflowId, Vec<EventRecord>, Vec<OutboxRow>) {
+        (self.workflow_id, self.events, self.commands)
+    }
+
     /// The workflow written to.
     pub fn workflow_id(&self) -> &WorkflowId {
         &self.workflow_id

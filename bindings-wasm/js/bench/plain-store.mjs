@@ -2,22 +2,29 @@
 // would write instead of miniflow's wasm store, doing the same work — events per workflow with the seq
 // check, one row per command with its derived ID, claims in due order then command order with leases
 // and fencing tokens, token-checked acks. A Map of rows plus a binary heap of due keys (stale heap
-// entries are skipped when popped), so neither appends nor claims scan. No validation, no retries,
-// no timers, no snapshots: the raw core of the job, to measure what the library costs beside it.
+// entries are skipped when popped), so neither appends nor claims scan. Like miniflow, it keeps its
+// own copy of what it is given and hands out copies (structuredClone), so a caller changing an object
+// later changes nothing stored; `new PlainStore({ copy: false })` keeps and hands out the caller's
+// objects instead, the fastest a store can be and the least safe. No validation, no retries, no
+// timers, no snapshots: the raw core of the job, to measure what the library costs beside it.
 export class PlainStore {
   events = new Map();
   rows = new Map();
   heap = [];
 
+  constructor({ copy = true } = {}) {
+    this.copy = copy ? structuredClone : (value) => value;
+  }
+
   appendWithCommands(workflowId, expectedSeq, event, commands, now) {
     const events = this.events.get(workflowId) ?? [];
     if (events.length !== expectedSeq) throw new Error(`conflict: expected ${expectedSeq}, found ${events.length}`);
     const seq = expectedSeq + 1;
-    events.push({ workflow_id: workflowId, seq, kind: event.kind, payload: event.payload ?? null, recorded_at: now });
+    events.push({ workflow_id: workflowId, seq, kind: event.kind, payload: this.copy(event.payload ?? null), recorded_at: now });
     this.events.set(workflowId, events);
     const commandIds = commands.map((command, index) => {
       const row = { workflowId, seq, index, command_id: `${workflowId}:${seq}:${index}`, kind: command.kind,
-        payload: command.payload ?? null, status: "pending", attempts: 0, available_at: now, token: 0 };
+        payload: this.copy(command.payload ?? null), status: "pending", attempts: 0, available_at: now, token: 0 };
       this.rows.set(row.command_id, row);
       this.push(now, row);
       return row.command_id;
@@ -32,7 +39,7 @@ export class PlainStore {
       if (row.available_at !== at || (row.status !== "pending" && row.status !== "leased")) continue;
       Object.assign(row, { status: "leased", attempts: row.attempts + 1, available_at: now + leaseTtlMs, token: row.token + 1, owner: worker });
       this.push(row.available_at, row);
-      deliveries.push({ command_id: row.command_id, kind: row.kind, payload: row.payload, attempt: row.attempts, token: row.token, lease_expires_at: row.available_at });
+      deliveries.push({ command_id: row.command_id, kind: row.kind, payload: this.copy(row.payload), attempt: row.attempts, token: row.token, lease_expires_at: row.available_at });
     }
     return deliveries;
   }

@@ -1,7 +1,8 @@
 // One side of the JS package's benchmark: `node --expose-gc bench/store.mjs <side> <workload> [size]`
-// with side `wasm` (miniflow's MemoryStore, the Node build) or `plain` (bench/plain-store.mjs, the best
-// plain-JS store written by hand). The same workload code drives both, and benches/memory.rs does the
-// same work natively. Prints one JSON line: operations per second (best of 5 timed rounds after a
+// with side `wasm` (miniflow's MemoryStore, the Node build), `plain` (bench/plain-store.mjs, the best
+// plain-JS store written by hand, keeping copies like miniflow) or `plain-refs` (the same keeping the
+// caller's objects). The same workload code drives them all, and benches/memory.rs does the same work
+// natively. Prints one JSON line: operations per second (best of 5 timed rounds after a
 // warm-up) and CPU time per operation; for `memory`, the resident memory a store of `size` workflows
 // holds. bench/report.mjs runs every side and prints the table.
 import { createRequire } from "node:module";
@@ -9,8 +10,12 @@ import { PlainStore } from "./plain-store.mjs";
 
 const [side, workload, sizeArg] = process.argv.slice(2);
 const { MemoryStore } = createRequire(import.meta.url)("../../pkg/nodejs/miniflow.js");
-const stores = { wasm: () => new MemoryStore(), plain: () => new PlainStore() };
-if (!stores[side]) throw new Error(`side must be wasm or plain, not ${side}`);
+const stores = {
+  wasm: () => new MemoryStore(),
+  plain: () => new PlainStore(),
+  "plain-refs": () => new PlainStore({ copy: false }),
+};
+if (!stores[side]) throw new Error(`side must be wasm, plain or plain-refs, not ${side}`);
 
 const NOW = 1;
 const event = { kind: "trip_requested", payload: { city: "成都", travellers: 2 } };
@@ -31,7 +36,7 @@ function drop(store) {
 function drain(store, order, limit) {
   let done = 0;
   for (;;) {
-    const batch = store.claim({ worker: "w1", limit, lease_ttl_ms: 30_000, order }, NOW);
+    const batch = store.claim({ worker: "w1", limit, leaseTtlMs: 30_000, order }, NOW);
     if (batch.length === 0) return done;
     for (const delivery of batch) store.complete(delivery.command_id, delivery.token, NOW);
     done += batch.length;
@@ -70,7 +75,7 @@ const workloads = {
       before: () => fill((store = stores[side]()), size / 2),
       timed: () => {
         for (let n = 0; n < claims; n += 1) {
-          const batch = store.claim({ worker: "w1", limit: 100, lease_ttl_ms: 30_000 }, NOW);
+          const batch = store.claim({ worker: "w1", limit: 100, leaseTtlMs: 30_000 }, NOW);
           if (batch.length !== 100) throw new Error(`claimed ${batch.length}`);
         }
       },
