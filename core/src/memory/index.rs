@@ -29,20 +29,35 @@ pub(super) type ClaimKey = (Reverse<i32>, Timestamp, CommandId);
 /// One priority's keys in due order.
 type Bucket = BTreeSet<(Timestamp, CommandId)>;
 
-/// Keys in claim order: a bucket per priority, the highest first. Empty buckets are removed.
+/// Keys in claim order: a bucket per priority, the highest first, in a vector sorted by priority
+/// (a store holds few distinct priorities; a vector spares the module a map's code). Empty buckets
+/// are removed.
 #[derive(Debug, Clone, Default)]
-struct Buckets(BTreeMap<Reverse<i32>, Bucket>);
+struct Buckets(Vec<(Reverse<i32>, Bucket)>);
 
 impl Buckets {
+    /// Where `priority`'s bucket is, or where it would go.
+    fn find(&self, priority: Reverse<i32>) -> Result<usize, usize> {
+        self.0.binary_search_by(|(p, _)| p.cmp(&priority))
+    }
+
     fn insert(&mut self, (priority, at, id): ClaimKey) {
-        self.0.entry(priority).or_default().insert((at, id));
+        let at_index = match self.find(priority) {
+            Ok(index) => index,
+            Err(index) => {
+                self.0.insert(index, (priority, Bucket::new()));
+                index
+            }
+        };
+        self.0[at_index].1.insert((at, id));
     }
 
     fn remove(&mut self, (priority, at, id): &ClaimKey) {
-        if let Some(bucket) = self.0.get_mut(priority) {
+        if let Ok(index) = self.find(*priority) {
+            let bucket = &mut self.0[index].1;
             bucket.remove(&(*at, id.clone()));
             if bucket.is_empty() {
-                self.0.remove(priority);
+                self.0.remove(index);
             }
         }
     }
@@ -50,10 +65,10 @@ impl Buckets {
     /// The first key after `after` (from the start when `None`) that is due at `now`: in each
     /// priority from `after`'s, the first key after it, if it is due.
     fn next(&self, after: Option<&ClaimKey>, now: Timestamp) -> Option<ClaimKey> {
-        let start = after.map_or(Bound::Unbounded, |(priority, _, _)| {
-            Bound::Included(*priority)
+        let start = after.map_or(0, |(priority, _, _)| {
+            self.find(*priority).unwrap_or_else(|index| index)
         });
-        for (priority, bucket) in self.0.range((start, Bound::Unbounded)) {
+        for (priority, bucket) in &self.0[start..] {
             let from = match after {
                 Some((p, at, id)) if p == priority => Bound::Excluded((*at, id.clone())),
                 _ => Bound::Unbounded,
