@@ -55,8 +55,9 @@ pub struct MemoryStore {
     timers: BTreeMap<TimerKey, TimerRow>,
     /// The scheduled timers, in due order.
     scheduled: TimerIndex,
-    /// The operators' controls, by kind.
-    controls: BTreeMap<String, KindControl>,
+    /// The operators' controls, sorted by kind (few kinds have one; a vector spares the web module
+    /// a map's code).
+    controls: Vec<KindControl>,
     poisoned_kinds: Vec<String>,
 }
 
@@ -75,7 +76,7 @@ impl MemoryStore {
             events: self.events.values().flatten().collect(),
             outbox: self.outbox.values().collect(),
             timers: self.timers.values().collect(),
-            controls: self.controls.values().collect(),
+            controls: self.controls.iter().collect(),
         };
         serde_json::to_string(&snapshot).unwrap_or_default()
     }
@@ -133,7 +134,8 @@ impl MemoryStore {
     }
 
     /// A store from the rows and the operators' controls of a snapshot a host read itself (after
-    /// [`MemoryStore::check_snapshot_header`]; a version 1 snapshot has no controls), checked as [`MemoryStore::from_snapshot`] checks them.
+    /// [`MemoryStore::check_snapshot_header`]; a version 1 snapshot has no controls), checked as
+    /// [`MemoryStore::from_snapshot`] checks them.
     ///
     /// # Errors
     ///
@@ -182,7 +184,7 @@ impl MemoryStore {
             store.put_timer(timer);
         }
         for control in controls {
-            store.controls.insert(control.kind.clone(), control);
+            store.put_control(control);
         }
         Ok(store)
     }
@@ -317,11 +319,25 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Where the control of `kind` is in `controls`, or where it would go.
+    fn control_index(&self, kind: &str) -> Result<usize, usize> {
+        self.controls
+            .binary_search_by(|control| control.kind.as_str().cmp(kind))
+    }
+
+    /// Writes a control, replacing the kind's earlier one.
+    fn put_control(&mut self, control: KindControl) {
+        match self.control_index(&control.kind) {
+            Ok(index) => self.controls[index] = control,
+            Err(index) => self.controls.insert(index, control),
+        }
+    }
+
     /// What the operators' controls let a claim at `now` take: the active controls, with the
     /// unexpired leases of each limited kind counted ([`OutboxRow::holds_lease`]). Counting reads
     /// the unfinished rows, only when a kind is limited.
     fn admission(&self, now: Timestamp) -> Admission {
-        let mut admission = Admission::new(self.controls.values());
+        let mut admission = Admission::new(&self.controls);
         if admission.limited_kinds().next().is_none() {
             return admission;
         }
@@ -674,10 +690,10 @@ impl Operations for MemoryStore {
         for row in unfinished.chain(dead) {
             stats.count(row);
         }
-        Ok(stats.with_controls(self.controls.values().cloned()))
+        Ok(stats.with_controls(self.controls.iter().cloned()))
     }
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
-        Ok(self.controls.values().cloned().collect())
+        Ok(self.controls.clone())
     }
     fn control_kind(
         &mut self,
@@ -686,8 +702,9 @@ impl Operations for MemoryStore {
         by: &str,
         now: Timestamp,
     ) -> Result<KindControl, Error> {
-        let control = KindControl::change(self.controls.get(kind), kind, change, by, now)?;
-        self.controls.insert(control.kind.clone(), control.clone());
+        let current = self.control_index(kind).ok().map(|i| &self.controls[i]);
+        let control = KindControl::change(current, kind, change, by, now)?;
+        self.put_control(control.clone());
         Ok(control)
     }
     fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
