@@ -70,6 +70,7 @@
 #![warn(missing_docs)]
 
 mod builtin;
+mod cache;
 mod engine;
 mod error;
 mod id;
@@ -90,7 +91,8 @@ pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
     COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
 };
-pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
+pub use cache::StateCacheStats;
+pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
 pub use idempotency::{
@@ -107,7 +109,7 @@ pub use outbox::{
     Settled, Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
-pub use store::{Ack, Commit, EventLog, Operations, Outbox, Store, Timers};
+pub use store::{Ack, Commit, EventLog, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 

@@ -598,7 +598,7 @@ impl<S: Store> Run<S> {
     /// One of the reads, with a random limit or target.
     fn read(&mut self) {
         let limit = self.rng.usize(0..=5);
-        match self.rng.u8(..6) {
+        match self.rng.u8(..7) {
             0 => {
                 let operation = format!("pending({limit})");
                 self.both(operation, |store, _| store.pending(limit));
@@ -621,6 +621,14 @@ impl<S: Store> Run<S> {
                 let w = self.workflow();
                 let operation = format!("timers({w})");
                 self.both(operation, |store, _| store.timers(&w));
+            }
+            5 => {
+                let w = self.workflow();
+                // Mostly inside the history, sometimes at or past its end.
+                let after = self.rng.u64(0..=self.last_seq(&w).get() + 2);
+                let after = Seq::new(after).expect("a seq");
+                let operation = format!("load_after({w}, {after})");
+                self.both(operation, |store, _| store.load_after(&w, after));
             }
             _ => {
                 let w = self.workflow();

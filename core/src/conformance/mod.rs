@@ -276,6 +276,7 @@ impl Workflow for Counter {
     }
 }
 
+mod cached;
 mod commit;
 mod edges;
 mod leases;
@@ -283,6 +284,7 @@ mod receivers;
 mod results;
 mod timers;
 
+pub use self::cached::*;
 pub use self::commit::*;
 pub use self::edges::*;
 pub use self::leases::*;
@@ -390,6 +392,8 @@ macro_rules! store_conformance_tests {
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,
+            load_after_returns_the_events_after_a_seq,
+            cached_states_decide_as_replay_does,
         );
     };
     (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {

@@ -218,7 +218,11 @@ trait Firer<S>: Send + Sync {
     ) -> Result<Option<Handled>, Error>;
 }
 
-impl<S: Store, W: Workflow + Send + Sync> Firer<S> for Engine<W> {
+impl<S: Store, W> Firer<S> for Engine<W>
+where
+    W: Workflow + Send + Sync,
+    W::State: Send,
+{
     fn fire(
         &self,
         store: &mut S,
@@ -363,9 +367,14 @@ impl<S: Store + 'static> Dispatcher<S> {
 
     /// Also fires due timers and failure feedback (`command_failed`, `command_resolved`) into their
     /// workflows through `engine`: replay → decide → commit, each timer exactly once (DESIGN rules
-    /// 11–12). Without it, timers wait for a dispatcher that has one.
+    /// 11–12). Without it, timers wait for a dispatcher that has one. The workers share `engine` and
+    /// its state cache, so the workflow's state must be `Send`.
     #[must_use]
-    pub fn workflow<W: Workflow + Send + Sync + 'static>(mut self, engine: Engine<W>) -> Self {
+    pub fn workflow<W>(mut self, engine: Engine<W>) -> Self
+    where
+        W: Workflow + Send + Sync + 'static,
+        W::State: Send,
+    {
         self.firer = Some(Arc::new(engine));
         self
     }

@@ -9,8 +9,8 @@ use std::time::Duration;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, OutboxRow, RetryPolicy,
-    Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, Lease, OutboxRow,
+    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
@@ -98,6 +98,9 @@ impl Default for SqliteOptions {
 pub struct SqliteStore {
     conn: Connection,
     path: PathBuf,
+    /// The history its events are, for the engine's state cache: one per store, never shared with
+    /// another connection (a file can be replaced under its name).
+    history: HistoryId,
 }
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
@@ -142,7 +145,11 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            history: HistoryId::unique(),
+        })
     }
 
     /// Opens the store at `path` to read it, and changes nothing: the file is opened with
@@ -191,7 +198,11 @@ impl SqliteStore {
                 ),
             ));
         }
-        Ok(Self { conn, path })
+        Ok(Self {
+            conn,
+            path,
+            history: HistoryId::unique(),
+        })
     }
 
     /// Upgrades the store at `path` to [`SCHEMA_VERSION`] and returns the schema version it had. A store
@@ -325,6 +336,12 @@ impl SqliteStore {
 impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
+    }
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        load_events_after(&self.conn, workflow_id, after)
+    }
+    fn history_id(&self) -> Option<HistoryId> {
+        Some(self.history)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         let tx = self.write()?;
