@@ -8,7 +8,7 @@ pub use miniflow_core::*;
 pub use miniflow_native::{
     cancellation_requested, Dispatcher, Handler, Listing, Outcome, RunningDispatcher, Settlement,
     Shutdown, SqliteIdempotencyStore, SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock,
-    UnreadableCommand, SCHEMA_VERSION,
+    UnreadableCommand, Writer, SCHEMA_VERSION,
 };
 
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).

@@ -109,7 +109,7 @@ pub use outbox::{
     Settled, Status, MAX_ERROR_LEN,
 };
 pub use retry::RetryPolicy;
-pub use store::{Ack, Commit, EventLog, HistoryId, Operations, Outbox, Store, Timers};
+pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 

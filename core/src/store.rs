@@ -334,6 +334,17 @@ impl Ack {
     }
 }
 
+/// What [`Outbox::complete_all_and_claim`] did: the acks' results, and the next batch or why it
+/// could not be claimed.
+#[derive(Debug)]
+pub struct Handover {
+    /// One result per ack, in order: `Ok` once durably done, or why not (e.g.
+    /// [`Error::StaleLease`]).
+    pub completed: Vec<Result<(), Error>>,
+    /// The claimed deliveries, or the claim's error (the acks' results stand either way).
+    pub claimed: Result<Vec<Delivery>, Error>,
+}
+
 /// Which event history an [`EventLog`] reads, for the engine's state cache
 /// ([`crate::Engine::state_cache`]): a state folded from one log's events is used again only with a
 /// log of the same `HistoryId`, and only after the event it was folded up to is found again, unchanged,
@@ -468,6 +479,33 @@ pub trait Outbox {
             .iter()
             .map(|ack| self.complete(&ack.command_id, ack.token, ack.result.as_ref(), now))
             .collect())
+    }
+
+    /// Completes `acks` and claims the next batch, as a worker does between two batches: one result
+    /// per ack, in order, and the claimed deliveries (DESIGN rules 7–8). A store with transactions
+    /// should override it to write both in one durable transaction, so a worker pays one commit per
+    /// batch instead of two; the default calls [`Outbox::complete_all`], then [`Outbox::claim`] (with
+    /// no acks, only the claim).
+    ///
+    /// # Errors
+    ///
+    /// When the acks could not be written at all (nothing was then written). A claim that fails
+    /// after the acks were written is [`Handover::claimed`]'s error: the acks' results stand.
+    fn complete_all_and_claim(
+        &mut self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Handover, Error> {
+        let completed = if acks.is_empty() {
+            Vec::new()
+        } else {
+            self.complete_all(&acks, now)?
+        };
+        Ok(Handover {
+            completed,
+            claimed: self.claim(request, now),
+        })
     }
 
     /// Settles a failed delivery under `token` (see [`OutboxRow::fail`], DESIGN rule 9). A command that

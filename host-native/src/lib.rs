@@ -39,6 +39,7 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+mod writer;
 
 pub use clock::SystemClock;
 pub use dispatcher::{
@@ -53,3 +54,4 @@ pub use rusqlite;
 pub use sqlite::{
     Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand, SCHEMA_VERSION,
 };
+pub use writer::Writer;

@@ -56,15 +56,21 @@ impl Harness for SqliteHarness {
         SqliteStore::open(path).expect("reopen")
     }
 
-    /// A temporary trigger aborts the insert of such a command: the event row and the commands before
-    /// it are already written in the transaction, which must then roll back as a whole.
+    /// A temporary trigger on the writer's connection aborts the insert of such a command: the event
+    /// row and the commands before it are already written in the transaction, which must then roll
+    /// back as a whole.
     fn fail_commits_with_command_kind(&mut self, store: &mut SqliteStore, kind: &str) {
+        let trigger = format!(
+            "CREATE TEMP TRIGGER fail_{kind} BEFORE INSERT ON main.outbox \
+             WHEN NEW.kind = '{kind}' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
+        );
         store
-            .connection()
-            .execute_batch(&format!(
-                "CREATE TEMP TRIGGER fail_{kind} BEFORE INSERT ON main.outbox \
-                 WHEN NEW.kind = '{kind}' BEGIN SELECT RAISE(ABORT, 'injected failure'); END;"
-            ))
+            .writer()
+            .expect("a store that writes")
+            .run(move |tx| {
+                tx.execute_batch(&trigger)
+                    .map_err(|e| miniflow::Error::Storage(Box::new(e)))
+            })
             .expect("install the failing trigger");
     }
 }

@@ -15,7 +15,7 @@
 //! The random sample prints its seed; `MINIFLOW_CRASH_SEED=<seed>` replays it, and
 //! `MINIFLOW_CRASH_ROUNDS=<n>` runs a longer soak.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
@@ -35,7 +35,8 @@ use miniflow::{
 
 use crate::child;
 use crate::delivery::{
-    check_invariants, produce, run_workers, work_left, worker_settings, CrashPoint, Receiver,
+    check_invariants, kill_inside_commit, produce, run_workers, work_left, worker_settings,
+    CrashPoint, Mark, Receiver,
 };
 
 const ORDERS: usize = 40; // × 5 commands
@@ -215,10 +216,7 @@ impl Workflow for Legs {
                         .report_result()
                 })
                 .fold(Decision::new(), Decision::command),
-            COMMAND_COMPLETED => {
-                FIRING_A_RESULT.with(|mark| mark.set(true));
-                Decision::none()
-            }
+            COMMAND_COMPLETED => Decision::none(),
             _ => Decision::none(),
         }
     }
@@ -277,33 +275,14 @@ impl ResultCrash {
     }
 }
 
-thread_local! {
-    /// Set on a worker thread when its handler has done an effect: the next commit of the thread's
-    /// store is the ack (acks are the only writes a worker makes between its deliveries).
-    static ACK_DUE: Cell<bool> = const { Cell::new(false) };
-    /// Set while this thread decides on a `command_completed` event: the next commit fires it.
-    static FIRING_A_RESULT: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Arms a SIGKILL of this process inside the `nth` commit marked by `marker` (counted across every
-/// connection sharing `commits`). A transaction rolled back instead clears the mark.
-fn kill_inside_marked_commit(
-    conn: &Connection,
-    marker: &'static std::thread::LocalKey<Cell<bool>>,
-    nth: u64,
-    commits: Arc<AtomicU64>,
-) {
-    conn.rollback_hook(Some(move || marker.with(|mark| mark.set(false))))
-        .unwrap();
-    conn.commit_hook(Some(move || {
-        let marked = marker.with(|mark| mark.replace(false));
-        if marked && commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
-            child::kill_self();
-        }
-        false // go on with the commit
-    }))
-    .unwrap();
-}
+/// A commit that acknowledges a command and schedules its `command_completed`.
+const ACK_WITH_RESULT: Mark =
+    Some("AFTER INSERT ON main.timers WHEN NEW.event_kind = 'command_completed'");
+/// A commit that fires a `command_completed` event into its workflow.
+const FIRING_A_RESULT: Mark = Some(
+    "AFTER UPDATE OF status ON main.timers \
+     WHEN NEW.status = 'fired' AND NEW.event_kind = 'command_completed'",
+);
 
 thread_local! {
     static RESULT_RECEIVER: RefCell<Option<Receiver>> = const { RefCell::new(None) };
@@ -326,7 +305,6 @@ fn deliver_results(db: &Path, receiver: &Path, crash: Option<ResultCrash>) {
         if matches!(crash, Some(ResultCrash::AfterEffect(at)) if at == n) {
             child::kill_self();
         }
-        ACK_DUE.with(|mark| mark.set(true));
         Outcome::done_with(json!({ "reference": reference }))
     };
     let path = db.to_path_buf();
@@ -334,14 +312,11 @@ fn deliver_results(db: &Path, receiver: &Path, crash: Option<ResultCrash>) {
         let store = SqliteStore::open(&path)?;
         match crash {
             Some(ResultCrash::InsideAck(nth)) => {
-                kill_inside_marked_commit(store.connection(), &ACK_DUE, nth, commits.clone())
+                kill_inside_commit(&store, nth, ACK_WITH_RESULT, commits.clone())
             }
-            Some(ResultCrash::InsideFeedback(nth)) => kill_inside_marked_commit(
-                store.connection(),
-                &FIRING_A_RESULT,
-                nth,
-                commits.clone(),
-            ),
+            Some(ResultCrash::InsideFeedback(nth)) => {
+                kill_inside_commit(&store, nth, FIRING_A_RESULT, commits.clone())
+            }
             _ => {}
         }
         Ok(store)

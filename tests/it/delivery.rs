@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use miniflow::{
     json, Clock, Command, Decision, Delivery, Dispatcher, Engine, Event, EventRecord, Outcome,
     SqliteStore, Stats, SystemClock, Timer, Workflow, WorkflowId, COMMAND_FAILED, TIMER_FIRED,
 };
+use rusqlite::functions::FunctionFlags;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
 use crate::child;
@@ -24,11 +25,6 @@ pub const COMMANDS_PER_ORDER: usize = 5;
 /// Whether the last parcel of order `n` is lost: its `ship` command fails for good, every third order.
 pub fn loses_a_parcel(order: usize) -> bool {
     order.is_multiple_of(3)
-}
-
-thread_local! {
-    /// Set while this thread decides on a timer's event, so a commit hook can tell a firing commit.
-    static DECIDING_A_TIMER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// An order workflow: `order_placed` ships [`COMMANDS_PER_ORDER`] parcels and sets a reminder timer;
@@ -57,11 +53,9 @@ impl Workflow for Orders {
                     json!({}),
                 )),
             TIMER_FIRED => {
-                DECIDING_A_TIMER.with(|flag| flag.set(true));
                 Decision::new().command(Command::new("remind", json!({ "order": order })))
             }
             COMMAND_FAILED => {
-                DECIDING_A_TIMER.with(|flag| flag.set(true));
                 Decision::new().command(Command::new("refund", event.payload.clone()))
             }
             _ => Decision::none(),
@@ -85,25 +79,57 @@ pub fn produce(store: &mut SqliteStore, orders: usize) {
     }
 }
 
-/// Arms a SIGKILL of this process inside the `nth` commit made on `store`'s connection — or, with
-/// `firing_only`, the `nth` commit that fires a timer or failure feedback — counting across every
-/// connection that shares `commits`.
-pub fn kill_inside_commit(
-    store: &SqliteStore,
-    nth: u64,
-    firing_only: bool,
-    commits: Arc<AtomicU64>,
-) {
+/// Which commits a crash point counts: a temporary trigger on the writer's connection marks the
+/// transaction (`None`: every commit counts).
+pub type Mark = Option<&'static str>;
+
+/// A commit that fires a timer or failure feedback into its workflow.
+pub const FIRING: Mark = Some("AFTER UPDATE OF status ON main.timers WHEN NEW.status = 'fired'");
+
+/// Set inside a transaction of this process's writer that did what a [`Mark`] selects.
+static MARKED: AtomicBool = AtomicBool::new(false);
+
+/// Arms a SIGKILL of this process inside the `nth` commit of `store`'s writer (the process's one
+/// writing connection) that `mark` selects, counting across every store that shares `commits`. A
+/// transaction rolled back instead clears the mark.
+pub fn kill_inside_commit(store: &SqliteStore, nth: u64, mark: Mark, commits: Arc<AtomicU64>) {
+    let armed = Arc::new(AtomicBool::new(false));
+    let live = armed.clone();
+    let storage = |e: rusqlite::Error| miniflow::Error::Storage(Box::new(e));
     store
-        .connection()
-        .commit_hook(Some(move || {
-            let firing = DECIDING_A_TIMER.with(|flag| flag.replace(false));
-            if (firing || !firing_only) && commits.fetch_add(1, Ordering::SeqCst) + 1 == nth {
-                child::kill_self();
+        .writer()
+        .expect("a store that writes")
+        .run(move |tx| {
+            if let Some(when) = mark {
+                tx.create_scalar_function("crash_mark", 0, FunctionFlags::SQLITE_UTF8, |_| {
+                    MARKED.store(true, Ordering::SeqCst);
+                    Ok(0_i64)
+                })
+                .map_err(storage)?;
+                tx.execute_batch(&format!(
+                    "CREATE TEMP TRIGGER IF NOT EXISTS crash_mark {when} \
+                     BEGIN SELECT crash_mark(); END;"
+                ))
+                .map_err(storage)?;
             }
-            false // go on with the commit
-        }))
-        .unwrap();
+            tx.rollback_hook(Some(|| MARKED.store(false, Ordering::SeqCst)))
+                .map_err(storage)?;
+            tx.commit_hook(Some(move || {
+                let marked = MARKED.swap(false, Ordering::SeqCst);
+                // The commit that installs the hook does not count.
+                if live.load(Ordering::SeqCst)
+                    && (marked || mark.is_none())
+                    && commits.fetch_add(1, Ordering::SeqCst) + 1 == nth
+                {
+                    child::kill_self();
+                }
+                false // go on with the commit
+            }))
+            .map_err(storage)?;
+            Ok(())
+        })
+        .expect("arm the crash");
+    armed.store(true, Ordering::SeqCst);
 }
 
 /// A receiver that honours idempotency keys, on its own SQLite file: every delivery is logged, the
@@ -318,7 +344,7 @@ thread_local! {
 /// Where a worker process kills itself.
 #[derive(Debug, Clone, Copy)]
 pub enum CrashPoint {
-    /// Inside the nth commit of any of its connections (claims, acks, lease extensions, firings).
+    /// Inside the nth commit of its writer (claims, acks, lease extensions, firings).
     InsideCommit(u64),
     /// Inside the nth commit that fires a timer or failure feedback.
     InsideFiring(u64),
@@ -393,10 +419,10 @@ pub fn run_workers(
         let store = SqliteStore::open(&db_path)?;
         match crash {
             Some(CrashPoint::InsideCommit(nth)) => {
-                kill_inside_commit(&store, nth, false, commits.clone())
+                kill_inside_commit(&store, nth, None, commits.clone())
             }
             Some(CrashPoint::InsideFiring(nth)) => {
-                kill_inside_commit(&store, nth, true, commits.clone())
+                kill_inside_commit(&store, nth, FIRING, commits.clone())
             }
             _ => {}
         }
@@ -448,7 +474,7 @@ fn child_producer_process() {
     if let Some(CrashPoint::InsideCommit(nth)) =
         child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c))
     {
-        kill_inside_commit(&store, nth, false, Arc::new(AtomicU64::new(0)));
+        kill_inside_commit(&store, nth, None, Arc::new(AtomicU64::new(0)));
     }
     produce(
         &mut store,

@@ -16,3 +16,4 @@ mod simulation;
 mod sqlite;
 mod transactions;
 mod unreadable;
+mod writer;

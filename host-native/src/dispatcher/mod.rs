@@ -30,9 +30,11 @@ use serde_json::Value;
 
 use crate::{SqliteStore, SystemClock};
 
+mod idle;
 mod leases;
 mod worker;
 
+use self::idle::*;
 pub use self::leases::cancellation_requested;
 use self::leases::*;
 use self::worker::*;
@@ -266,6 +268,7 @@ pub struct Dispatcher<S> {
     observer: Option<Arc<Observer>>,
     on_error: Option<Arc<ErrorHook>>,
     clock: Arc<dyn Clock + Send + Sync>,
+    idle: Option<Arc<dyn Idle>>,
     config: Config,
 }
 
@@ -326,10 +329,17 @@ fn within<T: PartialOrd + Debug>(
 }
 
 impl Dispatcher<SqliteStore> {
-    /// A dispatcher over the SQLite file at `path`: every worker opens its own connection.
+    /// A dispatcher over the SQLite file at `path`: every worker opens a store of its own (a
+    /// connection to read), and all write through the process's [`crate::Writer`] of the file, so
+    /// the acks of a batch and the claim of the next are one transaction, grouped with everything
+    /// else the process writes. An idle worker is woken as soon as a commit of this process makes
+    /// commands or timers claimable; commits of other processes it finds at its next poll.
     pub fn sqlite(path: impl Into<PathBuf>, handler: impl Handler) -> Self {
         let path = path.into();
-        Self::new(move || SqliteStore::open(&path), handler)
+        let wakeups = WriterWakeups::new(path.clone());
+        let mut dispatcher = Self::new(move || SqliteStore::open(&path), handler);
+        dispatcher.idle = Some(Arc::new(wakeups));
+        dispatcher
     }
 }
 
@@ -352,6 +362,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             observer: None,
             on_error: None,
             clock: Arc::new(SystemClock),
+            idle: None,
             config: Config {
                 name: format!("worker-{}", std::process::id()),
                 workers: 1,
@@ -532,6 +543,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                 config: self.config.clone(),
                 stop: running.stop.clone(),
                 held: held.clone(),
+                idle: self.idle.clone(),
                 until_idle,
             };
             let thread = std::thread::Builder::new()

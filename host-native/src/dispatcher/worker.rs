@@ -13,8 +13,12 @@ pub(super) struct Worker<S> {
     pub(super) config: Config,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) held: Arc<HeldLeases>,
+    pub(super) idle: Option<Arc<dyn Idle>>,
     pub(super) until_idle: bool,
 }
+
+/// A completed delivery waiting for its ack, with the handler's result.
+pub(super) type Done = (Delivery, Option<Value>);
 
 /// What one worker did, and how its store operations are going.
 #[derive(Default)]
@@ -64,23 +68,20 @@ impl<S: Store> Worker<S> {
         None
     }
 
+    /// Claims and delivers until halted. The acks of a batch's last deliveries go with the claim of
+    /// the next batch, in one write.
     pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
         let request = self.config.claim_request(self.name.clone());
+        let mut done: Vec<Done> = Vec::new();
         while !self.halted(tally) {
             let fired = self.fire_due_timers(store, tally);
             if self.halted(tally) {
                 break;
             }
-            let batch = match store.claim(&request, self.clock.now()) {
-                Ok(batch) => {
-                    tally.store_answered();
-                    batch
-                }
-                Err(error) => {
-                    self.store_failed(error, tally);
-                    self.back_off(tally);
-                    continue;
-                }
+            let mark = self.idle.as_ref().map(|idle| idle.mark());
+            let Some(batch) = self.settle_and_claim(store, &mut done, &request, tally) else {
+                self.back_off(tally);
+                continue;
             };
             if batch.is_empty() && fired > 0 {
                 continue; // the fired events may have decided new commands or timers
@@ -89,12 +90,49 @@ impl<S: Store> Worker<S> {
                 if self.until_idle {
                     break;
                 }
-                sleep_unless(&self.stop, self.config.poll_interval);
+                match (&self.idle, mark) {
+                    (Some(idle), Some(mark)) => {
+                        idle.wait(mark, self.config.poll_interval, &self.stop)
+                    }
+                    _ => sleep_unless(&self.stop, self.config.poll_interval),
+                }
                 continue;
             }
             tally.stats.claimed += batch.len() as u64;
             self.held.hold(&batch);
-            self.deliver(store, &batch, tally);
+            self.deliver(store, batch, &mut done, tally);
+        }
+        self.flush(store, &mut done, tally);
+    }
+
+    /// Acknowledges `done` and claims the next batch in one write
+    /// ([`miniflow_core::Outbox::complete_all_and_claim`]); `None` when the store failed.
+    pub(super) fn settle_and_claim(
+        &self,
+        store: &mut S,
+        done: &mut Vec<Done>,
+        request: &ClaimRequest,
+        tally: &mut Tally,
+    ) -> Option<Vec<Delivery>> {
+        let acks = take_acks(done);
+        match store.complete_all_and_claim(acks, request, self.clock.now()) {
+            Ok(handover) => {
+                self.settled(done, Ok(handover.completed), tally);
+                match handover.claimed {
+                    Ok(batch) => {
+                        tally.store_answered();
+                        Some(batch)
+                    }
+                    Err(error) => {
+                        self.store_failed(error, tally);
+                        None
+                    }
+                }
+            }
+            Err(error) => {
+                self.settled(done, Err(error), tally);
+                None
+            }
         }
     }
 
@@ -220,19 +258,27 @@ impl<S: Store> Worker<S> {
         });
     }
 
-    /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`.
-    pub(super) fn deliver(&self, store: &mut S, batch: &[Delivery], tally: &mut Tally) {
-        let mut acks: Vec<(&Delivery, Option<Value>)> = Vec::new();
+    /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`; the
+    /// last ones are left in `done`, for the next claim to acknowledge.
+    pub(super) fn deliver(
+        &self,
+        store: &mut S,
+        batch: Vec<Delivery>,
+        done: &mut Vec<Done>,
+        tally: &mut Tally,
+    ) {
         let mut since_flush = Instant::now();
-        for (n, delivery) in batch.iter().enumerate() {
+        let mut batch = batch.into_iter();
+        while let Some(delivery) = batch.next() {
             if self.halted(tally) {
-                self.flush(store, &mut acks, tally);
-                self.release(store, &batch[n..], tally);
+                self.flush(store, done, tally);
+                let rest: Vec<Delivery> = std::iter::once(delivery).chain(batch).collect();
+                self.release(store, &rest, tally);
                 return;
             }
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
-                self.handler.handle(delivery)
+                self.handler.handle(&delivery)
             }))
             .unwrap_or_else(|panic| {
                 tally.stats.panics += 1;
@@ -240,60 +286,62 @@ impl<S: Store> Worker<S> {
             });
             if self.held.is_lost(&delivery.command_id) {
                 self.held.drop_lease(&delivery.command_id);
-                self.report(delivery, Settlement::LeaseLost, tally);
+                self.report(&delivery, Settlement::LeaseLost, tally);
                 continue;
             }
             match outcome {
-                Outcome::Done => acks.push((delivery, None)),
-                Outcome::DoneWith(result) => acks.push((delivery, Some(result))),
+                Outcome::Done => done.push((delivery, None)),
+                Outcome::DoneWith(result) => done.push((delivery, Some(result))),
                 Outcome::Retry(error) => {
-                    self.fail(store, delivery, Failure::retryable(error), tally)
+                    self.fail(store, &delivery, Failure::retryable(error), tally)
                 }
                 Outcome::Permanent(error) => {
-                    self.fail(store, delivery, Failure::permanent(error), tally)
+                    self.fail(store, &delivery, Failure::permanent(error), tally)
                 }
             }
             if since_flush.elapsed() >= self.config.ack_delay {
-                self.flush(store, &mut acks, tally);
+                self.flush(store, done, tally);
                 since_flush = Instant::now();
             }
         }
-        self.flush(store, &mut acks, tally);
     }
 
-    /// Completes `acks` in one durable transaction, then reports them. An ack that did not land is a
-    /// store error: its lease expires and the command is delivered again.
-    pub(super) fn flush(
-        &self,
-        store: &mut S,
-        acks: &mut Vec<(&Delivery, Option<Value>)>,
-        tally: &mut Tally,
-    ) {
-        if acks.is_empty() {
+    /// Completes `done` in one durable transaction, then reports them.
+    pub(super) fn flush(&self, store: &mut S, done: &mut Vec<Done>, tally: &mut Tally) {
+        if done.is_empty() {
             return;
         }
-        let batch: Vec<Ack> = acks
-            .iter_mut()
-            .map(|(d, result)| Ack {
-                command_id: d.command_id.clone(),
-                token: d.token,
-                result: result.take(),
-            })
-            .collect();
-        let mut results = match store.complete_all(&batch, self.clock.now()) {
+        let acks = take_acks(done);
+        let results = store.complete_all(&acks, self.clock.now());
+        self.settled(done, results, tally);
+    }
+
+    /// Reports the acks of `done` as `results` says, and stops tracking their leases. An ack that
+    /// did not land is a store error: its lease expires and the command is delivered again.
+    pub(super) fn settled(
+        &self,
+        done: &mut Vec<Done>,
+        results: Result<Vec<Result<(), Error>>, Error>,
+        tally: &mut Tally,
+    ) {
+        if done.is_empty() {
+            return;
+        }
+        let mut results = match results {
             Ok(results) => {
                 tally.store_answered();
                 results.into_iter()
             }
             Err(error) => {
-                for (delivery, _) in acks.drain(..) {
+                for (delivery, _) in done.drain(..) {
                     self.held.drop_lease(&delivery.command_id);
                 }
                 self.store_failed(error, tally);
                 return;
             }
         };
-        for (delivery, _) in acks.drain(..) {
+        for (delivery, _) in done.drain(..) {
+            let delivery = &delivery;
             self.held.drop_lease(&delivery.command_id);
             match results.next() {
                 Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
@@ -370,6 +418,17 @@ impl<S: Store> Worker<S> {
             observer(delivery, &settlement);
         }
     }
+}
+
+/// The acks of `done`, in order, taking the handlers' results.
+fn take_acks(done: &mut [Done]) -> Vec<Ack> {
+    done.iter_mut()
+        .map(|(delivery, result)| Ack {
+            command_id: delivery.command_id.clone(),
+            token: delivery.token,
+            result: result.take(),
+        })
+        .collect()
 }
 
 pub(super) fn panic_message(panic: &(dyn Any + Send)) -> String {

@@ -83,7 +83,7 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
 /// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
 /// candidate it looked at.
 pub(super) fn claim_in(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<Delivery>, Error> {
@@ -156,7 +156,7 @@ pub(super) fn claim_in(
 /// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
 /// that could be read. Its other columns stay as they are, for whoever repairs it.
 pub(super) fn bury_unreadable(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     key: &[SqlValue; 4],
     unclaimable: Unclaimable,
     now: Timestamp,

@@ -9,12 +9,15 @@ use std::time::Duration;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, Lease, OutboxRow,
-    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, HistoryId, Lease,
+    OutboxRow, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow,
+    WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
 use rusqlite_migration::{Migrations, M};
+
+use crate::writer::{made_work, Writer};
 
 #[macro_use]
 mod rows;
@@ -44,7 +47,7 @@ const MIGRATIONS: &[&str] = &[
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// How a commit reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Synchronous {
     /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
     #[default]
@@ -76,8 +79,10 @@ impl Default for SqliteOptions {
 
 /// The miniflow [`Store`] on a SQLite file (WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` writes).
 ///
-/// One `SqliteStore` is one connection. Open one per thread or process; they coordinate through the
-/// file, and every write is one short `BEGIN IMMEDIATE` transaction.
+/// A `SqliteStore` reads on a connection of its own and writes through the process's [`Writer`] of
+/// its file: every store of one file in a process shares that one writer thread, which commits what
+/// arrives together in one transaction (each caller answered once its write is durable). Open one
+/// store per thread; processes coordinate through the file.
 ///
 /// ```
 /// use miniflow_core::prelude::*;
@@ -96,8 +101,11 @@ impl Default for SqliteOptions {
 /// ```
 #[derive(Debug)]
 pub struct SqliteStore {
+    /// Reads; and the writes of a read-only store, which fail.
     conn: Connection,
     path: PathBuf,
+    /// Where writes go; `None` for a read-only store.
+    writer: Option<Writer>,
     /// The history its events are, for the engine's state cache: one per store, never shared with
     /// another connection (a file can be replaced under its name).
     history: HistoryId,
@@ -145,9 +153,11 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
+        let writer = Writer::open_with(&path, options)?;
         Ok(Self {
             conn,
             path,
+            writer: Some(writer),
             history: HistoryId::unique(),
         })
     }
@@ -201,6 +211,7 @@ impl SqliteStore {
         Ok(Self {
             conn,
             path,
+            writer: None,
             history: HistoryId::unique(),
         })
     }
@@ -229,10 +240,16 @@ impl SqliteStore {
         &self.path
     }
 
-    /// The underlying connection, for diagnostics and tests. Writing through it bypasses every rule
-    /// miniflow keeps.
+    /// The connection the store reads on, for diagnostics and tests. Writing through it bypasses
+    /// every rule miniflow keeps (and the writer: it waits for SQLite's lock like another process).
     pub fn connection(&self) -> &Connection {
         &self.conn
+    }
+
+    /// The writer thread the store writes through (`None` for a read-only store): to write rows of
+    /// your own in its transactions ([`Writer::run`]), or to wait for new work.
+    pub fn writer(&self) -> Option<&Writer> {
+        self.writer.as_ref()
     }
 
     /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
@@ -245,10 +262,23 @@ impl SqliteStore {
             .map_err(storage)
     }
 
-    fn write(&mut self) -> Result<Transaction<'_>, Error> {
-        self.conn
+    /// Runs `work` in one durable write transaction: through the writer, or for a read-only store
+    /// on its own connection (where it fails).
+    fn write<R, W>(&mut self, work: W) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
+        if let Some(writer) = &self.writer {
+            return writer.run(work);
+        }
+        let tx = self
+            .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(storage)
+            .map_err(storage)?;
+        let value = work(&tx)?;
+        tx.commit().map_err(storage)?;
+        Ok(value)
     }
 
     /// Writes `commit` inside the caller's own transaction `tx`, so the caller's rows (an `orders`
@@ -314,22 +344,21 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
-    /// Applies `change` to one row inside one `BEGIN IMMEDIATE` transaction; an error rolls it back.
-    /// The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
-    fn update<T>(
+    /// Applies `change` to one row inside one write transaction; an error rolls it back. The rules
+    /// themselves live in [`OutboxRow`]'s methods, shared with every store.
+    fn update<T: Send + 'static>(
         &mut self,
         command_id: &CommandId,
         now: Timestamp,
-        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        let tx = self.write()?;
-        let row = select_row(&tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
-            command_id: command_id.clone(),
-        })?;
-        let changed = row.change(now, change)?;
-        write_change(&tx, &changed)?;
-        tx.commit().map_err(storage)?;
-        Ok(changed.value)
+        let command_id = command_id.clone();
+        self.write(move |tx| {
+            let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
+            let changed = row.change(now, change)?;
+            write_change(tx, &changed)?;
+            Ok(changed.value)
+        })
     }
 }
 
@@ -344,9 +373,8 @@ impl EventLog for SqliteStore {
         Some(self.history)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let tx = self.write()?;
-        write_commit(&tx, commit)?;
-        tx.commit().map_err(storage)
+        let commit = commit.clone();
+        self.write(move |tx| write_commit(tx, &commit))
     }
 }
 
@@ -368,17 +396,15 @@ impl Outbox for SqliteStore {
         query_rows(&self.conn, SELECT_WORKFLOW, [workflow_id.as_str()])
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.mark_done(now))
+        self.update(command_id, now, move |row| row.mark_done(now))
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         if !self.any_due(ANY_COMMAND_DUE, now)? {
             return Ok(Vec::new());
         }
-        let tx = self.write()?;
-        let deliveries = claim_in(&tx, request, now)?;
-        tx.commit().map_err(storage)?;
-        Ok(deliveries)
+        let request = request.clone();
+        self.write(move |tx| claim_in(tx, &request, now))
     }
     fn extend(
         &mut self,
@@ -387,10 +413,10 @@ impl Outbox for SqliteStore {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Extended, Error> {
-        self.update(command_id, now, |row| row.extend(token, ttl, now))
+        self.update(command_id, now, move |row| row.extend(token, ttl, now))
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.release(token, now))
+        self.update(command_id, now, move |row| row.release(token, now))
     }
     fn complete(
         &mut self,
@@ -399,28 +425,42 @@ impl Outbox for SqliteStore {
         result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let tx = self.write()?;
-        complete_in(&tx, command_id, token, result, now)?;
-        tx.commit().map_err(storage)
+        let (command_id, result) = (command_id.clone(), result.cloned());
+        self.write(move |tx| complete_in(tx, &command_id, token, result.as_ref(), now))
     }
-    /// All acks in one `BEGIN IMMEDIATE` transaction: one fsync for the batch. The results are returned
-    /// only after the commit, so a reported completion is durable.
+    /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
+    /// groups with it). The results are returned only after the commit, so a reported completion is
+    /// durable.
     fn complete_all(
         &mut self,
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let tx = self.write()?;
-        let mut results = Vec::with_capacity(acks.len());
-        for ack in acks {
-            let completed = complete_in(&tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
-            results.push(match completed {
-                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
-                other => other,
+        let acks = acks.to_vec();
+        self.write(move |tx| complete_each(tx, &acks, now))
+    }
+    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails is
+    /// rolled back to its savepoint and reported in [`Handover::claimed`]; the acks still commit.
+    fn complete_all_and_claim(
+        &mut self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Handover, Error> {
+        if acks.is_empty() {
+            return Ok(Handover {
+                completed: Vec::new(),
+                claimed: self.claim(request, now),
             });
         }
-        tx.commit().map_err(storage)?;
-        Ok(results)
+        let request = request.clone();
+        self.write(move |tx| {
+            let completed = complete_each(tx, &acks, now)?;
+            let claimed = request
+                .validate()
+                .and_then(|()| in_savepoint(tx, |conn| claim_in(conn, &request, now)));
+            Ok(Handover { completed, claimed })
+        })
     }
     fn fail(
         &mut self,
@@ -430,7 +470,10 @@ impl Outbox for SqliteStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
-        self.update(command_id, now, |row| row.fail(token, failure, policy, now))
+        let (failure, policy) = (failure.clone(), policy.clone());
+        self.update(command_id, now, move |row| {
+            row.fail(token, &failure, &policy, now)
+        })
     }
 }
 
@@ -444,47 +487,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        let tx = self.write()?;
-        let mut timers = Vec::new();
-        let mut unreadable = Vec::new();
-        each_row(
-            &tx,
-            CLAIM_TIMERS,
-            params![to_sql_time("now", now)?, limit(limit_rows)],
-            read_timer,
-            |row| raw_text(row, 0),
-            |timer| {
-                match timer {
-                    Ok(timer) => timers.push(timer),
-                    Err(bad) => unreadable.push(bad),
-                }
-                Ok(true)
-            },
-        )?;
-        // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
-        // read error, where operators see it, and is not taken again.
-        for bad in unreadable {
-            let reason = format!("the stored timer could not be read: {}", bad.why);
-            tx.prepare_cached(
-                "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
-                 WHERE timer_id = ?1 AND processed_at IS NULL",
-            )
-            .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
-            .map_err(storage)?;
-        }
-        for timer in &mut timers {
-            timer.take(lease_ttl, now);
-            tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
-                .and_then(|mut stmt| {
-                    stmt.execute(params![
-                        timer.timer_id.to_string(),
-                        to_sql_time_lossy(timer.available_at)
-                    ])
-                })
-                .map_err(storage)?;
-        }
-        tx.commit().map_err(storage)?;
-        Ok(timers)
+        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
@@ -492,27 +495,8 @@ impl Timers for SqliteStore {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let tx = self.write()?;
-        let mut timer = query_timers(&tx, SELECT_TIMER, [timer_id.to_string()])?
-            .pop()
-            .ok_or_else(|| Error::TimerNotScheduled {
-                timer_id: timer_id.to_string(),
-                status: "unknown",
-            })?;
-        timer.reject(reason, now)?;
-        tx.prepare_cached(
-            "UPDATE timers SET status = ?2, processed_at = ?3, last_error = ?4 WHERE timer_id = ?1",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                timer_id.to_string(),
-                timer.status.as_str(),
-                to_sql_time_lossy(now),
-                timer.last_error
-            ])
-        })
-        .map_err(storage)?;
-        tx.commit().map_err(storage)
+        let (timer_id, reason) = (timer_id.clone(), reason.to_owned());
+        self.write(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
@@ -531,10 +515,11 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        self.conn
-            .prepare_cached(PURGE_DONE)
-            .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-            .map_err(storage)
+        self.write(move |tx| {
+            tx.prepare_cached(PURGE_DONE)
+                .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
+                .map_err(storage)
+        })
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -547,10 +532,11 @@ impl Operations for SqliteStore {
         )
     }
     fn retry(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.retry(now))
+        self.update(command_id, now, move |row| row.retry(now))
     }
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
-        self.update(command_id, now, |row| row.resolve(note, now))
+        let note = note.to_owned();
+        self.update(command_id, now, move |row| row.resolve(&note, now))
     }
 }
 

@@ -68,6 +68,7 @@ pub(super) fn to_sql_time_lossy(t: Timestamp) -> i64 {
 }
 
 pub(super) fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
+    made_work();
     let sql = format!(
         "INSERT INTO timers (workflow_id, {TIMER_COLUMNS}) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"
@@ -137,4 +138,83 @@ pub(super) fn write_change<T>(conn: &Connection, changed: &Changed<T>) -> Result
         Some(timer) => insert_timer(conn, timer),
         None => Ok(()),
     }
+}
+
+/// Takes up to `limit_rows` due timers for `lease_ttl` (see [`Timers::claim_timers`]), inside the
+/// caller's transaction.
+pub(super) fn claim_timers_in(
+    tx: &Connection,
+    limit_rows: usize,
+    lease_ttl: Duration,
+    now: Timestamp,
+) -> Result<Vec<TimerRow>, Error> {
+    let mut timers = Vec::new();
+    let mut unreadable = Vec::new();
+    each_row(
+        tx,
+        CLAIM_TIMERS,
+        params![to_sql_time("now", now)?, limit(limit_rows)],
+        read_timer,
+        |row| raw_text(row, 0),
+        |timer| {
+            match timer {
+                Ok(timer) => timers.push(timer),
+                Err(bad) => unreadable.push(bad),
+            }
+            Ok(true)
+        },
+    )?;
+    // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
+    // read error, where operators see it, and is not taken again.
+    for bad in unreadable {
+        let reason = format!("the stored timer could not be read: {}", bad.why);
+        tx.prepare_cached(
+            "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
+             WHERE timer_id = ?1 AND processed_at IS NULL",
+        )
+        .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
+        .map_err(storage)?;
+    }
+    for timer in &mut timers {
+        timer.take(lease_ttl, now);
+        tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    timer.timer_id.to_string(),
+                    to_sql_time_lossy(timer.available_at)
+                ])
+            })
+            .map_err(storage)?;
+    }
+    Ok(timers)
+}
+
+/// Ends a scheduled timer `rejected` (see [`Timers::reject_timer`]), inside the caller's
+/// transaction.
+pub(super) fn reject_timer_in(
+    tx: &Connection,
+    timer_id: &TimerId,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let mut timer = query_timers(tx, SELECT_TIMER, [timer_id.to_string()])?
+        .pop()
+        .ok_or_else(|| Error::TimerNotScheduled {
+            timer_id: timer_id.to_string(),
+            status: "unknown",
+        })?;
+    timer.reject(reason, now)?;
+    tx.prepare_cached(
+        "UPDATE timers SET status = ?2, processed_at = ?3, last_error = ?4 WHERE timer_id = ?1",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            timer_id.to_string(),
+            timer.status.as_str(),
+            to_sql_time_lossy(now),
+            timer.last_error
+        ])
+    })
+    .map_err(storage)?;
+    Ok(())
 }

@@ -4,6 +4,9 @@ use super::*;
 
 /// Writes back every column an [`OutboxRow`] method may change.
 pub(super) fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
+    if row.status == Status::Pending {
+        made_work(); // a retry, a release, a failure to try again
+    }
     let (w, s, i) = id_params(&row.command_id);
     let lease = row.lease.as_ref();
     let lease_expires_at = lease
@@ -79,6 +82,24 @@ pub(super) fn token_param(token: u64) -> i64 {
 /// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
 /// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
 /// [`OutboxRow::check_lease`].
+/// Completes each of `acks` inside `tx`: one result per ack. A storage error ends it, and the
+/// caller's transaction with it.
+pub(super) fn complete_each(
+    tx: &Connection,
+    acks: &[Ack],
+    now: Timestamp,
+) -> Result<Vec<Result<(), Error>>, Error> {
+    let mut results = Vec::with_capacity(acks.len());
+    for ack in acks {
+        let completed = complete_in(tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
+        results.push(match completed {
+            Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+            other => other,
+        });
+    }
+    Ok(results)
+}
+
 pub(super) fn complete_in(
     conn: &Connection,
     id: &CommandId,
@@ -247,6 +268,9 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
         for timer in commit.timers() {
             insert_timer(tx, timer)?;
         }
+    }
+    if !commit.commands().is_empty() {
+        made_work();
     }
     Ok(())
 }
