@@ -385,7 +385,9 @@ impl<W: Workflow> Engine<W> {
     /// `load_after` reads the workflow's events after a seq, in seq order, as
     /// [`EventLog::load_after`] does, from the transaction the commit will be written in. Once that
     /// transaction has committed, give the result to [`Engine::remember`]; if it rolled back, drop it
-    /// (the events it read may have been the transaction's own).
+    /// (the events it read may have been the transaction's own). A host that runs many plans in one
+    /// transaction may remember each at once, so the next plan on the workflow folds on from it, and
+    /// then must [`Engine::forget`] the workflow if the transaction fails.
     ///
     /// # Errors
     ///
@@ -406,12 +408,20 @@ impl<W: Workflow> Engine<W> {
         })
     }
 
-    /// Keeps the state a [`Planned`] was decided on, for the next call on its workflow. Call it only
-    /// once the transaction its events were read in has committed.
+    /// Keeps the state a [`Planned`] was decided on, for the next call on its workflow: once the
+    /// transaction its events were read in has committed; or at once, for later plans in the same
+    /// transaction to fold on from it, if the host calls [`Engine::forget`] for the workflow when that
+    /// transaction fails.
     pub fn remember(&self, planned: Planned<W::State>) {
         if let Some((key, entry)) = planned.folded {
             self.states.put(key, entry);
         }
+    }
+
+    /// Drops the cached state of `workflow_id` in `history`, if any: for a host that remembered a
+    /// state folded in a transaction that then failed.
+    pub fn forget(&self, history: HistoryId, workflow_id: &WorkflowId) {
+        drop(self.states.take(&(history, workflow_id.clone())));
     }
 
     /// Folds the workflow (from its cached state when there is a usable one), decides on `event`, and

@@ -233,6 +233,9 @@ impl Run {
         let mut tx = self.logs[self.current].store.clone();
         let history = self.logs[self.current].history;
         let plans = 1 + self.rng.below(3);
+        // Either each plan is remembered once the transaction committed, or at once (later plans
+        // fold on from it) and forgotten if the transaction rolls back.
+        let at_once = self.rng.below(2) == 0;
         let mut planned = Vec::new();
         let mut seqs = Vec::new();
         let mut events = Vec::new();
@@ -245,13 +248,25 @@ impl Run {
                 .unwrap();
             tx.append_with_commands(plan.commit()).unwrap();
             seqs.push(plan.commit().last_seq());
-            planned.push(plan);
+            if at_once {
+                self.engine.remember(plan);
+            } else {
+                planned.push(plan);
+            }
         }
         let commit = self.rng.below(2) == 0;
         self.log.push(format!(
-            "transaction on {w}: {plans} plan(s), {}",
+            "transaction on {w}: {plans} plan(s) remembered {}, {}",
+            if at_once {
+                "at once"
+            } else {
+                "after the commit"
+            },
             if commit { "committed" } else { "rolled back" }
         ));
+        if !commit && at_once {
+            self.engine.forget(history, w);
+        }
         for seq in seqs {
             self.check(w, seq, &tx);
         }

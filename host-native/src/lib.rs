@@ -39,6 +39,8 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod writer;
 
 pub use clock::SystemClock;

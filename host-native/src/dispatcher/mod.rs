@@ -22,14 +22,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use miniflow_core::{
-    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Failure, Handled,
-    RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
+    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Extended, Failure,
+    Handled, Handover, RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
 };
 
 use serde_json::Value;
 
 use crate::{SqliteStore, SystemClock};
 
+#[cfg(feature = "tokio")]
+pub(crate) mod asynchronous;
 mod idle;
 mod leases;
 mod worker;
@@ -69,6 +71,24 @@ impl Outcome {
     pub fn permanent(error: impl std::fmt::Display) -> Self {
         Outcome::Permanent(error.to_string())
     }
+
+    /// What settling this outcome takes: an ack (with the result), or a failure.
+    fn verdict(self) -> Verdict {
+        match self {
+            Outcome::Done => Verdict::Done(None),
+            Outcome::DoneWith(result) => Verdict::Done(Some(result)),
+            Outcome::Retry(error) => Verdict::Failed(Failure::retryable(error)),
+            Outcome::Permanent(error) => Verdict::Failed(Failure::permanent(error)),
+        }
+    }
+}
+
+/// How an [`Outcome`] is settled.
+enum Verdict {
+    /// Acknowledged, with the handler's result if any.
+    Done(Option<Value>),
+    /// Failed: retried later or dead, by the retry policy.
+    Failed(Failure),
 }
 
 /// Delivers one command to the outside world. Plain functions and closures are handlers.

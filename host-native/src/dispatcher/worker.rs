@@ -115,7 +115,19 @@ impl<S: Store> Worker<S> {
         tally: &mut Tally,
     ) -> Option<Vec<Delivery>> {
         let acks = take_acks(done);
-        match store.complete_all_and_claim(acks, request, self.clock.now()) {
+        let handover = store.complete_all_and_claim(acks, request, self.clock.now());
+        self.handed_over(done, handover, tally)
+    }
+
+    /// Reports the acks of `done` and returns the claimed batch as `handover` says; `None` when the
+    /// store failed (reported).
+    pub(super) fn handed_over(
+        &self,
+        done: &mut Vec<Done>,
+        handover: Result<Handover, Error>,
+        tally: &mut Tally,
+    ) -> Option<Vec<Delivery>> {
+        match handover {
             Ok(handover) => {
                 self.settled(done, Ok(handover.completed), tally);
                 match handover.claimed {
@@ -128,6 +140,10 @@ impl<S: Store> Worker<S> {
                         None
                     }
                 }
+            }
+            Err(error) if done.is_empty() => {
+                self.store_failed(error, tally);
+                None
             }
             Err(error) => {
                 self.settled(done, Err(error), tally);
@@ -279,31 +295,37 @@ impl<S: Store> Worker<S> {
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
                 self.handler.handle(&delivery)
-            }))
-            .unwrap_or_else(|panic| {
-                tally.stats.panics += 1;
-                Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
-            });
-            if self.held.is_lost(&delivery.command_id) {
-                self.held.drop_lease(&delivery.command_id);
-                self.report(&delivery, Settlement::LeaseLost, tally);
-                continue;
-            }
-            match outcome {
-                Outcome::Done => done.push((delivery, None)),
-                Outcome::DoneWith(result) => done.push((delivery, Some(result))),
-                Outcome::Retry(error) => {
-                    self.fail(store, &delivery, Failure::retryable(error), tally)
-                }
-                Outcome::Permanent(error) => {
-                    self.fail(store, &delivery, Failure::permanent(error), tally)
-                }
+            }));
+            match self.judge(&delivery, outcome, tally) {
+                Some(Verdict::Done(result)) => done.push((delivery, result)),
+                Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
+                None => continue,
             }
             if since_flush.elapsed() >= self.config.ack_delay {
                 self.flush(store, done, tally);
                 since_flush = Instant::now();
             }
         }
+    }
+
+    /// How to settle a delivery whose handler returned `outcome` (a panic is a retryable failure,
+    /// counted); `None` when its lease was lost meanwhile (reported: the result is dropped).
+    pub(super) fn judge(
+        &self,
+        delivery: &Delivery,
+        outcome: std::thread::Result<Outcome>,
+        tally: &mut Tally,
+    ) -> Option<Verdict> {
+        let outcome = outcome.unwrap_or_else(|panic| {
+            tally.stats.panics += 1;
+            Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
+        });
+        if self.held.is_lost(&delivery.command_id) {
+            self.held.drop_lease(&delivery.command_id);
+            self.report(delivery, Settlement::LeaseLost, tally);
+            return None;
+        }
+        Some(outcome.verdict())
     }
 
     /// Completes `done` in one durable transaction, then reports them.
@@ -373,6 +395,17 @@ impl<S: Store> Worker<S> {
             &self.config.policy,
             self.clock.now(),
         );
+        self.failed(delivery, failure, result, tally);
+    }
+
+    /// Reports how the store settled a failed delivery.
+    pub(super) fn failed(
+        &self,
+        delivery: &Delivery,
+        failure: Failure,
+        result: Result<Settled, Error>,
+        tally: &mut Tally,
+    ) {
         self.held.drop_lease(&delivery.command_id);
         let settlement = match result {
             Ok(Settled::RetryAt { at, backoff }) => Settlement::RetryAt {
@@ -395,12 +428,23 @@ impl<S: Store> Worker<S> {
 
     pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
         for delivery in rest {
-            self.held.drop_lease(&delivery.command_id);
-            match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
-                Ok(()) => self.report(delivery, Settlement::Released, tally),
-                Err(Error::StaleLease { .. }) => {}
-                Err(error) => self.store_failed(error, tally),
-            }
+            let result = store.release(&delivery.command_id, delivery.token, self.clock.now());
+            self.released(delivery, result, tally);
+        }
+    }
+
+    /// Reports how the store took back an undelivered command.
+    pub(super) fn released(
+        &self,
+        delivery: &Delivery,
+        result: Result<(), Error>,
+        tally: &mut Tally,
+    ) {
+        self.held.drop_lease(&delivery.command_id);
+        match result {
+            Ok(()) => self.report(delivery, Settlement::Released, tally),
+            Err(Error::StaleLease { .. }) => {}
+            Err(error) => self.store_failed(error, tally),
         }
     }
 
@@ -421,7 +465,7 @@ impl<S: Store> Worker<S> {
 }
 
 /// The acks of `done`, in order, taking the handlers' results.
-fn take_acks(done: &mut [Done]) -> Vec<Ack> {
+pub(super) fn take_acks(done: &mut [Done]) -> Vec<Ack> {
     done.iter_mut()
         .map(|(delivery, result)| Ack {
             command_id: delivery.command_id.clone(),

@@ -22,6 +22,7 @@ use crate::writer::{made_work, Writer};
 #[macro_use]
 mod rows;
 mod claim;
+pub(crate) mod jobs;
 mod schema;
 mod timers;
 mod writes;
@@ -32,8 +33,8 @@ pub use self::rows::{Listing, UnreadableCommand};
 pub(crate) use self::schema::open_connection;
 use self::schema::*;
 use self::timers::*;
-pub(crate) use self::writes::in_savepoint;
 use self::writes::*;
+pub(crate) use self::writes::{in_savepoint, load_events_after};
 
 /// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
 const MIGRATIONS: &[&str] = &[
@@ -240,6 +241,14 @@ impl SqliteStore {
         &self.path
     }
 
+    /// The same store, naming `history` as the history of its events (see
+    /// [`EventLog::history_id`]): for stores that read one file on behalf of one owner, whose
+    /// engines' cached states they then share.
+    pub(crate) fn with_history(mut self, history: HistoryId) -> Self {
+        self.history = history;
+        self
+    }
+
     /// The connection the store reads on, for diagnostics and tests. Writing through it bypasses
     /// every rule miniflow keeps (and the writer: it waits for SQLite's lock like another process).
     pub fn connection(&self) -> &Connection {
@@ -353,12 +362,7 @@ impl SqliteStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let command_id = command_id.clone();
-        self.write(move |tx| {
-            let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
-            let changed = row.change(now, change)?;
-            write_change(tx, &changed)?;
-            Ok(changed.value)
-        })
+        self.write(move |tx| jobs::update(tx, &command_id, now, change))
     }
 }
 
@@ -404,7 +408,7 @@ impl Outbox for SqliteStore {
             return Ok(Vec::new());
         }
         let request = request.clone();
-        self.write(move |tx| claim_in(tx, &request, now))
+        self.write(move |tx| jobs::claim(tx, &request, now))
     }
     fn extend(
         &mut self,
@@ -437,7 +441,7 @@ impl Outbox for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         let acks = acks.to_vec();
-        self.write(move |tx| complete_each(tx, &acks, now))
+        self.write(move |tx| jobs::complete_all(tx, &acks, now))
     }
     /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails is
     /// rolled back to its savepoint and reported in [`Handover::claimed`]; the acks still commit.
@@ -454,13 +458,7 @@ impl Outbox for SqliteStore {
             });
         }
         let request = request.clone();
-        self.write(move |tx| {
-            let completed = complete_each(tx, &acks, now)?;
-            let claimed = request
-                .validate()
-                .and_then(|()| in_savepoint(tx, |conn| claim_in(conn, &request, now)));
-            Ok(Handover { completed, claimed })
-        })
+        self.write(move |tx| jobs::complete_all_and_claim(tx, &acks, &request, now))
     }
     fn fail(
         &mut self,
@@ -487,7 +485,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
+        self.write(move |tx| jobs::claim_timers(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
