@@ -5,7 +5,7 @@
 //! held while the workflow's code runs, two calls never share a state, and a call that fails or panics
 //! half-way simply leaves the workflow uncached.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
 use crate::id::WorkflowId;
@@ -47,9 +47,11 @@ pub(crate) struct StateCache<S> {
 }
 
 struct Lru<S> {
+    /// The entries, each with the time it was put.
     entries: HashMap<Key, (u64, Entry<S>)>,
-    /// The entries by the time they were put, oldest first.
-    order: BTreeMap<u64, Key>,
+    /// Keys by the time they were put, oldest first; a key put again (or taken) leaves its older
+    /// times behind, skipped when they come up and dropped when they outnumber the entries.
+    order: VecDeque<(u64, Key)>,
     clock: u64,
     stats: StateCacheStats,
 }
@@ -60,7 +62,7 @@ impl<S> StateCache<S> {
             capacity,
             inner: Mutex::new(Lru {
                 entries: HashMap::new(),
-                order: BTreeMap::new(),
+                order: VecDeque::new(),
                 clock: 0,
                 stats: StateCacheStats::default(),
             }),
@@ -82,9 +84,7 @@ impl<S> StateCache<S> {
             return None;
         }
         let mut lru = self.lock();
-        let (stamp, entry) = lru.entries.remove(key)?;
-        lru.order.remove(&stamp);
-        Some(entry)
+        lru.entries.remove(key).map(|(_, entry)| entry)
     }
 
     /// Counts one lookup: `Some(true)` a hit, `Some(false)` a stale entry, `None` a miss.
@@ -106,16 +106,24 @@ impl<S> StateCache<S> {
         let mut lru = self.lock();
         lru.clock += 1;
         let stamp = lru.clock;
-        if let Some((old, _)) = lru.entries.insert(key.clone(), (stamp, entry)) {
-            lru.order.remove(&old);
-        }
-        lru.order.insert(stamp, key);
+        lru.entries.insert(key.clone(), (stamp, entry));
+        lru.order.push_back((stamp, key));
         while lru.entries.len() > self.capacity {
-            let Some((_, oldest)) = lru.order.pop_first() else {
+            let Some((put, oldest)) = lru.order.pop_front() else {
                 break;
             };
-            lru.entries.remove(&oldest);
-            lru.stats.evicted += 1;
+            if lru
+                .entries
+                .get(&oldest)
+                .is_some_and(|(current, _)| *current == put)
+            {
+                lru.entries.remove(&oldest);
+                lru.stats.evicted += 1;
+            }
+        }
+        if lru.order.len() > 2 * lru.entries.len() + 64 {
+            let Lru { entries, order, .. } = &mut *lru;
+            order.retain(|(put, key)| entries.get(key).is_some_and(|(current, _)| current == put));
         }
     }
 
@@ -173,6 +181,30 @@ mod tests {
         assert_eq!(cache.take(&key(h, "c")).unwrap().state, 3);
         assert_eq!(cache.stats().evicted, 1);
         assert_eq!(cache.stats().len, 0, "taken entries are out of the cache");
+    }
+
+    #[test]
+    fn a_key_put_again_is_as_recent_as_its_last_put_and_old_times_do_not_pile_up() {
+        let h = HistoryId::unique();
+        let cache = StateCache::new(2);
+        cache.put(key(h, "a"), entry("a", 1));
+        cache.put(key(h, "b"), entry("b", 2));
+        cache.put(key(h, "a"), entry("a", 3)); // without being taken first
+        cache.put(key(h, "c"), entry("c", 4));
+        assert!(
+            cache.take(&key(h, "b")).is_none(),
+            "b, not a, was the oldest"
+        );
+        assert_eq!(cache.take(&key(h, "a")).unwrap().state, 3);
+        for n in 0..10_000 {
+            cache.put(key(h, "hot"), entry("hot", n));
+        }
+        let lru = cache.lock();
+        assert!(
+            lru.order.len() <= 2 * lru.entries.len() + 64,
+            "{}",
+            lru.order.len()
+        );
     }
 
     #[test]

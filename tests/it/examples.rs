@@ -426,7 +426,13 @@ fn trip_and_worker_examples_run_on_postgres_given_a_database_url() {
 fn axum_example_reserves_once_per_order_despite_a_duplicate_and_a_lost_answer() {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     let output = Command::new(env!("CARGO"))
-        .args(["run", "--quiet", "-p", "miniflow-example-axum", "--manifest-path"])
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "miniflow-example-axum",
+            "--manifest-path",
+        ])
         .arg(&manifest)
         .output()
         .expect("run cargo");
@@ -447,13 +453,22 @@ fn axum_example_reserves_once_per_order_despite_a_duplicate_and_a_lost_answer() 
     assert_eq!(line("the same order again:"), "the same order again: 409");
     // Five orders, one sent twice at once, one whose answer was lost and delivered again: seven
     // requests, two of them answered from the idempotency record, one reservation per order.
-    assert_eq!(line("warehouse requests:"), "warehouse requests: 7, replayed answers: 2");
-    assert_eq!(line("reservations at the warehouse:"), "reservations at the warehouse: 5");
+    assert_eq!(
+        line("warehouse requests:"),
+        "warehouse requests: 7, replayed answers: 2"
+    );
+    assert_eq!(
+        line("reservations at the warehouse:"),
+        "reservations at the warehouse: 5"
+    );
     assert_eq!(
         line("reservations per order:"),
         "reservations per order: order-001=1 order-002=1 order-003=1 order-004=1 order-005=1"
     );
-    assert_eq!(line("deliveries:"), "deliveries: 5 completed, 1 retried, 0 dead");
+    assert_eq!(
+        line("deliveries:"),
+        "deliveries: 5 completed, 1 retried, 0 dead"
+    );
     assert_eq!(line("commands pending:"), "commands pending: 0");
     // Each reservation came back into its order's workflow, and no two orders share one.
     let mut reservations: Vec<String> = (1..=5)

@@ -113,7 +113,11 @@ async fn place_order(State(orders): State<Arc<Orders>>, Json(order): Json<Value>
     let placed = orders
         .store
         .transaction(move |tx| {
-            let row = (id.as_str(), order["sku"].to_string(), order["quantity"].to_string());
+            let row = (
+                id.as_str(),
+                order["sku"].to_string(),
+                order["quantity"].to_string(),
+            );
             let inserted = tx.execute(
                 "INSERT INTO orders (order_id, sku, quantity) VALUES (?1, ?2, ?3) \
                  ON CONFLICT (order_id) DO NOTHING",
@@ -122,7 +126,8 @@ async fn place_order(State(orders): State<Arc<Orders>>, Json(order): Json<Value>
             if inserted == 0 {
                 return Ok(None); // placed before: nothing more is written
             }
-            tx.handle(&engine, &id, Event::new("order_placed", order)).map(Some)
+            tx.handle(&engine, &id, Event::new("order_placed", order))
+                .map(Some)
         })
         .await;
     match placed {
@@ -131,7 +136,10 @@ async fn place_order(State(orders): State<Arc<Orders>>, Json(order): Json<Value>
             json!({ "commands": handled.command_ids.iter().map(ToString::to_string).collect::<Vec<_>>() }),
         ),
         Ok(None) => answer(StatusCode::CONFLICT, json!({ "error": "already placed" })),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e.to_string() })),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "error": e.to_string() }),
+        ),
     }
 }
 
@@ -179,7 +187,12 @@ async fn reserve(
     let key = match key {
         Some(Ok(key)) => key,
         Some(Err(e)) => return answer(StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
-        None => return answer(StatusCode::BAD_REQUEST, json!({ "error": "Idempotency-Key is missing" })),
+        None => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({ "error": "Idempotency-Key is missing" }),
+            )
+        }
     };
     let digest = Digest::of_intent(&request, &INTENT);
     let order_id = request["order_id"].as_str().unwrap_or_default().to_owned();
@@ -190,7 +203,9 @@ async fn reserve(
             Begin::Fresh { token } => {
                 let n: i64 = tx
                     .sql()
-                    .query_row("SELECT count(*) + 1 FROM reservations", [], |row| row.get(0))
+                    .query_row("SELECT count(*) + 1 FROM reservations", [], |row| {
+                        row.get(0)
+                    })
                     .map_err(|e| Error::Storage(Box::new(e)))?;
                 let reservation = format!("RSV-{n}");
                 tx.execute(
@@ -213,20 +228,34 @@ async fn reserve(
             let mut lose = warehouse.lose_first_answer_for.lock().unwrap();
             if lose.as_deref() == Some(order) {
                 *lose = None; // committed, but the caller never hears of it
-                return answer(StatusCode::SERVICE_UNAVAILABLE, json!({ "error": "answer lost" }));
+                return answer(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    json!({ "error": "answer lost" }),
+                );
             }
             answer(StatusCode::CREATED, result)
         }
         Ok(Reply::Replayed(result)) => {
             warehouse.replayed.fetch_add(1, Ordering::SeqCst);
-            (StatusCode::CREATED, [("idempotent-replayed", "true")], Json(result)).into_response()
+            (
+                StatusCode::CREATED,
+                [("idempotent-replayed", "true")],
+                Json(result),
+            )
+                .into_response()
         }
         Ok(Reply::Mismatch) => answer(
             StatusCode::UNPROCESSABLE_ENTITY,
             json!({ "error": "this key was used with other parameters" }),
         ),
-        Ok(Reply::Busy) => answer(StatusCode::CONFLICT, json!({ "error": "in progress, retry" })),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, json!({ "error": e.to_string() })),
+        Ok(Reply::Busy) => answer(
+            StatusCode::CONFLICT,
+            json!({ "error": "in progress, retry" }),
+        ),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            json!({ "error": e.to_string() }),
+        ),
     }
 }
 
@@ -337,7 +366,8 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let handler = {
         let (client, url) = (client.clone(), format!("{warehouse_url}/reservations"));
         move |delivery: Delivery| {
-            let duplicate = delivery.command_id.to_string() == "order-002:1:0" && delivery.attempt == 1;
+            let duplicate =
+                delivery.command_id.to_string() == "order-002:1:0" && delivery.attempt == 1;
             deliver(client.clone(), url.clone(), duplicate, delivery)
         }
     };
@@ -418,7 +448,10 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let total: i64 = per_order.iter().map(|(_, n)| n).sum();
     println!("reservations at the warehouse: {total}");
-    let line: Vec<String> = per_order.iter().map(|(id, n)| format!("{id}={n}")).collect();
+    let line: Vec<String> = per_order
+        .iter()
+        .map(|(id, n)| format!("{id}={n}"))
+        .collect();
     println!("reservations per order: {}", line.join(" "));
     let pending = store.with_store(|store| store.pending(100)).await?;
     println!("commands pending: {}", pending.len());
