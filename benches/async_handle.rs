@@ -5,9 +5,9 @@
 //! over, on one SQLite file with the durable defaults (WAL, `synchronous=FULL`). One caller at a
 //! time, then 8 callers at once (threads with a store each on the synchronous side, tasks on a
 //! 2-thread runtime on the async side); both write through the file's writer thread, which commits
-//! whatever arrives together in one transaction. The sides run in turns, round after round, each on
-//! a fresh file; the table shows the median round and the CPU time per call of the whole run
-//! (`getrusage`, this process: the writer thread included).
+//! whatever arrives together in one transaction. The sides run in turns, round after round (each
+//! round starting with another side), each on a fresh file; the table shows the median round and
+//! the CPU time per call of the whole run (`getrusage`, this process: the writer thread included).
 //!
 //! Run with `cargo bench --bench async_handle --features tokio` (add `-- --quick` for a short run).
 //! `cargo test --benches --features tokio` runs it once with tiny sizes, as a smoke test.
@@ -105,12 +105,16 @@ fn main() {
     for callers in [1, CALLERS] {
         let mut runs: [Vec<Run>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for round in 0..sizes.rounds {
-            let file = |side: &str| dir.path().join(format!("{side}-{callers}-{round}.db"));
-            runs[0].push(timed(|| sync_handles(&file("sync"), &sizes, callers)));
-            runs[1].push(timed(|| {
-                runtime.block_on(async_handles(&file("async"), &sizes, callers))
-            }));
-            runs[2].push(timed(|| raw_handles(&file("raw"), &sizes, callers)));
+            // Each round starts with another side, so none always follows the same one (the disk
+            // may still be writing back what the side before wrote).
+            for side in (0..3).map(|n| (n + round) % 3) {
+                let file = dir.path().join(format!("{side}-{callers}-{round}.db"));
+                runs[side].push(match side {
+                    0 => timed(|| sync_handles(&file, &sizes, callers)),
+                    1 => timed(|| runtime.block_on(async_handles(&file, &sizes, callers))),
+                    _ => timed(|| raw_handles(&file, &sizes, callers)),
+                });
+            }
         }
         let [sync, asynchronous, raw] = runs.map(Run::summary);
         for (path, run) in [

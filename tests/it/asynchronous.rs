@@ -197,6 +197,36 @@ fn a_transaction_commits_the_callers_rows_with_events_and_commands_or_nothing() 
 }
 
 #[test]
+fn async_writes_run_on_the_writers_durable_connection() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let (journal, synchronous): (String, i64) = store
+            .transaction(|tx| {
+                let pragma = |name: &str| format!("PRAGMA {name}");
+                let sql = tx.sql();
+                let journal = sql.query_row(&pragma("journal_mode"), [], |row| row.get(0));
+                let synchronous = sql.query_row(&pragma("synchronous"), [], |row| row.get(0));
+                journal
+                    .and_then(|j| synchronous.map(|s| (j, s)))
+                    .map_err(|e| Error::Storage(Box::new(e)))
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            (journal.as_str(), synchronous),
+            ("wal", 2),
+            "WAL with synchronous=FULL"
+        );
+        let sync = SqliteStore::open(store.path()).unwrap();
+        assert!(
+            sync.writer().unwrap().same_thread_as(store.writer()),
+            "the async and the sync store of one file share its writer"
+        );
+    });
+}
+
+#[test]
 fn claims_acks_failures_extensions_and_releases_settle_as_in_the_sync_store() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();
