@@ -296,6 +296,39 @@ fn claims_acks_failures_extensions_and_releases_settle_as_in_the_sync_store() {
     });
 }
 
+#[test]
+fn idle_claims_take_no_write_lock() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        // Another process holds the file's write lock (for less than its busy timeout).
+        let mut other = miniflow::rusqlite::Connection::open(store.path()).unwrap();
+        let locked = other
+            .transaction_with_behavior(miniflow::rusqlite::TransactionBehavior::Immediate)
+            .unwrap();
+        let started = std::time::Instant::now();
+        let request = ClaimRequest::new("idle").limit(10);
+        assert!(store.claim(request).await.unwrap().is_empty());
+        assert!(store
+            .claim_timers(10, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty());
+        let stats = AsyncDispatcher::new(store.clone(), |_: Delivery| async { Outcome::Done })
+            .workflow(Arc::new(Engine::new(Counter)))
+            .run_until_idle()
+            .await
+            .unwrap();
+        assert_eq!(stats.claimed, 0);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "nothing was due, so nothing waited for the lock: {:?}",
+            started.elapsed()
+        );
+        drop(locked);
+    });
+}
+
 /// `n` workflows with one `count` command each.
 async fn seed(store: &AsyncStore, engine: &Arc<Engine<Counter>>, n: usize) {
     let mut calls = tokio::task::JoinSet::new();

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::tokio::sync::oneshot;
+use miniflow_core::prelude::*;
 use miniflow_core::{
     Ack, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Event, Extended, Failure,
     Handled, Handover, HistoryId, RetryPolicy, Settled, TimerRow, Workflow, WorkflowId,
@@ -340,18 +341,23 @@ impl AsyncStore {
         .await
     }
 
-    /// Leases up to `request.limit` claimable commands (see [`miniflow_core::Outbox::claim`]).
+    /// Leases up to `request.limit` claimable commands (see [`miniflow_core::Outbox::claim`]). As
+    /// [`SqliteStore`]'s claim (which it runs, on a blocking thread), it looks for a due command on a
+    /// connection of its own first, and takes the write lock only when there is one: idle pollers
+    /// do not keep the file's writers waiting.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidInput`] for a request out of bounds; the store's errors.
     pub async fn claim(&self, request: ClaimRequest) -> Result<Vec<Delivery>, Error> {
         let now = self.clock.now();
-        self.write(move |tx| jobs::claim(tx, &request, now)).await
+        self.with_store(move |store| store.claim(&request, now))
+            .await
     }
 
     /// Acknowledges `acks` and claims the next batch in one transaction (see
-    /// [`miniflow_core::Outbox::complete_all_and_claim`]).
+    /// [`miniflow_core::Outbox::complete_all_and_claim`]). Without acks it is
+    /// [`AsyncStore::claim`].
     ///
     /// # Errors
     ///
@@ -361,6 +367,12 @@ impl AsyncStore {
         acks: Vec<Ack>,
         request: ClaimRequest,
     ) -> Result<Handover, Error> {
+        if acks.is_empty() {
+            return Ok(Handover {
+                completed: Vec::new(),
+                claimed: self.claim(request).await,
+            });
+        }
         let now = self.clock.now();
         self.write(move |tx| jobs::complete_all_and_claim(tx, &acks, &request, now))
             .await
@@ -447,7 +459,8 @@ impl AsyncStore {
     }
 
     /// Takes up to `limit` due timers for `lease_ttl` (see
-    /// [`miniflow_core::Timers::claim_timers`]); fire each with [`AsyncStore::fire`].
+    /// [`miniflow_core::Timers::claim_timers`]), as [`SqliteStore`] does (on a blocking thread,
+    /// taking the write lock only when a timer is due); fire each with [`AsyncStore::fire`].
     ///
     /// # Errors
     ///
@@ -458,7 +471,7 @@ impl AsyncStore {
         lease_ttl: Duration,
     ) -> Result<Vec<TimerRow>, Error> {
         let now = self.clock.now();
-        self.write(move |tx| jobs::claim_timers(tx, limit, lease_ttl, now))
+        self.with_store(move |store| store.claim_timers(limit, lease_ttl, now))
             .await
     }
 }
