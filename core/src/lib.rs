@@ -79,6 +79,7 @@ mod limits;
 mod memory;
 mod model;
 mod outbox;
+mod retention;
 mod retry;
 mod store;
 mod time;
@@ -107,6 +108,9 @@ pub use model::{
 pub use outbox::{
     Cancelled, Changed, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow,
     Settled, Status, MAX_ERROR_LEN,
+};
+pub use retention::{
+    command_is_settled, finished_at, is_retirable, last_recorded_at, retired, timer_is_settled,
 };
 pub use retry::RetryPolicy;
 pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};

@@ -428,12 +428,27 @@ impl OutboxRow {
         now: Timestamp,
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<Changed<T>, Error> {
-        let mut row = self.clone();
-        let value = change(&mut row)?;
-        let feedback = crate::timer::feedback(self.status, &row, now);
+        self.clone().into_change(now, change)
+    }
+
+    /// As [`OutboxRow::change`], applied to the row itself instead of a copy: for a store that read
+    /// the row only to change it (a claim, an ack). On an error the row is dropped, and the store
+    /// writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// What `change` returns.
+    pub fn into_change<T>(
+        mut self,
+        now: Timestamp,
+        change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
+    ) -> Result<Changed<T>, Error> {
+        let before = self.status;
+        let value = change(&mut self)?;
+        let feedback = crate::timer::feedback(before, &self, now);
         Ok(Changed {
             value,
-            row,
+            row: self,
             feedback,
         })
     }

@@ -14,6 +14,7 @@ mod examples;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod receiver;
+mod retention;
 mod simulation;
 mod sqlite;
 mod transactions;

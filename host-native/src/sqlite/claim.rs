@@ -2,11 +2,12 @@
 
 use super::*;
 
-/// A command a claim looked at: its key in claim order, and its row, or what the claim needs to bury
-/// a row that cannot be read.
+/// A command a claim looked at: its key in claim order, its row's integer key, and its row, or what
+/// the claim needs to bury a row that cannot be read.
 pub(super) struct Candidate {
     /// `(available_at, workflow_id, event_seq, idx)` as stored.
     pub(super) key: [SqlValue; 4],
+    pub(super) id: i64,
     pub(super) row: Result<OutboxRow, Unclaimable>,
 }
 
@@ -25,6 +26,7 @@ impl Candidate {
             col::IDX,
         ]
         .map(|column| row.get::<_, SqlValue>(column).unwrap_or(SqlValue::Null));
+        let id = row.get(col::ID)?;
         let row = match read_outbox_row(row) {
             Ok(outbox_row) => Ok(outbox_row),
             Err(e) => Err(Unclaimable {
@@ -35,17 +37,15 @@ impl Candidate {
                 salvaged: salvage(row),
             }),
         };
-        Ok(Self { key, row })
+        Ok(Self { key, id, row })
     }
 
-    /// The command and its workflow as stored, to recognise a candidate seen before.
-    pub(super) fn identity(&self) -> (String, String) {
-        let [_, workflow_id, event_seq, idx] = &self.key;
-        let workflow_id = match workflow_id {
+    /// The workflow as stored, to recognise a workflow seen before.
+    pub(super) fn workflow(&self) -> String {
+        match &self.key[1] {
             SqlValue::Text(text) => text.clone(),
             other => format!("{other:?}"),
-        };
-        (format!("{workflow_id}:{event_seq:?}:{idx:?}"), workflow_id)
+        }
     }
 }
 
@@ -101,7 +101,7 @@ pub(super) fn claim_in(
     // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
     // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
     // candidate when the claim began, so neither is taken now.
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<i64> = HashSet::new();
     let mut seen_workflows: HashSet<String> = HashSet::new();
     let mut deliveries = Vec::new();
     while deliveries.len() < request.limit {
@@ -121,27 +121,26 @@ pub(super) fn claim_in(
         )?;
         let full_page = page.len() == wanted;
         for candidate in page {
-            let (command, workflow) = candidate.identity();
-            after = candidate.key;
             let first_look = match request.order {
-                ClaimOrder::DueFirst => seen.insert(command),
-                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(workflow),
+                ClaimOrder::DueFirst => seen.insert(candidate.id),
+                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(candidate.workflow()),
             };
+            after = candidate.key;
             if !first_look {
                 continue;
             }
             match candidate.row {
                 Ok(row) => {
-                    let changed = row.change(now, |row| Ok(row.claim(request, now)))?;
-                    match &changed.value {
+                    let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
+                    match changed.value.take() {
                         Some(delivery) => {
-                            write_lease(tx, &changed.row)?;
-                            deliveries.push(delivery.clone());
+                            write_lease(tx, candidate.id, &changed.row)?;
+                            deliveries.push(delivery);
                         }
                         None => write_change(tx, &changed)?,
                     }
                 }
-                Err(unclaimable) => bury_unreadable(tx, &after, unclaimable, now)?,
+                Err(unclaimable) => bury_unreadable(tx, candidate.id, unclaimable, now)?,
             }
         }
         if !full_page {
@@ -157,7 +156,7 @@ pub(super) fn claim_in(
 /// that could be read. Its other columns stay as they are, for whoever repairs it.
 pub(super) fn bury_unreadable(
     tx: &Connection,
-    key: &[SqlValue; 4],
+    id: i64,
     unclaimable: Unclaimable,
     now: Timestamp,
 ) -> Result<(), Error> {
@@ -165,7 +164,6 @@ pub(super) fn bury_unreadable(
         "the stored command could not be read: {}",
         unclaimable.why.why
     );
-    let [_, workflow_id, event_seq, idx] = key;
     let processed_at = to_sql_time("now", now)?;
     // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
     // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
@@ -180,19 +178,9 @@ pub(super) fn bury_unreadable(
         None => (Status::Dead, Some(reason), None),
     };
     tx.prepare_cached(
-        "UPDATE outbox SET status = ?4, last_error = ?5, processed_at = ?6 \
-         WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+        "UPDATE outbox SET status = ?2, last_error = ?3, processed_at = ?4 WHERE id = ?1",
     )
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            workflow_id,
-            event_seq,
-            idx,
-            status.as_str(),
-            last_error,
-            processed_at
-        ])
-    })
+    .and_then(|mut stmt| stmt.execute(params![id, status.as_str(), last_error, processed_at]))
     .map_err(storage)?;
     match feedback {
         // A count of manual retries that could not be read may name a failure already reported.

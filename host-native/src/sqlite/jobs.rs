@@ -48,7 +48,7 @@ pub(crate) fn update<T>(
     let row = select_row(tx, command_id)?.ok_or_else(|| Error::UnknownCommand {
         command_id: command_id.clone(),
     })?;
-    let changed = row.change(now, change)?;
+    let changed = row.into_change(now, change)?;
     write_change(tx, &changed)?;
     Ok(changed.value)
 }

@@ -14,7 +14,10 @@ use miniflow_core::{
     WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    TransactionBehavior,
+};
 use rusqlite_migration::{Migrations, M};
 
 use crate::writer::{made_work, Writer};
@@ -23,11 +26,13 @@ use crate::writer::{made_work, Writer};
 mod rows;
 mod claim;
 pub(crate) mod jobs;
+mod retention;
 mod schema;
 mod timers;
 mod writes;
 
 use self::claim::*;
+use self::retention::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
 pub(crate) use self::schema::open_connection;
@@ -42,6 +47,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../../migrations/0003_timers.sql"),
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -514,9 +520,12 @@ impl Operations for SqliteStore {
         };
         let cutoff = to_sql_time("now", cutoff)?;
         self.write(move |tx| {
-            tx.prepare_cached(PURGE_DONE)
+            let purged = tx
+                .prepare_cached(PURGE_DONE)
                 .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
-                .map_err(storage)
+                .map_err(storage)?;
+            give_back_free_pages(tx)?;
+            Ok(purged)
         })
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
@@ -553,8 +562,13 @@ mod tests {
             ("claim", CLAIM_DUE_FIRST, "outbox_due"),
             ("strict claim", CLAIM_STRICT, "outbox_due"),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
-            ("one row", SELECT_ONE, "PRIMARY KEY"),
-            ("a workflow's rows", SELECT_WORKFLOW, "PRIMARY KEY"),
+            ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
+            (
+                "a workflow's rows",
+                SELECT_WORKFLOW,
+                "sqlite_autoindex_outbox_1",
+            ),
+            ("a retired workflow", SELECT_RETIRED, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
             ("anything due", ANY_COMMAND_DUE, "outbox_due"),
             ("any timer due", ANY_TIMER_DUE, "timers_due"),
@@ -570,6 +584,7 @@ mod tests {
                 "timers_scheduled_by_name",
             ),
             ("old done rows", PURGE_DONE, "outbox_done"),
+            ("finished workflows", RETIRABLE, "PRIMARY KEY"),
         ] {
             let mut stmt = store
                 .conn

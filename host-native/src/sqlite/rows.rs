@@ -7,7 +7,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested"
+         resolution, report_result, result, cancel_requested, id"
     };
 }
 
@@ -312,6 +312,8 @@ pub(super) mod col {
     pub const REPORT_RESULT: usize = 16;
     pub const RESULT: usize = 17;
     pub const CANCEL_REQUESTED: usize = 18;
+    /// The row's integer key (schema version 7).
+    pub const ID: usize = 19;
 }
 
 pub(super) fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {

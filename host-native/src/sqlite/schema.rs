@@ -14,13 +14,52 @@ pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Co
         Synchronous::Full => ("FULL", 2),
         Synchronous::Normal => ("NORMAL", 1),
     };
+    // Before anything is written: a new file gives freed pages back (see `give_back_free_pages`).
+    // On a file that has pages, the pragma would wait for the write lock for nothing.
+    let pages: i64 = conn
+        .query_row("PRAGMA page_count", [], |row| row.get(0))
+        .map_err(storage)?;
+    if pages == 0 {
+        conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
+            .map_err(storage)?;
+    }
     expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
     expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
     expect_pragma(&conn, "foreign_keys", "ON", 1)?;
-    conn.execute_batch("PRAGMA cache_size = -16384")
+    // Statement journals (a savepoint per request of the writer) stay in memory.
+    conn.execute_batch("PRAGMA cache_size = -16384; PRAGMA temp_store = MEMORY")
         .map_err(storage)?;
     migrate(&mut conn)?;
+    give_back_space_from_now_on(&conn)?;
     Ok(conn)
+}
+
+/// The schema version that made the outbox lean and added retired workflows (migration 0007).
+pub(super) const LEAN_OUTBOX_VERSION: i64 = 5;
+
+/// `PRAGMA auto_vacuum` of a file that gives freed pages back when asked (`INCREMENTAL`).
+const INCREMENTAL: i64 = 2;
+
+/// Makes a file written before `auto_vacuum = INCREMENTAL` give freed pages back: SQLite applies the
+/// setting to an existing file only by rebuilding it (`VACUUM`, outside any transaction), once. It
+/// holds the write lock meanwhile and needs free disk space for a copy of the file.
+fn give_back_space_from_now_on(conn: &Connection) -> Result<(), Error> {
+    let mode = |conn: &Connection| -> Result<i64, Error> {
+        conn.query_row("PRAGMA auto_vacuum", [], |row| row.get(0))
+            .map_err(storage)
+    };
+    if mode(conn)? == INCREMENTAL {
+        return Ok(());
+    }
+    conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL; VACUUM")
+        .map_err(storage)?;
+    match mode(conn)? {
+        INCREMENTAL => Ok(()),
+        other => Err(Error::Storage(
+            format!("PRAGMA auto_vacuum is {other} after setting it to INCREMENTAL and a VACUUM")
+                .into(),
+        )),
+    }
 }
 
 /// Sets a pragma and checks the value that comes back: a misspelt or refused pragma is silently
@@ -91,6 +130,7 @@ pub(super) const TABLES: &[(&str, i64)] = &[
     ("outbox", 1),
     ("idempotency", 2),
     ("timers", 3),
+    ("retired_workflows", LEAN_OUTBOX_VERSION),
 ];
 
 /// The 16 bytes a SQLite database file starts with.
@@ -289,6 +329,112 @@ mod opening_tests {
         let conn = Connection::open(path).unwrap();
         conn.execute_batch(MIGRATIONS[0]).unwrap();
         conn.execute_batch("PRAGMA user_version = 1").unwrap();
+    }
+
+    /// Every column of every outbox row but its integer key, as SQLite stores it, in command ID order.
+    fn outbox_columns(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
+        let columns = row_columns!().strip_suffix(", id").unwrap();
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT {columns} FROM outbox ORDER BY workflow_id, event_seq, idx"
+            ))
+            .unwrap();
+        let count = stmt.column_count();
+        stmt.query_map([], |row| (0..count).map(|i| row.get(i)).collect())
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_version_4_store_keeps_every_outbox_row_and_gives_space_back_after_the_upgrade() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v4.db");
+        let conn = Connection::open(&path).unwrap();
+        for sql in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 4;
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5), ('w', 2, 'more', '{}', 6),
+                 ('v', 1, 'start', '{}', 5);
+             INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, attempts,
+                 last_error, available_at, lease_owner, lease_expires_at, lease_token, created_at,
+                 processed_at, manual_retries, resolution, report_result, result, cancel_requested)
+             VALUES
+                 ('w', 1, 0, 'a', '{\"n\":0}', 'pending', 0, NULL, 5, NULL, NULL, 0, 5, NULL, 0, NULL, 0, NULL, 0),
+                 ('w', 1, 1, 'b', '{}', 'leased', 2, 'timeout', 90, 'worker-1', 90, 2, 5, NULL, 0, NULL, 1, NULL, 1),
+                 ('w', 1, 10, 'c', '{}', 'done', 1, NULL, 30, 'worker-2', 30, 1, 5, 40, 0, NULL, 1, '{\"ref\":7}', 0),
+                 ('w', 2, 0, 'd', '{}', 'dead', 10, 'refused', 50, 'worker-1', 50, 10, 6, 60, 1, NULL, 0, NULL, 0),
+                 ('v', 1, 0, 'e', '{}', 'cancelled', 0, NULL, 5, NULL, NULL, 0, 5, 8, 0, NULL, 0, NULL, 0),
+                 ('v', 1, 1, 'f', '{}', 'done', 1, 'x', 5, 'worker-3', 20, 1, 5, 21, 2, 'by hand', 0, NULL, 0);",
+        )
+        .unwrap();
+        let before = outbox_columns(&conn);
+        let auto_vacuum = |conn: &Connection| -> i64 {
+            conn.query_row("PRAGMA auto_vacuum", [], |row| row.get(0))
+                .unwrap()
+        };
+        assert_eq!(auto_vacuum(&conn), 0, "written without auto_vacuum");
+        drop(conn);
+
+        let store = SqliteStore::open(&path).unwrap();
+        let conn = store.connection();
+        assert_eq!(
+            outbox_columns(conn),
+            before,
+            "every column of every row kept"
+        );
+        assert_eq!(
+            auto_vacuum(conn),
+            INCREMENTAL,
+            "converted once, by a VACUUM"
+        );
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+        let orphans: i64 = conn
+            .query_row("SELECT COUNT(*) FROM pragma_foreign_key_check", [], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(orphans, 0);
+        let ids: Vec<i64> = conn
+            .prepare("SELECT id FROM outbox ORDER BY workflow_id, event_seq, idx")
+            .unwrap()
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(ids.len(), 6, "each row has its integer key: {ids:?}");
+        let rows = store.commands(&WorkflowId::new("w").unwrap()).unwrap();
+        let statuses: Vec<_> = rows
+            .iter()
+            .map(|r| (r.command_id.to_string(), r.status))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                ("w:1:0".to_owned(), Status::Pending),
+                ("w:1:1".to_owned(), Status::Leased),
+                ("w:1:10".to_owned(), Status::Done),
+                ("w:2:0".to_owned(), Status::Dead),
+            ]
+        );
+        assert_eq!(rows[2].result, Some(serde_json::json!({ "ref": 7 })));
+        assert!(rows[1].cancel_requested && rows[1].report_result);
+    }
+
+    #[test]
+    fn a_new_store_gives_freed_pages_back_from_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("new.db")).unwrap();
+        let mode: i64 = store
+            .connection()
+            .query_row("PRAGMA auto_vacuum", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, INCREMENTAL);
     }
 
     #[test]

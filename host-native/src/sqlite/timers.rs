@@ -27,10 +27,10 @@ pub(super) const ANY_TIMER_DUE: &str =
 pub(super) const SELECT_TIMER: &str = select_timers!("WHERE timer_id = ?1");
 pub(super) const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?3 \
      WHERE workflow_id = ?1 AND name = ?2 AND processed_at IS NULL";
-/// The oldest done rows first (the order of `outbox_done`, whose entries end with the primary key).
-pub(super) const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
-     (SELECT workflow_id, event_seq, idx FROM outbox \
-      WHERE status IN ('done', 'cancelled') AND processed_at <= ?1 \
+/// The oldest done rows first (see [`OutboxRow::purge_order`]: the order of `outbox_done`).
+pub(super) const PURGE_DONE: &str = "DELETE FROM outbox WHERE id IN \
+     (SELECT id FROM outbox \
+      WHERE (status = 'done' OR status = 'cancelled') AND processed_at <= ?1 \
       ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
 
 pub(super) fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {

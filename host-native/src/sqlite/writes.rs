@@ -47,22 +47,20 @@ pub(super) fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error>
     Ok(())
 }
 
-/// Writes the columns a claim changes: the hot path of [`Outbox::claim`].
-pub(super) fn write_lease(conn: &Connection, row: &OutboxRow) -> Result<(), Error> {
-    let (w, s, i) = id_params(&row.command_id);
+/// Writes the columns a claim changes, to the row with the integer key `id`: the hot path of
+/// [`Outbox::claim`].
+pub(super) fn write_lease(conn: &Connection, id: i64, row: &OutboxRow) -> Result<(), Error> {
     let lease = row.lease.as_ref().ok_or_else(|| {
         Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
     })?;
     let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
     conn.prepare_cached(
-        "UPDATE outbox SET status = 'leased', attempts = ?4, available_at = ?5, lease_owner = ?6, \
-         lease_expires_at = ?5, lease_token = ?7 WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3",
+        "UPDATE outbox SET status = 'leased', attempts = ?2, available_at = ?3, lease_owner = ?4, \
+         lease_expires_at = ?3, lease_token = ?5 WHERE id = ?1",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
-            w,
-            s,
-            i,
+            id,
             row.attempts,
             expires_at,
             lease.owner,
@@ -136,7 +134,7 @@ pub(super) fn complete_in(
     let row = select_row(conn, id)?.ok_or_else(|| Error::UnknownCommand {
         command_id: id.clone(),
     })?;
-    let changed = row.change(now, |row| row.complete(token, result, now))?;
+    let changed = row.into_change(now, |row| row.complete(token, result, now))?;
     if !changed.row.reports_completion() {
         return Err(Error::Corrupt(format!(
             "command {id} holds lease {token} but did not complete"
@@ -191,17 +189,20 @@ pub(crate) fn in_savepoint<T>(
     conn: &Connection,
     write: impl FnOnce(&Connection) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    conn.execute_batch("SAVEPOINT miniflow_write")
-        .map_err(storage)?;
+    let run = |sql: &str| {
+        conn.prepare_cached(sql)
+            .and_then(|mut stmt| stmt.execute([]))
+            .map_err(storage)
+    };
+    run("SAVEPOINT miniflow_write")?;
     match write(conn) {
         Ok(out) => {
-            conn.execute_batch("RELEASE miniflow_write")
-                .map_err(storage)?;
+            run("RELEASE miniflow_write")?;
             Ok(out)
         }
         Err(e) => {
             // Rolling back can only fail if the connection is gone; the error that matters is `e`.
-            let _ = conn.execute_batch("ROLLBACK TO miniflow_write; RELEASE miniflow_write");
+            let _ = run("ROLLBACK TO miniflow_write").and_then(|_| run("RELEASE miniflow_write"));
             Err(e)
         }
     }
@@ -218,6 +219,9 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
     let actual = Seq::new(actual as u64)?;
     if actual != commit.expected_seq() {
         return Err(commit.conflict(actual));
+    }
+    if actual == Seq::ZERO {
+        check_not_retired(tx, commit.workflow_id())?;
     }
     {
         let mut insert_event = tx

@@ -1,6 +1,7 @@
 //! The writer thread: group commit, a savepoint per request, answers after the COMMIT.
 
-use std::sync::mpsc::Receiver;
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
@@ -12,36 +13,96 @@ use miniflow_core::Error;
 /// how long the last request of a group waits for the first.
 const MAX_GROUP: usize = 1024;
 
-/// The thread's loop: waits for a request, takes every other one already queued behind it (up to
-/// [`MAX_GROUP`]), and commits them together. Ends when every handle is gone and the queue is empty.
-pub(super) fn run(mut conn: Connection, queue: Receiver<Box<dyn Job>>, work: &WorkSignal) {
-    let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
-    while let Ok(first) = queue.recv() {
-        group.push(first);
-        while group.len() < MAX_GROUP {
-            match queue.try_recv() {
-                Ok(job) => group.push(job),
-                Err(_) => break,
+/// The longest the writer waits for the callers of its last group to come back before it begins
+/// the next one.
+const MAX_DELAY: Duration = Duration::from_millis(1);
+
+/// Takes what is queued behind the group's first request; while fewer than `expected` (the size of
+/// the last group) are in, waits for more, up to `delay` (half the last commit's time): a caller
+/// answered a moment ago is likely to come back, and one more request in a group costs far less
+/// than one more commit.
+fn gather(
+    queue: &Receiver<Box<dyn Job>>,
+    group: &mut Vec<Box<dyn Job>>,
+    expected: usize,
+    delay: Duration,
+) {
+    let until = Instant::now() + delay;
+    while group.len() < MAX_GROUP {
+        match queue.try_recv() {
+            Ok(job) => group.push(job),
+            Err(_) if group.len() >= expected => return,
+            Err(_) => {
+                let left = until.saturating_duration_since(Instant::now());
+                match queue.recv_timeout(left) {
+                    Ok(job) if !left.is_zero() => group.push(job),
+                    Ok(job) => return group.push(job),
+                    Err(_) => return,
+                }
             }
         }
-        commit_group(&mut conn, &mut group, work);
+    }
+}
+
+/// Requests whose group is over, with how it ended, for the reply thread to answer.
+pub(super) type Answered = (Vec<Box<dyn Job>>, Result<(), Error>);
+
+/// The reply thread's loop: answers each group's requests in order, off the writer thread (waking
+/// the callers costs a system call each), until the writer thread ends.
+pub(super) fn reply(answered: Receiver<Answered>) {
+    while let Ok((jobs, committed)) = answered.recv() {
+        for job in jobs {
+            job.finish(committed.as_ref().map(|_| ()));
+        }
+    }
+}
+
+/// The thread's loop: waits for a request, takes every other one already queued behind it (up to
+/// [`MAX_GROUP`]), and commits them together. Ends when every handle is gone and the queue is empty.
+pub(super) fn run(
+    mut conn: Connection,
+    queue: Receiver<Box<dyn Job>>,
+    answers: Sender<Answered>,
+    work: &WorkSignal,
+) {
+    let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
+    // The callers answered last time, likely to come back, and how long that commit took.
+    let (mut expected, mut last_commit) = (0, Duration::ZERO);
+    while let Ok(first) = queue.recv() {
+        group.push(first);
+        gather(&queue, &mut group, expected, last_commit / 2);
+        expected = group.len();
+        let started = Instant::now();
+        commit_group(&mut conn, &mut group, &answers, work);
+        last_commit = started.elapsed().min(MAX_DELAY * 2);
     }
 }
 
 /// Runs the requests of `group` in one transaction and answers each once its fate is known. If
 /// SQLite ends the transaction under a request (an I/O error or a full disk roll it back), the
 /// requests that ran in it are answered with that error and the rest go on in a new transaction.
-fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Job>>, work: &WorkSignal) {
+fn commit_group(
+    conn: &mut Connection,
+    group: &mut Vec<Box<dyn Job>>,
+    answers: &Sender<Answered>,
+    work: &WorkSignal,
+) {
     let mut waiting = group.drain(..);
+    let answer = |jobs: Vec<Box<dyn Job>>, committed: Result<(), Error>| {
+        if let Err(std::sync::mpsc::SendError((jobs, committed))) = answers.send((jobs, committed))
+        {
+            // The reply thread is gone (it never panics): answer here.
+            for job in jobs {
+                job.finish(committed.as_ref().map(|_| ()));
+            }
+        }
+    };
     loop {
         take_made_work();
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => tx,
             Err(e) => {
-                let e = storage(e);
-                for job in waiting {
-                    job.finish(Err(&e));
-                }
+                answer(waiting.collect(), Err(storage(e)));
                 return;
             }
         };
@@ -62,19 +123,14 @@ fn commit_group(conn: &mut Connection, group: &mut Vec<Box<dyn Job>>, work: &Wor
                  a full disk or a request that ended it): nothing of it was written"
                     .into(),
             );
-            for job in ran {
-                job.finish(Err(&e));
-            }
+            answer(ran, Err(e));
             continue;
         }
         let committed = tx.commit().map_err(storage);
         if committed.is_ok() && take_made_work() {
             work.bump();
         }
-        let committed = committed.as_ref().map(|_| ());
-        for job in ran {
-            job.finish(committed);
-        }
+        answer(ran, committed);
         return;
     }
 }

@@ -75,8 +75,9 @@ struct Shared {
     key: Key,
     queue: Option<Sender<Box<dyn Job>>>,
     work: Arc<WorkSignal>,
-    thread: Option<JoinHandle<()>>,
-    thread_id: ThreadId,
+    /// The writer thread, then the thread that answers its requests.
+    threads: Vec<JoinHandle<()>>,
+    thread_ids: [ThreadId; 2],
 }
 
 /// Which writer a store uses: one per file (by its canonical path) and options, so that a store
@@ -139,18 +140,26 @@ impl Writer {
         }
         writers.retain(|_, writer| writer.strong_count() > 0);
         let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
+        let (answers, answered) = mpsc::channel::<group::Answered>();
         let work = Arc::new(WorkSignal::default());
         let signal = work.clone();
-        let thread = std::thread::Builder::new()
-            .name("miniflow-writer".to_owned())
-            .spawn(move || group::run(conn, jobs, &signal))
-            .map_err(|e| Error::Storage(Box::new(e)))?;
+        let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(run)
+                .map_err(|e| Error::Storage(Box::new(e)))
+        };
+        let replies = spawn("miniflow-replies", Box::new(move || group::reply(answered)))?;
+        let writer = spawn(
+            "miniflow-writer",
+            Box::new(move || group::run(conn, jobs, answers, &signal)),
+        )?;
         let shared = Arc::new(Shared {
             key: key.clone(),
             queue: Some(queue),
             work,
-            thread_id: thread.thread().id(),
-            thread: Some(thread),
+            thread_ids: [writer.thread().id(), replies.thread().id()],
+            threads: vec![writer, replies],
         });
         writers.insert(key, Arc::downgrade(&shared));
         Ok(Self { shared })
@@ -170,7 +179,8 @@ impl Writer {
     /// write is built on.
     ///
     /// The writer runs `work` on its thread, inside the transaction of the group it belongs to and
-    /// inside a savepoint of its own, then calls `reply` on its thread:
+    /// inside a savepoint of its own, then calls `reply` on its reply thread (which answers the
+    /// requests in the order they arrived, while the writer goes on with the next group):
     ///
     /// - with `work`'s value once the group's COMMIT is durable;
     /// - with `work`'s error if it failed (or panicked): its savepoint was rolled back, nothing of it
@@ -184,8 +194,8 @@ impl Writer {
     /// `work` holds the write lock of the file while it runs, and every other request waits for it:
     /// keep it to a few statements, and never wait in it for anything else (a network call, a lock,
     /// a reply of this writer). It must neither commit nor roll back the transaction it is given.
-    /// `reply` runs on the writer thread too: hand the value over (a channel, a oneshot, a waker)
-    /// and return.
+    /// `reply` runs on the reply thread, which answers every other request too: hand the value over
+    /// (a channel, a oneshot, a waker) and return.
     ///
     /// ```
     /// use std::sync::mpsc;
@@ -258,18 +268,22 @@ impl Writer {
     /// # Errors
     ///
     /// `work`'s error, or the group's (see [`Writer::submit`]); [`Error::InvalidInput`] when called
-    /// from inside a request of this writer (it would wait for itself).
+    /// from inside a request of this writer or a reply (it would wait for itself).
     pub fn run<R, W>(&self, work: W) -> Result<R, Error>
     where
         R: Send + 'static,
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
-        if std::thread::current().id() == self.shared.thread_id {
+        if self
+            .shared
+            .thread_ids
+            .contains(&std::thread::current().id())
+        {
             return Err(Error::invalid(
                 "work",
                 "Writer::run",
-                "called from inside a request of the same writer, it would wait for itself: \
-                 write on the transaction the request was given instead",
+                "called from inside a request or a reply of the same writer, it would wait for \
+                 itself: write on the transaction the request was given instead",
             ));
         }
         let (answer, answered) = mpsc::sync_channel(1);
@@ -301,10 +315,10 @@ impl Drop for Shared {
     fn drop(&mut self) {
         // The thread commits what is queued, sees the queue closed, closes its connection and ends.
         self.queue.take();
-        if std::thread::current().id() == self.thread_id {
-            return; // the last handle was dropped by a reply on the writer thread itself
+        if self.thread_ids.contains(&std::thread::current().id()) {
+            return; // the last handle was dropped inside a request or a reply: the threads end alone
         }
-        if let Some(thread) = self.thread.take() {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
     }

@@ -1,0 +1,208 @@
+//! Retention of finished workflows: when a workflow's whole history (its events, commands and timers)
+//! may be deleted, and what a store keeps of it afterwards.
+//!
+//! **The rule.** A workflow is *finished* when nothing of it is left to do and nothing can come back
+//! into it on its own:
+//!
+//! - every command it decided is done or cancelled — none pending or leased (still to deliver), and
+//!   none dead (a dead command waits for a person, whose `retry` or `resolve` feeds an event back);
+//! - none of its timers is scheduled (a timer, or the feedback of a settled command, is still to
+//!   fire into it).
+//!
+//! It is *retirable* at `now` when it is finished and has been for at least the retention period:
+//! its last event, and the last settlement of any of its commands and timers, are at least
+//! `older_than` before `now`. A retention run deletes a retirable workflow's events, commands and
+//! timers together, in one transaction, and keeps only a record that the workflow ID was retired:
+//! a retired workflow takes no new event ([`retired`]), since a new history would start again at
+//! seq 1 and repeat the command IDs of the old one, which receivers fold into the old effects.
+//!
+//! An unfinished workflow is never retired, however old.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::id::WorkflowId;
+use crate::model::EventRecord;
+use crate::outbox::{OutboxRow, Status};
+use crate::time::Timestamp;
+use crate::timer::{TimerRow, TimerStatus};
+
+/// Whether this command leaves its workflow finished: done or cancelled.
+pub fn command_is_settled(row: &OutboxRow) -> bool {
+    matches!(row.status, Status::Done | Status::Cancelled)
+}
+
+/// Whether this timer leaves its workflow finished: fired, cancelled or rejected.
+pub fn timer_is_settled(timer: &TimerRow) -> bool {
+    timer.status != TimerStatus::Scheduled
+}
+
+/// The latest `recorded_at` of `events`: what [`finished_at`] takes of a workflow's events.
+pub fn last_recorded_at(events: &[EventRecord]) -> Option<Timestamp> {
+    events.iter().map(|event| event.recorded_at).max()
+}
+
+/// When a workflow finished, given the latest `recorded_at` of its events ([`last_recorded_at`]),
+/// its commands and its timers: the latest of that and its commands' and timers' `processed_at`;
+/// `None` while it is unfinished (see the [module](self) for the rule) or has no event.
+///
+/// ```
+/// use miniflow_core::{finished_at, json, last_recorded_at, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+///
+/// let commit = Commit::new(
+///     WorkflowId::new("trip-001")?,
+///     Seq::ZERO,
+///     Event::new("trip_requested", json!({})),
+///     Decision::new().command(Command::new("lock_budget", json!({}))),
+///     Timestamp::from_millis(1_000),
+/// )?;
+/// let last_event = last_recorded_at(commit.events());
+/// let mut command = commit.commands()[0].clone();
+/// assert_eq!(finished_at(last_event, &[command.clone()], &[]), None, "its command is pending");
+/// command.mark_done(Timestamp::from_millis(5_000))?;
+/// assert_eq!(finished_at(last_event, &[command], &[]), Some(Timestamp::from_millis(5_000)));
+/// # Ok::<(), miniflow_core::Error>(())
+/// ```
+pub fn finished_at(
+    last_event_at: Option<Timestamp>,
+    commands: &[OutboxRow],
+    timers: &[TimerRow],
+) -> Option<Timestamp> {
+    if !commands.iter().all(command_is_settled) || !timers.iter().all(timer_is_settled) {
+        return None;
+    }
+    let settled = commands
+        .iter()
+        .filter_map(|row| row.processed_at)
+        .chain(timers.iter().filter_map(|timer| timer.processed_at));
+    Some(settled.fold(last_event_at?, Timestamp::max))
+}
+
+/// Whether a retention run at `now` may delete a workflow's history: finished (see
+/// [`finished_at`]) at least `older_than` before `now`.
+pub fn is_retirable(
+    last_event_at: Option<Timestamp>,
+    commands: &[OutboxRow],
+    timers: &[TimerRow],
+    older_than: Duration,
+    now: Timestamp,
+) -> bool {
+    finished_at(last_event_at, commands, timers).is_some_and(|at| at + older_than <= now)
+}
+
+/// The error for a new event to a workflow that retention retired at `retired_at`: refused, and
+/// nothing written.
+pub fn retired(workflow_id: &WorkflowId, retired_at: Timestamp) -> Error {
+    Error::invalid(
+        "workflow_id",
+        workflow_id,
+        format!(
+            "was retired by retention at {retired_at}: its history is deleted, and a new event \
+             would start it again at seq 1, repeating its old command IDs; use a new workflow ID"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Command, Decision, Event};
+    use crate::store::Commit;
+    use crate::timer::Timer;
+    use crate::{ClaimRequest, Failure, RetryPolicy, Seq};
+    use serde_json::json;
+
+    fn at(millis: u64) -> Timestamp {
+        Timestamp::from_millis(millis)
+    }
+
+    /// A workflow's first commit at 1,000 ms with two commands and a timer due at 3,000 ms.
+    fn first_commit() -> Commit {
+        let decision = Decision::new()
+            .command(Command::new("a", json!({})))
+            .command(Command::new("b", json!({})))
+            .timer(Timer::after("t", Duration::from_secs(2), json!({})));
+        let event = Event::new("started", json!({}));
+        Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            event,
+            decision,
+            at(1_000),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_workflow_is_finished_only_when_every_command_and_timer_is_settled() {
+        let commit = first_commit();
+        let events = last_recorded_at(commit.events());
+        let mut commands = commit.commands().to_vec();
+        let mut timers = commit.timers().to_vec();
+        assert_eq!(finished_at(events, &commands, &timers), None, "all open");
+
+        commands[0].mark_done(at(2_000)).unwrap();
+        let request = ClaimRequest::new("w");
+        let token = commands[1].claim(&request, at(2_000)).unwrap().token;
+        assert_eq!(
+            finished_at(events, &commands, &timers),
+            None,
+            "one is leased"
+        );
+        let failure = Failure::permanent("refused");
+        commands[1]
+            .fail(token, &failure, &RetryPolicy::default(), at(2_500))
+            .unwrap();
+        assert_eq!(commands[1].status, Status::Dead);
+        assert_eq!(
+            finished_at(events, &commands, &timers),
+            None,
+            "a dead command waits for a person"
+        );
+        commands[1].resolve("refunded by hand", at(4_000)).unwrap();
+        assert_eq!(
+            finished_at(events, &commands, &timers),
+            None,
+            "its timer is scheduled"
+        );
+        timers[0].fire(at(3_500)).unwrap();
+        assert_eq!(finished_at(events, &commands, &timers), Some(at(4_000)));
+
+        assert!(!is_retirable(
+            events,
+            &commands,
+            &timers,
+            Duration::from_secs(10),
+            at(13_999)
+        ));
+        assert!(is_retirable(
+            events,
+            &commands,
+            &timers,
+            Duration::from_secs(10),
+            at(14_000)
+        ));
+    }
+
+    #[test]
+    fn a_workflow_without_commands_finishes_at_its_last_event_and_one_without_events_never() {
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            Event::new("noted", json!({})),
+            Decision::none(),
+            at(7),
+        )
+        .unwrap();
+        let events = last_recorded_at(commit.events());
+        assert_eq!(finished_at(events, &[], &[]), Some(at(7)));
+        assert_eq!(finished_at(None, &[], &[]), None);
+        let cancelled = {
+            let mut row = first_commit().commands()[0].clone();
+            row.cancel(at(9));
+            row
+        };
+        assert_eq!(cancelled.status, Status::Cancelled);
+        assert_eq!(finished_at(events, &[cancelled], &[]), Some(at(9)));
+    }
+}
