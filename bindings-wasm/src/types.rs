@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use miniflow_core::{
-    ClaimOrder, ClaimRequest, Command, CommandId, Decision, Event, RetryPolicy, Timer, Timestamp,
+    ClaimOrder, ClaimRequest, Command, CommandId, Decision, Event, Missed, RetryPolicy, Schedule,
+    Timer, Timestamp,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -24,11 +25,22 @@ export interface EventInput { kind: string; payload?: Json }
 export interface CommandInput { kind: string; payload?: Json; report_result?: boolean }
 /** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
 export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
-/** What a workflow decides: commands, timers to schedule or cancel, or a rejection of the event. */
+/** What happens to the occurrences of a schedule missed while no firer ran: one event for the
+ * latest (`"fire_once"`, the default), or one each for the latest `max` (1 to 1000). */
+export type Missed = "fire_once" | { fire_all: { max: number } };
+/** A recurring schedule: every `every_ms` milliseconds (1000 or more) from the commit that starts
+ * it, or whenever the `cron` expression matches, in UTC; one `schedule_fired` event per occurrence.
+ * Exactly one of `every_ms` and `cron`. Starting a name that runs replaces it. */
+export interface ScheduleInput { name: string; every_ms?: number; cron?: string; payload?: Json; on_missed?: Missed }
+/** What a workflow decides: commands, timers and schedules to start or cancel, or a rejection of
+ * the event. */
 export interface DecisionObject {
   commands?: CommandInput[];
   timers?: TimerInput[];
   cancel_timers?: string[];
+  schedules?: ScheduleInput[];
+  /** Names of schedules to stop (schedules share their names with timers). */
+  cancel_schedules?: string[];
   /** IDs of earlier commands of this workflow to withdraw. */
   cancel_commands?: string[];
   /** Kinds whose unfinished commands in this workflow are withdrawn. */
@@ -100,6 +112,19 @@ export type Settled =
 
 /** The payload of a `timer_fired` event. */
 export interface TimerFired { timer_id: string; name: string; payload: Json }
+/** The payload of a `schedule_fired` event: one occurrence of a schedule, standing also for the
+ * `missed` earlier ones its policy folded into it; `next_at` is the occurrence armed with it (null:
+ * the schedule ends). Times are milliseconds since the epoch. */
+export interface ScheduleFired {
+  timer_id: string;
+  name: string;
+  payload: Json;
+  scheduled_at: number;
+  missed: number;
+  next_at: number | null;
+  recurrence: { every_ms: number } | { cron: string };
+  on_missed: Missed;
+}
 /** The payload of a `command_completed` event: a command's result, back in its workflow. */
 export interface CommandCompleted { command_id: string; kind: string; result: Json; attempts: number }
 /** The payload of a `command_failed` event: a command became dead. */
@@ -109,6 +134,7 @@ export interface CommandResolved { command_id: string; kind: string; note: strin
 /** The events miniflow itself writes into a workflow, by kind. */
 export type BuiltInEvent =
   | { kind: "timer_fired"; payload: TimerFired }
+  | { kind: "schedule_fired"; payload: ScheduleFired }
   | { kind: "command_completed"; payload: CommandCompleted }
   | { kind: "command_failed"; payload: CommandFailed }
   | { kind: "command_resolved"; payload: CommandResolved };
@@ -201,12 +227,76 @@ pub struct TimerInput {
     payload: Value,
 }
 
-/// `DecisionInput`.
+/// `ScheduleInput`: exactly one of `every_ms` and `cron`.
 #[derive(Deserialize)]
-#[serde(untagged)]
+#[serde(try_from = "ScheduleFields")]
+pub struct ScheduleInput(Schedule);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleFields {
+    name: String,
+    every_ms: Option<u64>,
+    cron: Option<String>,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    on_missed: Missed,
+}
+
+impl TryFrom<ScheduleFields> for ScheduleInput {
+    type Error = String;
+
+    fn try_from(fields: ScheduleFields) -> Result<Self, String> {
+        let schedule = match (fields.every_ms, fields.cron) {
+            (Some(ms), None) => Schedule::every(fields.name, Duration::from_millis(ms)),
+            (None, Some(expression)) => Schedule::cron(fields.name, expression),
+            _ => {
+                return Err(format!(
+                    "schedule {:?} needs exactly one of every_ms and cron",
+                    fields.name
+                ))
+            }
+        };
+        Ok(Self(
+            schedule.payload(fields.payload).on_missed(fields.on_missed),
+        ))
+    }
+}
+
+/// `DecisionInput`.
 pub enum DecisionInput {
     Commands(Vec<CommandInput>),
     Full(DecisionObject),
+}
+
+/// An array is a list of commands, anything else a decision object: read as the one it is, so a
+/// malformed decision is reported by what is wrong in it (an untagged enum would only say that no
+/// shape matched).
+impl<'de> Deserialize<'de> for DecisionInput {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DecisionVisitor)
+    }
+}
+
+struct DecisionVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DecisionVisitor {
+    type Value = DecisionInput;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of commands or a decision object")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<DecisionInput, A::Error> {
+        let commands = Deserialize::deserialize(serde::de::value::SeqAccessDeserializer::new(seq));
+        commands.map(DecisionInput::Commands)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<DecisionInput, A::Error> {
+        let full = Deserialize::deserialize(serde::de::value::MapAccessDeserializer::new(map));
+        full.map(DecisionInput::Full)
+    }
 }
 
 /// `DecisionObject`.
@@ -216,6 +306,8 @@ pub struct DecisionObject {
     commands: Vec<CommandInput>,
     timers: Vec<TimerInput>,
     cancel_timers: Vec<String>,
+    schedules: Vec<ScheduleInput>,
+    cancel_schedules: Vec<String>,
     cancel_commands: Vec<CommandId>,
     cancel_kinds: Vec<String>,
     reject: Option<String>,
@@ -254,6 +346,12 @@ impl From<DecisionInput> for Decision {
         }
         for name in full.cancel_timers {
             decision = decision.cancel_timer(name);
+        }
+        for schedule in full.schedules {
+            decision = decision.schedule(schedule.0);
+        }
+        for name in full.cancel_schedules {
+            decision = decision.cancel_schedule(name);
         }
         for id in full.cancel_commands {
             decision = decision.cancel_command(id);

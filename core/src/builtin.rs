@@ -24,6 +24,7 @@
 //! | kind | payload | when |
 //! |---|---|---|
 //! | [`TIMER_FIRED`] | [`TimerFired`] | a timer of the workflow fired |
+//! | [`SCHEDULE_FIRED`] | [`ScheduleFired`] | an occurrence of a recurring schedule of the workflow came (see [`crate::Schedule`]) |
 //! | [`COMMAND_COMPLETED`] | [`CommandCompleted`] | a command that asked for its result ([`crate::Command::report_result`]) completed, or a command the workflow had cancelled completed anyway |
 //! | [`COMMAND_FAILED`] | [`CommandFailed`] | a command became dead |
 //! | [`COMMAND_RESOLVED`] | [`CommandResolved`] | a person resolved a dead command by hand |
@@ -35,9 +36,13 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::id::CommandId;
 use crate::model::EventRecord;
+use crate::schedule::{Missed, Recurrence};
+use crate::time::Timestamp;
 
 /// The kind of the event a user timer commits when it fires.
 pub const TIMER_FIRED: &str = "timer_fired";
+/// The kind of the event an occurrence of a recurring schedule commits.
+pub const SCHEDULE_FIRED: &str = "schedule_fired";
 /// The kind of the event that carries a command's result back into its workflow.
 pub const COMMAND_COMPLETED: &str = "command_completed";
 /// The kind of the event committed when a command becomes dead.
@@ -64,6 +69,51 @@ pub struct TimerFired {
 
 impl BuiltInEvent for TimerFired {
     const KIND: &'static str = TIMER_FIRED;
+}
+
+/// The payload of [`SCHEDULE_FIRED`]: one occurrence of a recurring schedule ([`crate::Schedule`]),
+/// standing also for the earlier occurrences its missed-occurrence policy folded into it.
+///
+/// ```json
+/// { "timer_id": "meter-7:1:s0@1700000060000", "name": "reading", "payload": { "unit": "kWh" },
+///   "scheduled_at": 1700000060000, "missed": 0, "next_at": 1700000120000,
+///   "recurrence": { "every_ms": 60000 }, "on_missed": "fire_once" }
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleFired {
+    /// The ID of the timer that fired: `{workflow_id}:{event_seq}:s{index}@{at}`, the occurrence at
+    /// `at` of the `index`-th schedule started by event `event_seq`. After missed occurrences `at` is
+    /// the first of them, and [`ScheduleFired::scheduled_at`] the one this event stands for.
+    pub timer_id: String,
+    /// The schedule's name.
+    pub name: String,
+    /// The payload the schedule was started with.
+    pub payload: Value,
+    /// The occurrence this event stands for (milliseconds since the Unix epoch). The event's
+    /// `recorded_at` says when it actually fired; a workflow that ignores stale occurrences compares
+    /// the two.
+    pub scheduled_at: Timestamp,
+    /// How many earlier occurrences went by without an event of their own (the host was down, or
+    /// firing fell behind) and are folded into this one by the [`Missed`] policy; 0 when none was
+    /// missed. Counted up to [`ScheduleFired::MAX_MISSED`].
+    pub missed: u64,
+    /// The next occurrence, armed in the same commit as this event (unless this event's decision
+    /// stops or restarts the schedule); `None` when the schedule has no later occurrence, and ends.
+    pub next_at: Option<Timestamp>,
+    /// When the schedule recurs.
+    pub recurrence: Recurrence,
+    /// What happens to occurrences missed while no firer ran.
+    pub on_missed: Missed,
+}
+
+impl ScheduleFired {
+    /// The most missed occurrences [`ScheduleFired::missed`] counts: after a longer outage it says
+    /// this many (counting a cron expression's matches one by one takes time).
+    pub const MAX_MISSED: u64 = 100_000;
+}
+
+impl BuiltInEvent for ScheduleFired {
+    const KIND: &'static str = SCHEDULE_FIRED;
 }
 
 /// The payload of [`COMMAND_COMPLETED`]: a command's result, back in its workflow.

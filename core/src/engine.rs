@@ -7,6 +7,7 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
+use crate::schedule::Firing;
 use crate::store::{Commit, EventLog, HistoryId, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
@@ -505,6 +506,10 @@ impl<W: Workflow> Engine<W> {
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
     ///
+    /// An occurrence of a recurring schedule ([`crate::Schedule`]) commits a `schedule_fired` event
+    /// for the occurrence its missed-occurrence policy picks, and arms the schedule's next occurrence
+    /// in the same transaction.
+    ///
     /// When the workflow rejects the timer's event ([`crate::Decision::reject`]), the timer ends
     /// `rejected` with the reason ([`Timers::reject_timer`]) and the [`Error::Rejected`] is returned:
     /// a refused timer is not taken again and again.
@@ -525,9 +530,9 @@ impl<W: Workflow> Engine<W> {
                 format!("is due at {}, not yet at {now}", timer.fire_at),
             ));
         }
-        let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
+        let (event, firing) = Firing::of(timer, now)?;
         let workflow_id = timer.timer_id.workflow_id();
-        match self.commit_event(store, workflow_id, event, now, Some(&timer.timer_id)) {
+        match self.commit_event(store, workflow_id, event, now, Some(&firing)) {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
             Err(Error::Rejected {
@@ -570,7 +575,7 @@ impl<W: Workflow> Engine<W> {
         workflow_id: &WorkflowId,
         event: Event,
         now: Timestamp,
-        fires: Option<&TimerId>,
+        fires: Option<&Firing>,
     ) -> Result<Handled, Error> {
         // Checked before the event is copied for each try: a payload past the limits may nest deeper
         // than a recursive copy survives.
@@ -581,8 +586,8 @@ impl<W: Workflow> Engine<W> {
         let mut conflicts = 0;
         loop {
             let mut commit = self.plan_from(store, workflow_id, event.clone(), now)?;
-            if let Some(timer_id) = fires {
-                commit = commit.firing(timer_id.clone())?;
+            if let Some(firing) = fires {
+                commit = firing.apply(commit)?;
             }
             match store.append_with_commands(&commit) {
                 Ok(()) => return Ok(Handled::of(&commit, conflicts)),

@@ -12,6 +12,7 @@
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
+//! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -81,6 +82,7 @@ mod model;
 mod outbox;
 mod retention;
 mod retry;
+mod schedule;
 mod store;
 mod time;
 mod timer;
@@ -89,8 +91,8 @@ mod timer;
 pub mod conformance;
 
 pub use builtin::{
-    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
-    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
+    BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
+    COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
 pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
@@ -113,6 +115,7 @@ pub use retention::{
     command_is_settled, finished_at, is_retirable, last_recorded_at, retired, timer_is_settled,
 };
 pub use retry::RetryPolicy;
+pub use schedule::{Missed, Recurrence, Schedule};
 pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};

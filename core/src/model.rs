@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
+use crate::schedule::Schedule;
 use crate::time::Timestamp;
 use crate::timer::Timer;
 
@@ -149,8 +150,11 @@ pub struct Decision {
     pub commands: Vec<Command>,
     /// Timers to schedule, in order: the first gets ID `{workflow_id}:{event_seq}:t0`.
     pub timers: Vec<Timer>,
-    /// Names of this workflow's scheduled timers to cancel (before the new ones are scheduled, so a
-    /// decision can reschedule a name).
+    /// Recurring schedules to start, in order: the first occurrence of the first gets ID
+    /// `{workflow_id}:{event_seq}:s0@{at}`.
+    pub schedules: Vec<Schedule>,
+    /// Names of this workflow's scheduled timers and schedules to cancel (before the new ones are
+    /// scheduled, so a decision can reschedule a name).
     pub cancel_timers: Vec<String>,
     /// Earlier commands of this workflow to withdraw (before this decision's commands are written).
     pub cancel_commands: Vec<CancelCommand>,
@@ -197,6 +201,24 @@ impl Decision {
     pub fn cancel_timer(mut self, name: impl Into<String>) -> Self {
         self.cancel_timers.push(name.into());
         self
+    }
+
+    /// Starts a recurring schedule in the same commit: its first occurrence is armed with this
+    /// event, and each occurrence arms the next (see [`Schedule`]). A schedule already running under
+    /// the same name in this workflow is replaced: its armed occurrence is cancelled in this commit.
+    #[must_use]
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
+    /// Stops this workflow's schedule called `name`, in the same commit: its armed occurrence is
+    /// cancelled and never fires. In the decision on one of its own occurrences, that occurrence's
+    /// event is recorded and the next is not armed. Schedules share their names with timers, so this
+    /// is [`Decision::cancel_timer`] under the name a reader looks for.
+    #[must_use]
+    pub fn cancel_schedule(self, name: impl Into<String>) -> Self {
+        self.cancel_timer(name)
     }
 
     /// Withdraws an earlier command of this workflow, in the same commit: not yet delivered, it

@@ -137,6 +137,18 @@ impl Commit {
             self.limits.check(&path, &row.event_payload)?;
             timers.push(row);
         }
+        let mut started = Vec::with_capacity(decision.schedules.len());
+        for (index, schedule) in decision.schedules.into_iter().enumerate() {
+            let path = format!("schedules[{index}].payload");
+            let index = u32::try_from(index).map_err(|_| {
+                Error::invalid("decision.schedules", index, "more than u32::MAX schedules")
+            })?;
+            started.push(schedule.name.clone());
+            let row = schedule.start(self.workflow_id.clone(), seq, index, self.now)?;
+            // What is stored, and fired, is the `schedule_fired` payload around the schedule's own.
+            self.limits.check(&path, &row.event_payload)?;
+            timers.push(row);
+        }
         self.events.push(EventRecord {
             workflow_id: self.workflow_id.clone(),
             seq,
@@ -147,6 +159,8 @@ impl Commit {
         self.commands.extend(commands);
         self.timers.extend(timers);
         self.cancel_timers.extend(decision.cancel_timers);
+        // Starting a schedule replaces one running under its name.
+        self.cancel_timers.extend(started);
         self.cancel_commands.extend(decision.cancel_commands);
         Ok(seq)
     }
@@ -173,6 +187,11 @@ impl Commit {
         };
         for (i, timer) in decision.timers.iter().enumerate() {
             inside_its_event.check(&format!("timers[{i}].payload"), &timer.payload)?;
+        }
+        for (i, schedule) in decision.schedules.iter().enumerate() {
+            inside_its_event.check(&format!("schedules[{i}].payload"), &schedule.payload)?;
+            check_kind("schedule.name", &schedule.name)?;
+            schedule.check(self.now)?;
         }
         for name in decision
             .timers
@@ -224,6 +243,14 @@ impl Commit {
         Ok(self)
     }
 
+    /// Arms the next occurrence of the schedule whose occurrence this commit fires, unless its
+    /// decision cancels the schedule's name (stops or restarts it).
+    pub(crate) fn arm(&mut self, next: TimerRow) {
+        if !self.cancel_timers.contains(&next.name) {
+            self.timers.push(next);
+        }
+    }
+
     /// The workflow written to.
     pub fn workflow_id(&self) -> &WorkflowId {
         &self.workflow_id
@@ -254,7 +281,8 @@ impl Commit {
         &self.commands
     }
 
-    /// The timers to schedule.
+    /// The timers to schedule: the decision's timers, the first occurrences of the schedules it
+    /// starts, and the next occurrence of the schedule whose occurrence this commit fires.
     pub fn timers(&self) -> &[TimerRow] {
         &self.timers
     }
@@ -302,6 +330,9 @@ fn discard(event: Event, decision: Decision) {
     }
     for timer in decision.timers {
         crate::limits::drop_deep(timer.payload);
+    }
+    for schedule in decision.schedules {
+        crate::limits::drop_deep(schedule.payload);
     }
 }
 

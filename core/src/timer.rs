@@ -17,6 +17,7 @@
 //! | timer | ID |
 //! |---|---|
 //! | the `index`-th timer scheduled by event `event_seq` | `{workflow_id}:{event_seq}:t{index}` |
+//! | the occurrence at `at` (ms since the epoch) of the `index`-th schedule started by event `event_seq` ([`crate::Schedule`]) | `{workflow_id}:{event_seq}:s{index}@{at}` |
 //! | the `n`-th failure of a command | `{command_id}:failed{n}` |
 //! | the resolution of a dead command | `{command_id}:resolved` |
 //! | the completion of a command whose result goes back to its workflow | `{command_id}:completed` |
@@ -101,6 +102,18 @@ pub enum TimerSource {
         /// Its position among that decision's timers.
         index: u32,
     },
+    /// The occurrence at `at` of the `index`-th recurring schedule started by event `event_seq` of
+    /// the workflow ([`crate::Schedule`]).
+    Occurrence {
+        /// The workflow.
+        workflow_id: WorkflowId,
+        /// The event whose decision started the schedule.
+        event_seq: Seq,
+        /// The schedule's position among that decision's schedules.
+        index: u32,
+        /// When the occurrence is due.
+        at: Timestamp,
+    },
     /// The `n`-th time `command_id` became dead.
     Failure {
         /// The dead command.
@@ -170,6 +183,43 @@ impl TimerId {
         }))
     }
 
+    /// The ID of the occurrence at `at` of the `index`-th schedule started by event `event_seq` of
+    /// `workflow_id`.
+    ///
+    /// ```
+    /// use miniflow_core::{Seq, TimerId, Timestamp, WorkflowId};
+    ///
+    /// let at = Timestamp::from_millis(1_700_000_060_000);
+    /// let id = TimerId::occurrence(WorkflowId::new("meter-7")?, Seq::new(1)?, 0, at)?;
+    /// assert_eq!(id.to_string(), "meter-7:1:s0@1700000060000");
+    /// assert_eq!(id.to_string().parse::<TimerId>()?, id);
+    /// # Ok::<(), miniflow_core::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] when `event_seq` is 0.
+    pub fn occurrence(
+        workflow_id: WorkflowId,
+        event_seq: Seq,
+        index: u32,
+        at: Timestamp,
+    ) -> Result<Self, Error> {
+        if event_seq == Seq::ZERO {
+            return Err(Error::invalid(
+                "event_seq",
+                0,
+                "schedules are started by events, which start at 1",
+            ));
+        }
+        Ok(Self(TimerSource::Occurrence {
+            workflow_id,
+            event_seq,
+            index,
+            at,
+        }))
+    }
+
     /// The ID of the `n`-th failure feedback of `command_id`.
     pub fn failure(command_id: CommandId, n: u32) -> Self {
         Self(TimerSource::Failure { command_id, n })
@@ -193,7 +243,8 @@ impl TimerId {
     /// The workflow the timer fires into.
     pub fn workflow_id(&self) -> &WorkflowId {
         match &self.0 {
-            TimerSource::Scheduled { workflow_id, .. } => workflow_id,
+            TimerSource::Scheduled { workflow_id, .. }
+            | TimerSource::Occurrence { workflow_id, .. } => workflow_id,
             TimerSource::Failure { command_id, .. }
             | TimerSource::Resolution { command_id }
             | TimerSource::Completion { command_id } => command_id.workflow_id(),
@@ -209,6 +260,12 @@ impl fmt::Display for TimerId {
                 event_seq,
                 index,
             } => write!(f, "{workflow_id}:{event_seq}:t{index}"),
+            TimerSource::Occurrence {
+                workflow_id,
+                event_seq,
+                index,
+                at,
+            } => write!(f, "{workflow_id}:{event_seq}:s{index}@{}", at.as_millis()),
             TimerSource::Failure { command_id, n } => write!(f, "{command_id}:failed{n}"),
             TimerSource::Resolution { command_id } => write!(f, "{command_id}:resolved"),
             TimerSource::Completion { command_id } => write!(f, "{command_id}:completed"),
@@ -223,12 +280,16 @@ impl FromStr for TimerId {
         let invalid = |reason: &str| Error::invalid("timer_id", s, reason);
         let (rest, last) = s
             .rsplit_once(':')
-            .ok_or_else(|| invalid("expected \"{workflow_id}:{event_seq}:t{index}\" or a command ID with :failed{n}, :resolved or :completed"))?;
-        let number = |digits: &str| {
-            let canonical = !digits.is_empty()
+            .ok_or_else(|| invalid("expected \"{workflow_id}:{event_seq}:t{index}\", \"{workflow_id}:{event_seq}:s{index}@{at}\" or a command ID with :failed{n}, :resolved or :completed"))?;
+        let canonical = |digits: &str| {
+            !digits.is_empty()
                 && digits.bytes().all(|b| b.is_ascii_digit())
-                && (digits == "0" || !digits.starts_with('0'));
-            canonical.then(|| digits.parse::<u32>().ok()).flatten()
+                && (digits == "0" || !digits.starts_with('0'))
+        };
+        let number = |digits: &str| {
+            canonical(digits)
+                .then(|| digits.parse::<u32>().ok())
+                .flatten()
         };
         if let Some(n) = last.strip_prefix("failed").and_then(number) {
             let command_id = rest
@@ -246,15 +307,35 @@ impl FromStr for TimerId {
                 Self::completion(command_id)
             });
         }
-        let index = last.strip_prefix('t').and_then(number).ok_or_else(|| {
-            invalid("the last part must be t{index}, failed{n}, resolved or completed")
-        })?;
         // `{workflow_id}:{event_seq}` reads like a command ID without its index: reuse its parser.
-        let command_id: CommandId = format!("{rest}:0").parse().map_err(|e| {
-            invalid(&format!(
-                "expected {{workflow_id}}:{{event_seq}} before :t{index}: {e}"
-            ))
+        let before = |part: &str| -> Result<CommandId, Error> {
+            format!("{rest}:0").parse().map_err(|e| {
+                invalid(&format!(
+                    "expected {{workflow_id}}:{{event_seq}} before :{part}: {e}"
+                ))
+            })
+        };
+        if let Some((index, at)) = last.strip_prefix('s').and_then(|tail| tail.split_once('@')) {
+            let index = number(index)
+                .ok_or_else(|| invalid("the schedule index after :s must be a number"))?;
+            let at = canonical(at)
+                .then(|| at.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| invalid("the occurrence time after @ must be a number"))?;
+            let command_id = before(last)?;
+            return Self::occurrence(
+                command_id.workflow_id().clone(),
+                command_id.event_seq(),
+                index,
+                Timestamp::from_millis(at),
+            );
+        }
+        let index = last.strip_prefix('t').and_then(number).ok_or_else(|| {
+            invalid(
+                "the last part must be t{index}, s{index}@{at}, failed{n}, resolved or completed",
+            )
         })?;
+        let command_id = before(last)?;
         Self::scheduled(
             command_id.workflow_id().clone(),
             command_id.event_seq(),
@@ -369,7 +450,7 @@ impl TimerRow {
         Self::new(id, timer.name, TIMER_FIRED, event_payload, fire_at, now)
     }
 
-    fn new(
+    pub(crate) fn new(
         id: TimerId,
         name: String,
         kind: &str,

@@ -12,6 +12,10 @@
 //! (`SqliteIdempotencyStore::finish_in`), killed inside that transaction, leaves no effect behind;
 //! the redelivery makes exactly one.
 //!
+//! A schedule's firer killed inside any of its commits (the take of an occurrence, or the commit
+//! that records it and arms the next) leaves the schedule whole: each occurrence accounted for once,
+//! one armed; after a restart every occurrence fires once.
+//!
 //! The random sample prints its seed; `MINIFLOW_CRASH_SEED=<seed>` replays it, and
 //! `MINIFLOW_CRASH_ROUNDS=<n>` runs a longer soak.
 
@@ -810,4 +814,138 @@ fn a_receiver_killed_inside_its_effect_transaction_leaves_no_effect_and_redelive
             "{context}: {killed}'s one effect is the redelivery's"
         );
     }
+}
+
+/// Starts a schedule `tick` every second on `start`; each occurrence decides one `record` command.
+struct Ticking;
+
+impl Workflow for Ticking {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+
+    fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+        if let Some(Ok(tick)) = event.decode::<miniflow::ScheduleFired>() {
+            let record = json!({ "scheduled_at": tick.scheduled_at, "missed": tick.missed });
+            return Decision::new().command(Command::new("record", record));
+        }
+        match event.kind.as_str() {
+            "start" => {
+                Decision::new().schedule(miniflow::Schedule::every("tick", Duration::from_secs(1)))
+            }
+            _ => Decision::none(),
+        }
+    }
+}
+
+const TICKS: u64 = 5;
+const TICK_T0: u64 = 1_700_000_000_000;
+
+fn ticking() -> WorkflowId {
+    WorkflowId::new("ticking").unwrap()
+}
+
+/// Takes and fires the schedule's occurrences at each of its `TICKS` seconds, in turn. (Taken for no
+/// time, so that a restart at the same second takes again what a killed firer had taken.)
+fn fire_ticks(store: &mut SqliteStore) {
+    let engine = Engine::new(Ticking);
+    for tick in 1..=TICKS {
+        let now = miniflow::Timestamp::from_millis(TICK_T0 + tick * 1_000);
+        for timer in store.claim_timers(10, Duration::ZERO, now).unwrap() {
+            engine.fire(store, &timer, now).unwrap();
+        }
+    }
+}
+
+/// The schedule's state is whole: each occurrence up to the last fired one is accounted for once
+/// (an event of its own, or counted as missed), and exactly one occurrence is armed: the one the
+/// last event named (the first, when none fired). Returns the fired occurrences, in seconds.
+fn check_schedule(store: &SqliteStore, context: &str) -> Vec<(u64, u64)> {
+    let fired: Vec<miniflow::ScheduleFired> = store
+        .load(&ticking())
+        .unwrap()
+        .iter()
+        .filter_map(|e| e.decode::<miniflow::ScheduleFired>())
+        .map(Result::unwrap)
+        .collect();
+    let seconds = |t: miniflow::Timestamp| (t.as_millis() - TICK_T0) / 1_000;
+    let occurrences: Vec<(u64, u64)> = fired
+        .iter()
+        .map(|f| (seconds(f.scheduled_at), f.missed))
+        .collect();
+    let accounted: u64 = occurrences.iter().map(|(_, missed)| 1 + missed).sum();
+    let last = occurrences.last().map_or(0, |(at, _)| *at);
+    assert_eq!(
+        accounted, last,
+        "{context}: each occurrence once, in {occurrences:?}"
+    );
+    let armed: Vec<u64> = store
+        .timers(&ticking())
+        .unwrap()
+        .iter()
+        .filter(|t| t.status == TimerStatus::Scheduled)
+        .map(|t| seconds(t.fire_at))
+        .collect();
+    assert_eq!(armed, [last + 1], "{context}: one armed occurrence");
+    let commands = store.commands(&ticking()).unwrap();
+    assert_eq!(
+        commands.len(),
+        fired.len(),
+        "{context}: one command per event"
+    );
+    occurrences
+}
+
+#[test]
+fn a_schedule_firer_killed_inside_any_commit_loses_no_occurrence_and_doubles_none() {
+    let dir = tempfile::tempdir().unwrap();
+    // Each second is a claim and a firing: two commits, ten in all.
+    for nth in 1..=2 * TICKS {
+        let db = dir.path().join(format!("ticks-{nth}.db"));
+        let mut store = SqliteStore::open(&db).unwrap();
+        let start = miniflow::Timestamp::from_millis(TICK_T0);
+        Engine::new(Ticking)
+            .handle(
+                &mut store,
+                &ticking(),
+                Event::new("start", json!({})),
+                start,
+            )
+            .unwrap();
+        let settings = [
+            ("MINIFLOW_DB", db.display().to_string()),
+            ("MINIFLOW_CRASH_AT", nth.to_string()),
+        ];
+        assert_killed(
+            child::spawn("crash::child_schedule_firer", "schedule-firer", &settings),
+            "schedule firer",
+        );
+        let context = format!("killed inside commit {nth}");
+        let before = check_schedule(&store, &context);
+        assert_eq!(
+            before.len() as u64,
+            (nth - 1) / 2,
+            "{context}: the firings committed before the kill, not the one killed"
+        );
+        // Restarted: the rest fires, each occurrence at its second, once.
+        let mut store = SqliteStore::open(&db).unwrap();
+        fire_ticks(&mut store);
+        let after = check_schedule(&store, &context);
+        assert_eq!(
+            after,
+            (1..=TICKS).map(|s| (s, 0)).collect::<Vec<_>>(),
+            "{context}"
+        );
+    }
+}
+
+#[test]
+fn child_schedule_firer() {
+    if child::role().as_deref() != Some("schedule-firer") {
+        return;
+    }
+    let mut store = SqliteStore::open(child::setting("MINIFLOW_DB")).unwrap();
+    let nth = child::setting("MINIFLOW_CRASH_AT").parse().unwrap();
+    crate::delivery::kill_inside_commit(&store, nth, None, Arc::new(AtomicU64::new(0)));
+    fire_ticks(&mut store);
 }

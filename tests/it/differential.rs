@@ -15,9 +15,10 @@ use std::time::Duration;
 use miniflow::prelude::*;
 use miniflow::{
     canonical_json, json, Ack, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision,
-    Delivery, Error, Event, EventRecord, Extended, Failure, Lease, MemoryStore, OutboxRow,
-    RetryPolicy, Seq, Settled, SqliteOptions, SqliteStore, Status, Synchronous, Timer, TimerId,
-    TimerRow, TimerStatus, Timestamp, WorkflowId,
+    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, MemoryStore,
+    Missed, OutboxRow, RetryPolicy, Schedule, Seq, Settled, SqliteOptions, SqliteStore, Status,
+    Synchronous, Timer, TimerId, TimerRow, TimerSource, TimerStatus, Timestamp, Workflow,
+    WorkflowId,
 };
 
 /// The seeds CI runs.
@@ -327,6 +328,20 @@ impl<S: Store> Run<S> {
             };
             decision = decision.timer(timer);
         }
+        // Now and then a recurring schedule, under a timer's name (replacing what runs under it).
+        if self.rng.u8(..6) == 0 {
+            let name = TIMER_NAMES[self.rng.usize(..TIMER_NAMES.len())];
+            let schedule = if self.rng.bool() {
+                Schedule::every(name, ms(1_000 * self.rng.u64(1..=4)))
+            } else {
+                Schedule::cron(name, "*/2 * * * * *")
+            };
+            let missed = match self.rng.u32(0..=3) {
+                0 => Missed::FireOnce,
+                max => Missed::FireAll { max },
+            };
+            decision = decision.schedule(schedule.on_missed(missed).payload(self.payload(0)));
+        }
         decision
     }
 
@@ -423,7 +438,8 @@ impl<S: Store> Run<S> {
     }
 
     /// A commit firing a timer: mostly a scheduled one, sometimes one that fired, was cancelled or
-    /// never existed.
+    /// never existed. An occurrence of a schedule fires through the engine, which arms the next
+    /// occurrence in the same commit (the decision may stop or restart the schedule).
     fn fire(&mut self) {
         let timers: Vec<TimerRow> = WORKFLOWS
             .iter()
@@ -433,7 +449,20 @@ impl<S: Store> Run<S> {
             .iter()
             .filter(|t| t.status == TimerStatus::Scheduled)
             .collect();
-        let timer_id = if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
+        // Occurrences come due one at a time: take a due one when there is one, half the time.
+        let due_occurrences: Vec<&TimerRow> = scheduled
+            .iter()
+            .copied()
+            .filter(|t| {
+                t.fire_at <= self.now
+                    && matches!(t.timer_id.source(), TimerSource::Occurrence { .. })
+            })
+            .collect();
+        let timer_id = if !due_occurrences.is_empty() && self.rng.bool() {
+            due_occurrences[self.rng.usize(..due_occurrences.len())]
+                .timer_id
+                .clone()
+        } else if !scheduled.is_empty() && self.rng.u8(..10) < 8 {
             scheduled[self.rng.usize(..scheduled.len())]
                 .timer_id
                 .clone()
@@ -443,8 +472,17 @@ impl<S: Store> Run<S> {
             TimerId::scheduled(wid("b-10"), Seq::new(999).expect("a seq"), 0).expect("an ID")
         };
         let w = timer_id.workflow_id().clone();
-        let last = self.last_seq(&w);
         let decision = self.decision(&w);
+        let occurrence = timers.iter().find(|t| {
+            t.timer_id == timer_id && matches!(t.timer_id.source(), TimerSource::Occurrence { .. })
+        });
+        if let Some(row) = occurrence.cloned() {
+            let engine = Engine::new(Decides(decision));
+            let operation = format!("fire({}) through the engine", row.timer_id);
+            self.both(operation, |store, now| engine.fire(store, &row, now));
+            return;
+        }
+        let last = self.last_seq(&w);
         let commit = Commit::new(
             w,
             last,
@@ -696,7 +734,20 @@ macro_rules! debug_line {
     };
 }
 
-debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>);
+debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>, Option<Handled>);
+
+/// A workflow whose decision on every event is the one it was made with.
+struct Decides(Decision);
+
+impl Workflow for Decides {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+
+    fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+        self.0.clone()
+    }
+}
 
 fn lease(lease: Option<&Lease>) -> String {
     lease.map_or("-".to_owned(), |l| {

@@ -1,5 +1,6 @@
 //! The dispatcher in one process: outcomes, panics, heartbeats, lost leases, shutdown, strict order,
-//! configuration bounds, failing stores, and timers whose workflow panics or rejects.
+//! configuration bounds, failing stores, timers whose workflow panics or rejects, and recurring
+//! schedules.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
@@ -369,6 +370,101 @@ fn a_dispatcher_with_a_workflow_fires_due_timers_and_delivers_what_they_decide()
         miniflow::TimerStatus::Fired
     );
     assert_eq!(with.run_until_idle().unwrap().timers_fired, 0, "fired once");
+}
+
+/// Reads a meter every minute from `install` until `remove`: each occurrence decides a `read`.
+struct Meter;
+
+impl Workflow for Meter {
+    type State = ();
+
+    fn evolve(&self, _: &mut (), _: &EventRecord) {}
+
+    fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+        if let Some(Ok(tick)) = event.decode::<miniflow::ScheduleFired>() {
+            let reading = json!({ "scheduled_at": tick.scheduled_at, "missed": tick.missed });
+            return Decision::new().command(Command::new("read", reading));
+        }
+        match event.kind.as_str() {
+            "install" => Decision::new().schedule(miniflow::Schedule::every(
+                "reading",
+                Duration::from_secs(60),
+            )),
+            "remove" => Decision::new().cancel_schedule("reading"),
+            _ => Decision::none(),
+        }
+    }
+}
+
+#[test]
+fn a_dispatcher_fires_each_occurrence_of_a_schedule_once_and_one_for_an_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let meter = WorkflowId::new("meter-7").unwrap();
+    let engine = Engine::new(Meter);
+    engine
+        .handle(&mut store, &meter, Event::new("install", json!({})), T0)
+        .unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let readings = Arc::new(Mutex::new(Vec::new()));
+    let log = readings.clone();
+    let handler = move |d: &Delivery| {
+        let minute = (d.payload["scheduled_at"].as_u64().unwrap() - T0.as_millis()) / 60_000;
+        log.lock()
+            .unwrap()
+            .push((minute, d.payload["missed"].as_u64().unwrap()));
+        Outcome::Done
+    };
+    let dispatcher = Dispatcher::sqlite(&path, handler)
+        .clock(clock.clone())
+        .workflow(Engine::new(Meter))
+        .workers(2);
+    for _ in 0..3 {
+        assert_eq!(
+            dispatcher.run_until_idle().unwrap().timers_fired,
+            0,
+            "not yet"
+        );
+        clock.advance(Duration::from_secs(60));
+        let stats = dispatcher.run_until_idle().unwrap();
+        assert_eq!((stats.timers_fired, stats.completed), (1, 1));
+    }
+    // The host is down from minute 3 to minute 13 and a half: one reading, for minute 13.
+    clock.advance(Duration::from_secs(630));
+    let stats = dispatcher.run_until_idle().unwrap();
+    assert_eq!((stats.timers_fired, stats.completed), (1, 1));
+    assert_eq!(*readings.lock().unwrap(), [(1, 0), (2, 0), (3, 0), (13, 9)]);
+    engine
+        .handle(
+            &mut store,
+            &meter,
+            Event::new("remove", json!({})),
+            clock.now(),
+        )
+        .unwrap();
+    clock.advance(Duration::from_secs(3_600));
+    assert_eq!(
+        dispatcher.run_until_idle().unwrap().timers_fired,
+        0,
+        "stopped"
+    );
+    let states: Vec<TimerStatus> = store
+        .timers(&meter)
+        .unwrap()
+        .iter()
+        .map(|t| t.status)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            TimerStatus::Fired,
+            TimerStatus::Fired,
+            TimerStatus::Fired,
+            TimerStatus::Fired,
+            TimerStatus::Cancelled
+        ]
+    );
 }
 
 /// Runs `f` on a thread of its own and fails the test if it does not finish within `secs` seconds: a

@@ -371,6 +371,45 @@ fn trip_saga_example_compensates_a_failed_hotel_and_a_hotel_past_its_deadline() 
     assert_eq!(line("dead:"), "dead: 1 (unexplained: 0)");
 }
 
+#[test]
+fn schedule_example_fires_each_occurrence_once_and_catches_up_after_an_outage_by_policy() {
+    let out = run_example("schedule", &[]);
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?} in:\n{out}"))
+            .to_owned()
+    };
+    // On time: every occurrence once, at its time.
+    line("[2024-02-01 09:00] send_invoice      for 2024-02-01 09:00");
+    line("[2024-03-01 09:00] send_invoice      for 2024-03-01 09:00");
+    line("[2024-03-18 10:00] send_usage_report for 2024-03-18 10:00");
+    // After the outage: the invoices catch up one by one (at most three, April counted as missed),
+    // the weekly report fires once for the fifteen it missed.
+    line("[2024-07-02 12:00] send_invoice      for 2024-05-01 09:00 (1 missed before it)");
+    line("[2024-07-02 12:00] send_invoice      for 2024-06-01 09:00");
+    line("[2024-07-02 12:00] send_invoice      for 2024-07-01 09:00");
+    line("[2024-07-02 12:00] send_usage_report for 2024-07-01 10:00 (14 missed before it)");
+    assert!(
+        !out.contains("for 2024-04-01"),
+        "April is folded into May: {out}"
+    );
+    assert_eq!(out.matches("send_invoice ").count(), 5, "{out}");
+    // Stopped: nothing after the cancellation, the armed occurrences cancelled.
+    assert!(!out.contains("for 2024-08"), "{out}");
+    assert_eq!(line("invoices sent:"), "invoices sent: 5");
+    assert_eq!(line("usage reports sent:"), "usage reports sent: 11");
+    assert!(
+        line("last invoice occurrence:").ends_with("cancelled"),
+        "{out}"
+    );
+    assert!(
+        line("last usage_report occurrence:").ends_with("cancelled"),
+        "{out}"
+    );
+    assert_eq!(line("pending:"), "pending: 0");
+}
+
 /// The trip and worker examples on PostgreSQL, given a database by `--database-url` or by
 /// `MINIFLOW_DATABASE_URL`: the same story, in a database that outlives the run (a second run there
 /// meets none of the first's commands).

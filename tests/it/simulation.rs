@@ -2074,6 +2074,13 @@ impl Sim {
                 .iter()
                 .filter(|e| e.kind == TIMER_FIRED && e.payload["timer_id"] == json!(id.to_string()))
                 .collect(),
+            TimerSource::Occurrence { .. } => events
+                .iter()
+                .filter(|e| {
+                    e.kind == miniflow::SCHEDULE_FIRED
+                        && e.payload["timer_id"] == json!(id.to_string())
+                })
+                .collect(),
             TimerSource::Failure { command_id, .. } => events
                 .iter()
                 .filter(|e| {

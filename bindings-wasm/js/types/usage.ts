@@ -19,6 +19,8 @@ import {
   type Handled,
   type Json,
   type OutboxRow,
+  type ScheduleFired,
+  type ScheduleInput,
   type Settled,
   type TimerRow,
   type Workflow,
@@ -108,6 +110,9 @@ const saga: Workflow<Saga, SagaEvent> = {
     } else if (event.kind === "timer_fired") {
       const name: string = event.payload.name;
       void name;
+    } else if (event.kind === "schedule_fired") {
+      expectType<Equal<typeof event.payload, ScheduleFired>>();
+      expectType<Equal<typeof event.payload.next_at, number | null>>();
     }
     return state;
   },
@@ -126,7 +131,15 @@ const saga: Workflow<Saga, SagaEvent> = {
 };
 const sagaEngine = new Engine(saga);
 const sagaEvents: EventRecord<SagaEvent>[] = store.load("trip-001") as EventRecord<SagaEvent>[];
-expectType<Equal<BuiltInEventKind, "timer_fired" | "command_completed" | "command_failed" | "command_resolved">>();
+expectType<Equal<BuiltInEventKind, "timer_fired" | "schedule_fired" | "command_completed" | "command_failed" | "command_resolved">>();
+
+// Recurring schedules: every N milliseconds or a cron expression, stopped by name.
+const everyMinute: ScheduleInput = { name: "reading", every_ms: 60_000, on_missed: { fire_all: { max: 5 } } };
+const schedules: DecisionObject = { schedules: [everyMinute, { name: "invoice", cron: "0 9 1 * *" }], cancel_schedules: ["old"] };
+void schedules;
+// @ts-expect-error the missed-occurrence policies are named
+const badPolicy: ScheduleInput = { name: "x", every_ms: 1_000, on_missed: "fire_twice" };
+void badPolicy;
 
 // @ts-expect-error a workflow ID is a string
 store.load(42);

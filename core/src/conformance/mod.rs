@@ -99,6 +99,7 @@ pub struct TimerIdCase {
     pub index: Option<u32>,
     pub command_id: Option<String>,
     pub n: Option<u32>,
+    pub at: Option<u64>,
     pub timer_id: String,
 }
 
@@ -121,6 +122,12 @@ impl TimerIdCase {
                 WorkflowId::new(self.workflow_id.clone())?,
                 Seq::new(self.event_seq.unwrap_or_default())?,
                 self.index.unwrap_or_default(),
+            ),
+            "occurrence" => TimerId::occurrence(
+                WorkflowId::new(self.workflow_id.clone())?,
+                Seq::new(self.event_seq.unwrap_or_default())?,
+                self.index.unwrap_or_default(),
+                Timestamp::from_millis(self.at.unwrap_or_default()),
             ),
             "failure" => Ok(TimerId::failure(command()?, self.n.unwrap_or_default())),
             "completion" => Ok(TimerId::completion(command()?)),
@@ -282,6 +289,7 @@ mod edges;
 mod leases;
 mod receivers;
 mod results;
+mod schedules;
 mod timers;
 
 pub use self::cached::*;
@@ -290,6 +298,7 @@ pub use self::edges::*;
 pub use self::leases::*;
 pub use self::receivers::*;
 pub use self::results::*;
+pub use self::schedules::*;
 pub use self::timers::*;
 
 /// `start` books and sets a 1 s deadline; a failed command is compensated and the deadline cancelled;
@@ -392,6 +401,12 @@ macro_rules! store_conformance_tests {
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,
+            schedules_fire_each_occurrence_once_rearming_in_the_same_commit,
+            a_failed_occurrence_commit_neither_fires_nor_rearms,
+            missed_occurrences_follow_the_schedules_policy,
+            stopped_schedules_never_fire_again,
+            cron_schedules_fire_at_their_matches_in_utc,
+            bad_schedules_are_refused_before_anything_is_written,
             load_after_returns_the_events_after_a_seq,
             cached_states_decide_as_replay_does,
         );
