@@ -44,7 +44,8 @@ pub fn last_recorded_at(events: &[EventRecord]) -> Option<Timestamp> {
 
 /// When a workflow finished, given the latest `recorded_at` of its events ([`last_recorded_at`]),
 /// its commands and its timers: the latest of that and its commands' and timers' `processed_at`;
-/// `None` while it is unfinished (see the [module](self) for the rule) or has no event.
+/// `None` while it is unfinished (every command done or cancelled, no timer scheduled) or has no
+/// event.
 ///
 /// ```
 /// use miniflow_core::{finished_at, json, last_recorded_at, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
