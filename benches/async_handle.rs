@@ -2,7 +2,9 @@
 //! `SqliteStore` (the synchronous path) doing the same work, and with hand-written rusqlite.
 //!
 //! The work: record one event and its two commands in each of `workflows` workflows, `events` times
-//! over, on one SQLite file with the durable defaults (WAL, `synchronous=FULL`). One caller at a
+//! over, on one SQLite file with the durable defaults (WAL, `synchronous=FULL`). Only the calls are
+//! timed (stores are opened before). On a shared machine an `fsync` takes from 0.3 to 5 ms as other
+//! work comes and goes, so the run is many short rounds, and the median round is what counts. One caller at a
 //! time, then 8 callers at once (threads with a store each on the synchronous side, tasks on a
 //! 2-thread runtime on the async side); both write through the file's writer thread, which commits
 //! whatever arrives together in one transaction. The sides run in turns, round after round (each
@@ -68,15 +70,15 @@ fn main() {
         }
     } else if args.iter().any(|a| a == "--quick") {
         Sizes {
-            workflows: 64,
+            workflows: 40,
             events: 4,
-            rounds: 3,
+            rounds: 6,
         }
     } else {
         Sizes {
-            workflows: 200,
+            workflows: 40,
             events: 5,
-            rounds: 5,
+            rounds: 21,
         }
     };
     let dir =
@@ -110,9 +112,9 @@ fn main() {
             for side in (0..3).map(|n| (n + round) % 3) {
                 let file = dir.path().join(format!("{side}-{callers}-{round}.db"));
                 runs[side].push(match side {
-                    0 => timed(|| sync_handles(&file, &sizes, callers)),
-                    1 => timed(|| runtime.block_on(async_handles(&file, &sizes, callers))),
-                    _ => timed(|| raw_handles(&file, &sizes, callers)),
+                    0 => sync_handles(&file, &sizes, callers),
+                    1 => async_handles(&runtime, &file, &sizes, callers),
+                    _ => raw_handles(&file, &sizes, callers),
                 });
             }
         }
@@ -133,106 +135,127 @@ fn main() {
     }
 }
 
-/// `callers` threads, each with a `SqliteStore` of its own, handle their share of the workflows.
-fn sync_handles(path: &Path, sizes: &Sizes, callers: usize) {
+/// `callers` threads, each with a `SqliteStore` of its own, handle their share of the workflows;
+/// only the calls are timed.
+fn sync_handles(path: &Path, sizes: &Sizes, callers: usize) -> Run {
     let engine = Arc::new(Engine::new(Trip));
-    drop(SqliteStore::open(path).unwrap());
-    std::thread::scope(|scope| {
-        for caller in 0..callers {
-            let engine = engine.clone();
-            scope.spawn(move || {
-                let mut store = SqliteStore::open(path).unwrap();
-                for n in 0..sizes.events {
-                    for w in (caller..sizes.workflows).step_by(callers) {
-                        let id = WorkflowId::new(format!("trip-{w}")).unwrap();
-                        engine.handle(&mut store, &id, event(n), now()).unwrap();
+    let stores: Vec<SqliteStore> = (0..callers)
+        .map(|_| SqliteStore::open(path).unwrap())
+        .collect();
+    timed(|| {
+        std::thread::scope(|scope| {
+            for (caller, mut store) in stores.into_iter().enumerate() {
+                let engine = engine.clone();
+                scope.spawn(move || {
+                    for n in 0..sizes.events {
+                        for w in (caller..sizes.workflows).step_by(callers) {
+                            let id = WorkflowId::new(format!("trip-{w}")).unwrap();
+                            engine.handle(&mut store, &id, event(n), now()).unwrap();
+                        }
                     }
-                }
-            });
-        }
-    });
-}
-
-/// `callers` tasks on one `AsyncStore` handle their share of the workflows.
-async fn async_handles(path: &Path, sizes: &Sizes, callers: usize) {
-    let engine = Arc::new(Engine::new(Trip));
-    let store = AsyncStore::open(path).await.unwrap();
-    let mut tasks = tokio::task::JoinSet::new();
-    for caller in 0..callers {
-        let (engine, store) = (engine.clone(), store.clone());
-        let (workflows, events) = (sizes.workflows, sizes.events);
-        tasks.spawn(async move {
-            for n in 0..events {
-                for w in (caller..workflows).step_by(callers) {
-                    let id = WorkflowId::new(format!("trip-{w}")).unwrap();
-                    store.handle(&engine, &id, event(n)).await.unwrap();
-                }
+                });
             }
         });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done.unwrap();
-    }
+    })
+}
+
+/// `callers` tasks on one `AsyncStore` handle their share of the workflows; only the calls are
+/// timed.
+fn async_handles(
+    runtime: &tokio::runtime::Runtime,
+    path: &Path,
+    sizes: &Sizes,
+    callers: usize,
+) -> Run {
+    let engine = Arc::new(Engine::new(Trip));
+    let store = runtime.block_on(AsyncStore::open(path)).unwrap();
+    timed(|| {
+        runtime.block_on(async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for caller in 0..callers {
+                let (engine, store) = (engine.clone(), store.clone());
+                let (workflows, events) = (sizes.workflows, sizes.events);
+                tasks.spawn(async move {
+                    for n in 0..events {
+                        for w in (caller..workflows).step_by(callers) {
+                            let id = WorkflowId::new(format!("trip-{w}")).unwrap();
+                            store.handle(&engine, &id, event(n)).await.unwrap();
+                        }
+                    }
+                });
+            }
+            while let Some(done) = tasks.join_next().await {
+                done.unwrap();
+            }
+        })
+    })
 }
 
 /// Hand-written: `callers` threads with a connection each, the state in memory, one `BEGIN
 /// IMMEDIATE` transaction per call (the workflow's last seq checked, the event and two commands
 /// inserted).
-fn raw_handles(path: &Path, sizes: &Sizes, callers: usize) {
+fn raw_handles(path: &Path, sizes: &Sizes, callers: usize) -> Run {
     drop(SqliteStore::open(path).unwrap());
-    std::thread::scope(|scope| {
-        for caller in 0..callers {
-            scope.spawn(move || {
-                let mut conn = Connection::open(path).unwrap();
-                conn.busy_timeout(Duration::from_secs(30)).unwrap();
-                conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
-                    .unwrap();
-                let now = now().as_millis() as i64;
-                for n in 0..sizes.events {
-                    for w in (caller..sizes.workflows).step_by(callers) {
-                        let id = format!("trip-{w}");
-                        let seq = n as i64 + 1;
-                        let tx = conn
-                            .transaction_with_behavior(TransactionBehavior::Immediate)
-                            .unwrap();
-                        let last: i64 = tx
+    let connections: Vec<Connection> = (0..callers)
+        .map(|_| {
+            let conn = Connection::open(path).unwrap();
+            conn.busy_timeout(Duration::from_secs(30)).unwrap();
+            conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+                .unwrap();
+            conn
+        })
+        .collect();
+    timed(|| {
+        std::thread::scope(|scope| {
+            for (caller, mut conn) in connections.into_iter().enumerate() {
+                scope.spawn(move || {
+                    let now = now().as_millis() as i64;
+                    for n in 0..sizes.events {
+                        for w in (caller..sizes.workflows).step_by(callers) {
+                            let id = format!("trip-{w}");
+                            let seq = n as i64 + 1;
+                            let tx = conn
+                                .transaction_with_behavior(TransactionBehavior::Immediate)
+                                .unwrap();
+                            let last: i64 = tx
                             .prepare_cached(
                                 "SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1",
                             )
                             .unwrap()
                             .query_row([&id], |r| r.get(0))
                             .unwrap();
-                        assert_eq!(last, seq - 1);
-                        let payload = json!({ "city": "成都", "n": n }).to_string();
-                        tx.prepare_cached(
+                            assert_eq!(last, seq - 1);
+                            let payload = json!({ "city": "成都", "n": n }).to_string();
+                            tx.prepare_cached(
                             "INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
                              VALUES (?1, ?2, 'leg_added', ?3, ?4)",
                         )
                         .unwrap()
                         .execute(params![id, seq, payload, now])
                         .unwrap();
-                        let mut insert = tx
+                            let mut insert = tx
                             .prepare_cached(
                                 "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
                                  status, available_at, created_at) \
                                  VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6)",
                             )
                             .unwrap();
-                        let flight = json!({ "to": "成都", "leg": last }).to_string();
-                        let hotel = json!({ "city": "成都", "nights": 2 }).to_string();
-                        insert
-                            .execute(params![id, seq, 0, "book_flight", flight, now])
-                            .unwrap();
-                        insert
-                            .execute(params![id, seq, 1, "book_hotel", hotel, now])
-                            .unwrap();
-                        drop(insert);
-                        tx.commit().unwrap();
+                            let flight = json!({ "to": "成都", "leg": last }).to_string();
+                            let hotel = json!({ "city": "成都", "nights": 2 }).to_string();
+                            insert
+                                .execute(params![id, seq, 0, "book_flight", flight, now])
+                                .unwrap();
+                            insert
+                                .execute(params![id, seq, 1, "book_hotel", hotel, now])
+                                .unwrap();
+                            drop(insert);
+                            tx.commit().unwrap();
+                        }
                     }
-                }
-            });
-        }
-    });
+                });
+            }
+        })
+    })
 }
 
 fn now() -> Timestamp {
