@@ -23,6 +23,12 @@
 //! the command with the booking reference (`Outcome::done_with`), and the reference comes back into
 //! the workflow as one `command_completed` event, committed with the acknowledgement.
 //!
+//! One trace runs from each trip request to its booking, without any tracing system: the request
+//! starts a W3C trace (`new_trace_context`), the commit stores it with the command
+//! (`Engine::handle_traced`), each delivery sends a child of it as the `traceparent` header, and
+//! the supplier continues it: it logs and stores the trace ID with the booking, under a span of
+//! its own.
+//!
 //! `cargo run --example http_supplier` runs the whole demo on 127.0.0.1.
 //! `cargo run --example http_supplier -- serve` runs only the supplier and prints its address;
 //! `serve --reservation-timeout-ms N` shortens how long a reservation holds (30 s by default).
@@ -37,8 +43,8 @@ use miniflow::rusqlite::{params, Connection, TransactionBehavior};
 use miniflow::{
     json, Begin, Clock, Command, CommandCompleted, Decision, Delivery, Digest, Dispatcher, Engine,
     Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome,
-    RetryPolicy, Settlement, SqliteIdempotencyStore, SqliteStore, SystemClock, TimerStatus, Value,
-    Workflow, WorkflowId,
+    RetryPolicy, Settlement, SqliteIdempotencyStore, SqliteStore, SystemClock, TimerStatus,
+    TraceContext, Value, Workflow, WorkflowId,
 };
 
 /// The fields of a booking request that define the business intent: a retry that only changes
@@ -99,7 +105,8 @@ impl Supplier {
                  idempotency_key TEXT NOT NULL,
                  trip_id TEXT,
                  traveller TEXT,
-                 flight TEXT
+                 flight TEXT,
+                 trace_id TEXT
              );",
         )?;
         Ok(Self {
@@ -109,8 +116,9 @@ impl Supplier {
         })
     }
 
-    /// Answers one `POST /bookings`. `work` simulates how long the booking itself takes.
-    fn book(&self, key: Option<&str>, body: &[u8], work: Duration) -> Reply {
+    /// Answers one `POST /bookings` in trace `trace`. `work` simulates how long the booking itself
+    /// takes.
+    fn book(&self, key: Option<&str>, body: &[u8], work: Duration, trace: &TraceContext) -> Reply {
         let error = |status, message: String| Reply {
             status,
             body: json!({ "error": message }),
@@ -164,7 +172,7 @@ impl Supplier {
         };
         // The slow part (asking the airline's inventory for a seat) holds no lock.
         std::thread::sleep(work);
-        match self.commit_booking(&key, token, &request) {
+        match self.commit_booking(&key, token, &request, trace) {
             Ok(result) => Reply {
                 status: 201,
                 body: result,
@@ -187,6 +195,7 @@ impl Supplier {
         key: &IdempotencyKey,
         token: u64,
         request: &Value,
+        trace: &TraceContext,
     ) -> Result<Value, Error> {
         let mut db = self.db.lock().unwrap();
         let Db { keys, conn } = &mut *db;
@@ -194,13 +203,14 @@ impl Supplier {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;
         tx.execute(
-            "INSERT INTO bookings (idempotency_key, trip_id, traveller, flight) \
-             VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO bookings (idempotency_key, trip_id, traveller, flight, trace_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5)",
             params![
                 key.as_str(),
                 request["trip_id"].as_str(),
                 request["traveller"].as_str(),
-                request["flight"].as_str()
+                request["flight"].as_str(),
+                trace.trace_id_hex()
             ],
         )
         .map_err(sql)?;
@@ -223,7 +233,8 @@ impl Supplier {
         let mut stmt = db
             .conn
             .prepare(
-                "SELECT id, idempotency_key, trip_id, traveller, flight FROM bookings ORDER BY id",
+                "SELECT id, idempotency_key, trip_id, traveller, flight, trace_id FROM bookings \
+                 ORDER BY id",
             )
             .map_err(sql)?;
         let rows = stmt
@@ -234,6 +245,7 @@ impl Supplier {
                     "trip_id": row.get::<_, Option<String>>(2)?,
                     "traveller": row.get::<_, Option<String>>(3)?,
                     "flight": row.get::<_, Option<String>>(4)?,
+                    "trace_id": row.get::<_, Option<String>>(5)?,
                 }))
             })
             .map_err(sql)?;
@@ -256,11 +268,21 @@ impl Supplier {
                 let work = header("X-Simulate-Work-Ms")
                     .and_then(|v| v.parse().ok())
                     .map_or(Duration::ZERO, Duration::from_millis);
+                let trace = continue_trace(header("traceparent"), header("tracestate"));
                 let mut body = Vec::new();
                 let _ = request.as_reader().read_to_end(&mut body);
                 let reply = match (request.method(), request.url()) {
                     (tiny_http::Method::Post, "/bookings") => {
-                        supplier.book(key.as_deref(), &body, work)
+                        let trip = serde_json::from_slice::<Value>(&body)
+                            .ok()
+                            .and_then(|b| b["trip_id"].as_str().map(str::to_owned));
+                        log(format_args!(
+                            "supplier: POST /bookings {} in trace {} (span {})",
+                            trip.as_deref().unwrap_or("?"),
+                            trace.trace_id_hex(),
+                            trace.span_id_hex()
+                        ));
+                        supplier.book(key.as_deref(), &body, work, &trace)
                     }
                     (tiny_http::Method::Get, "/bookings") => match supplier.bookings() {
                         Ok(bookings) => Reply {
@@ -313,6 +335,32 @@ impl Supplier {
     }
 }
 
+/// Writes one line of the supplier's log to standard output; a reader that went away stops no
+/// request.
+fn log(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// The supplier's span of a request: a child of the caller's `traceparent` (and `tracestate`), or
+/// the root of a new trace when the request has none or an invalid one (W3C: restart, never refuse).
+fn continue_trace(traceparent: Option<String>, tracestate: Option<String>) -> TraceContext {
+    let Some(traceparent) = traceparent else {
+        return miniflow::new_trace_context();
+    };
+    match TraceContext::parse(&traceparent, tracestate.as_deref()) {
+        Ok(caller) => caller.child("supplier"),
+        // A tracestate we cannot read does not break the trace: keep the traceparent alone.
+        Err(_) => match TraceContext::parse(&traceparent, None) {
+            Ok(caller) => caller.child("supplier"),
+            Err(e) => {
+                log(format_args!("supplier: {e}; starting a new trace"));
+                miniflow::new_trace_context()
+            }
+        },
+    }
+}
+
 /// A supplier serving on 127.0.0.1.
 struct Running {
     url: String,
@@ -347,10 +395,18 @@ fn start_supplier(
 fn deliver_over_http(agent: &ureq::Agent, url: &str, delivery: &Delivery) -> (Outcome, String) {
     let mut body = delivery.payload.clone();
     body["sent_at"] = json!(SystemClock.now().as_millis()); // changes on every attempt; not part of the intent
-    let sent = agent
+    let mut post = agent
         .post(format!("{url}/bookings"))
-        .header("Idempotency-Key", delivery.command_id.to_string())
-        .send_json(&body);
+        .header("Idempotency-Key", delivery.command_id.to_string());
+    // The trace of the commit that created the command goes on, under a span for this attempt.
+    if let Some(trace) = &delivery.trace_context {
+        let attempt = trace.child(format!("{}#{}", delivery.command_id, delivery.attempt));
+        post = post.header("traceparent", attempt.traceparent());
+        if let Some(state) = attempt.tracestate() {
+            post = post.header("tracestate", state);
+        }
+    }
+    let sent = post.send_json(&body);
     match sent {
         Err(e) => (
             Outcome::retry(format!("no answer ({e}): result unknown")),
@@ -446,10 +502,14 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
             "trip_requested",
             json!({ "traveller": traveller, "flight": "CA1405" }),
         );
-        engine.handle(
+        // The request starts a trace; the commit stores it with the booking command.
+        let trace = miniflow::new_trace_context();
+        println!("{trip} requested in trace {}", trace.trace_id_hex());
+        engine.handle_traced(
             &mut store,
             &WorkflowId::new(trip)?,
             event,
+            &trace,
             SystemClock.now(),
         )?;
     }
@@ -501,12 +561,26 @@ fn demo(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         "answers dropped after commit: {}",
         supplier.dropped.lock().unwrap().join(", ")
     );
-    println!("bookings at the supplier: {}", supplier.bookings()?.len());
+    let bookings = supplier.bookings()?;
+    println!("bookings at the supplier: {}", bookings.len());
+    for booking in &bookings {
+        println!(
+            "booking {} for {} in trace {}",
+            booking["reference"].as_str().unwrap_or("?"),
+            booking["trip_id"].as_str().unwrap_or("?"),
+            booking["trace_id"].as_str().unwrap_or("?")
+        );
+    }
     for trip in TRIPS {
         for row in store.commands(&WorkflowId::new(trip)?)? {
             println!(
-                "{} {} after {} attempt(s)",
-                row.command_id, row.status, row.attempts
+                "{} {} after {} attempt(s), traceparent {}",
+                row.command_id,
+                row.status,
+                row.attempts,
+                row.trace_context
+                    .as_ref()
+                    .map_or("(none)".to_owned(), TraceContext::traceparent)
             );
         }
     }

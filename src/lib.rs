@@ -6,9 +6,10 @@ pub use miniflow_core::*;
 
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::{
-    cancellation_requested, Dispatcher, Handler, Listing, Outcome, RunningDispatcher, Settlement,
-    Shutdown, SqliteIdempotencyStore, SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock,
-    UnreadableCommand, Writer, SCHEMA_VERSION,
+    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, Listing,
+    OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, SqliteIdempotencyStore,
+    SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, Writer,
+    SCHEMA_VERSION,
 };
 
 /// The async API for tokio services (feature `tokio`): `AsyncStore`, `AsyncDispatcher`,

@@ -81,11 +81,15 @@ export interface OutboxRow {
   result: Json | null;
   /** Its workflow cancelled it while it was being delivered. */
   cancel_requested: boolean;
+  /** The W3C trace context of the commit that created it (absent when it had none). */
+  trace_context?: TraceContext;
 }
+/** A W3C trace context: the `traceparent` and `tracestate` header values. */
+export interface TraceContext { traceparent: string; tracestate?: string }
 /** What a heartbeat (`extend`) tells the holder of a lease. */
 export interface Extended { expires_at: number; cancel_requested: boolean }
 /** A claimed command: deliver it with `command_id` as the idempotency key, settle it with `token`. */
-export interface Delivery { command_id: string; kind: string; payload: Json; attempt: number; token: number; lease_expires_at: number }
+export interface Delivery { command_id: string; kind: string; payload: Json; attempt: number; token: number; lease_expires_at: number; due_at: number; trace_context?: TraceContext }
 /** What a worker asks for when it claims. */
 export interface ClaimRequest {
   worker: string;

@@ -11,6 +11,7 @@ use crate::schedule::Firing;
 use crate::store::{Commit, EventLog, HistoryId, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
+use crate::trace::TraceContext;
 
 /// A workflow: how its events fold into state, and what it decides when a new event arrives.
 ///
@@ -338,7 +339,25 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
-        self.commit_event(store, workflow_id, event, now, None)
+        self.commit_event(store, workflow_id, event, now, None, None)
+    }
+
+    /// As [`Engine::handle`], storing `context` (the W3C trace context of the caller's span, e.g.
+    /// from an incoming `traceparent` header) with every command decided, so that each delivery
+    /// continues the trace ([`Commit::traced`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub fn handle_traced<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: &TraceContext,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        self.commit_event(store, workflow_id, event, now, None, Some(context))
     }
 
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
@@ -532,7 +551,7 @@ impl<W: Workflow> Engine<W> {
         }
         let (event, firing) = Firing::of(timer, now)?;
         let workflow_id = timer.timer_id.workflow_id();
-        match self.commit_event(store, workflow_id, event, now, Some(&firing)) {
+        match self.commit_event(store, workflow_id, event, now, Some(&firing), None) {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
             Err(Error::Rejected {
@@ -576,6 +595,7 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
         fires: Option<&Firing>,
+        context: Option<&TraceContext>,
     ) -> Result<Handled, Error> {
         // Checked before the event is copied for each try: a payload past the limits may nest deeper
         // than a recursive copy survives.
@@ -588,6 +608,9 @@ impl<W: Workflow> Engine<W> {
             let mut commit = self.plan_from(store, workflow_id, event.clone(), now)?;
             if let Some(firing) = fires {
                 commit = firing.apply(commit)?;
+            }
+            if let Some(context) = context {
+                commit = commit.traced(context.clone());
             }
             match store.append_with_commands(&commit) {
                 Ok(()) => return Ok(Handled::of(&commit, conflicts)),

@@ -13,6 +13,7 @@
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
 //! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
 //! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
+//! | [`TraceContext`] | the W3C trace context stored with each command, so a trace runs through the outbox |
 //! | [`MemoryStore`] | an in-memory store |
 //! | [`IdempotencyStore`], [`Digest`], [`check_retention`] | the receiver's side: fold repeated deliveries into one effect |
 //! | `conformance` (feature) | the tests every store must pass |
@@ -72,6 +73,7 @@
 
 mod builtin;
 mod cache;
+mod control;
 mod engine;
 mod error;
 mod id;
@@ -83,9 +85,12 @@ mod outbox;
 mod retention;
 mod retry;
 mod schedule;
+mod stats;
 mod store;
+pub mod telemetry;
 mod time;
 mod timer;
+mod trace;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -95,6 +100,7 @@ pub use builtin::{
     COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
+pub use control::{Admission, KindChange, KindControl};
 pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
@@ -116,9 +122,11 @@ pub use retention::{
 };
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
+pub use stats::{KindStats, OutboxStats};
 pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.
 pub mod prelude {

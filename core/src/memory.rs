@@ -4,6 +4,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::control::KindControl;
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::model::EventRecord;
@@ -11,6 +12,7 @@ use crate::outbox::{
     Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
 };
 use crate::retry::RetryPolicy;
+use crate::stats::OutboxStats;
 use crate::store::{Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
@@ -38,6 +40,8 @@ pub struct MemoryStore {
     /// The unfinished (pending or leased) rows: the in-memory twin of a partial index.
     unfinished: BTreeSet<CommandId>,
     timers: BTreeMap<TimerId, TimerRow>,
+    /// The operators' controls, by kind.
+    controls: BTreeMap<String, KindControl>,
     poisoned_kinds: Vec<String>,
     history: OwnHistory,
 }
@@ -74,6 +78,7 @@ impl MemoryStore {
             events: self.events.values().flatten().collect(),
             outbox: self.outbox.values().collect(),
             timers: self.timers.values().collect(),
+            controls: self.controls.values().collect(),
         };
         serde_json::to_string(&snapshot).unwrap_or_default()
     }
@@ -133,6 +138,9 @@ impl MemoryStore {
         }
         for timer in snapshot.timers {
             store.timers.insert(timer.timer_id.clone(), timer);
+        }
+        for control in snapshot.controls {
+            store.controls.insert(control.kind.clone(), control);
         }
         Ok(store)
     }
@@ -262,7 +270,8 @@ impl MemoryStore {
 }
 
 const SNAPSHOT_FORMAT: &str = "miniflow.memory-store";
-const SNAPSHOT_VERSION: u32 = 1;
+/// 2: rows carry their priority, and the operators' controls are kept. Version 1 still reads.
+const SNAPSHOT_VERSION: u32 = 2;
 
 #[derive(serde::Serialize)]
 struct SnapshotRef<'a> {
@@ -271,6 +280,7 @@ struct SnapshotRef<'a> {
     events: Vec<&'a EventRecord>,
     outbox: Vec<&'a OutboxRow>,
     timers: Vec<&'a TimerRow>,
+    controls: Vec<&'a KindControl>,
 }
 
 #[derive(serde::Deserialize)]
@@ -284,6 +294,8 @@ struct Snapshot {
     events: Vec<EventRecord>,
     outbox: Vec<OutboxRow>,
     timers: Vec<TimerRow>,
+    #[serde(default)]
+    controls: Vec<KindControl>,
 }
 
 /// The start of a long text, for error messages.
@@ -507,6 +519,21 @@ impl Operations for MemoryStore {
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.resolve(note, now))
     }
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        let mut stats = OutboxStats::new(now);
+        let unfinished = self.unfinished.iter().filter_map(|id| self.outbox.get(id));
+        let dead = self
+            .outbox
+            .values()
+            .filter(|row| row.status == Status::Dead);
+        for row in unfinished.chain(dead) {
+            stats.count(row);
+        }
+        Ok(stats.with_controls(self.controls.values().cloned()))
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        Ok(self.controls.values().cloned().collect())
+    }
 }
 
 #[cfg(test)]
@@ -614,8 +641,8 @@ mod tests {
                 "expected \"miniflow.memory-store\"",
             ),
             (
-                r#"{"format":"miniflow.memory-store","version":2,"events":[]}"#,
-                "newer than this miniflow reads (1)",
+                r#"{"format":"miniflow.memory-store","version":3,"events":[]}"#,
+                "newer than this miniflow reads (2)",
             ),
             (
                 r#"{"format":"miniflow.memory-store","version":1,"events":[]}"#,

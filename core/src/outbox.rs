@@ -17,6 +17,7 @@ use crate::id::CommandId;
 use crate::retry::RetryPolicy;
 use crate::time::Timestamp;
 use crate::timer::TimerRow;
+use crate::trace::TraceContext;
 
 /// Where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -127,6 +128,10 @@ pub struct OutboxRow {
     /// is still recorded and fed back.
     #[serde(default)]
     pub cancel_requested: bool,
+    /// The W3C trace context of the commit that created it ([`crate::Commit::traced`]), handed to
+    /// every delivery so the trace goes on at the receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<TraceContext>,
 }
 
 /// A command handed to a worker by a claim: what to deliver and the token to settle it with.
@@ -144,6 +149,13 @@ pub struct Delivery {
     pub token: u64,
     /// When the lease runs out.
     pub lease_expires_at: Timestamp,
+    /// When the command became claimable: its due time (after a failure, its retry time), or the
+    /// expiry of the lease this claim took over. The claim's `now` minus this is how long it waited.
+    pub due_at: Timestamp,
+    /// The W3C trace context of the commit that created the command, if it had one: continue the
+    /// trace from it (e.g. send [`TraceContext::child`]'s `traceparent` to the receiver).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<TraceContext>,
 }
 
 /// Which commands a claim hands out first (DESIGN rule 6).
@@ -478,12 +490,20 @@ impl OutboxRow {
             report_result: command.report_result,
             result: None,
             cancel_requested: false,
+            trace_context: None,
         }
     }
 
     /// Whether a claim at `now` may take this row: pending and due, or leased with an expired lease.
+    /// The operators' controls may still hold it back ([`crate::Admission`]).
     pub fn is_claimable(&self, now: Timestamp) -> bool {
         self.status.is_unfinished() && self.available_at <= now
+    }
+
+    /// Whether the row holds an unexpired lease at `now`: what a kind's concurrency limit counts
+    /// ([`crate::Admission`]). A SQL store counts `status = 'leased' AND available_at > now`.
+    pub fn holds_lease(&self, now: Timestamp) -> bool {
+        self.status == Status::Leased && self.available_at > now
     }
 
     /// The current fencing token (0 before the first claim).
@@ -506,6 +526,7 @@ impl OutboxRow {
             self.processed_at = Some(now);
             return None;
         }
+        let due_at = self.available_at;
         let expires_at = now + request.lease_ttl;
         let token = self.token() + 1;
         self.status = Status::Leased;
@@ -523,6 +544,8 @@ impl OutboxRow {
             attempt: self.attempts,
             token,
             lease_expires_at: expires_at,
+            due_at,
+            trace_context: self.trace_context.clone(),
         })
     }
 

@@ -44,8 +44,15 @@ pub fn last_recorded_at(events: &[EventRecord]) -> Option<Timestamp> {
 
 /// When a workflow finished, given the latest `recorded_at` of its events ([`last_recorded_at`]),
 /// its commands and its timers: the latest of that and its commands' and timers' `processed_at`;
-/// `None` while it is unfinished (every command done or cancelled, no timer scheduled) or has no
-/// event.
+/// `None` while it is unfinished, or has no event.
+///
+/// **The rule.** A workflow is *finished* when nothing of it is left to do and nothing can come back
+/// into it on its own: every command it decided is done or cancelled — none pending or leased (still
+/// to deliver), and none dead (a dead command waits for a person, whose `retry` or `resolve` feeds
+/// an event back) — and none of its timers is scheduled (a timer, or the feedback of a settled
+/// command, is still to fire into it). Retention deletes only the history of workflows finished at
+/// least its period ago ([`is_retirable`]); an unfinished workflow is never retired, however old. A
+/// retired workflow takes no new event ([`retired`]).
 ///
 /// ```
 /// use miniflow_core::{finished_at, json, last_recorded_at, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};

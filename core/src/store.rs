@@ -4,14 +4,17 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::control::KindControl;
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{check_kind, CancelCommand, Decision, Event, EventRecord};
 use crate::outbox::{ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled};
 use crate::retry::RetryPolicy;
+use crate::stats::OutboxStats;
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
+use crate::trace::TraceContext;
 
 /// Everything one commit writes: the event(s) at `expected_seq + 1…` and one outbox row per decided
 /// command, with its deterministic ID (DESIGN rules 2–4).
@@ -48,6 +51,7 @@ pub struct Commit {
     cancel_commands: Vec<CancelCommand>,
     fires: Option<TimerId>,
     limits: JsonLimits,
+    trace_context: Option<TraceContext>,
 }
 
 impl Commit {
@@ -100,6 +104,7 @@ impl Commit {
             cancel_commands: Vec::new(),
             fires: None,
             limits,
+            trace_context: None,
         };
         commit.push(event, decision)?;
         Ok(commit)
@@ -123,7 +128,9 @@ impl Commit {
                 Error::invalid("decision.commands", index, "more than u32::MAX commands")
             })?;
             let id = CommandId::new(self.workflow_id.clone(), seq, index)?;
-            commands.push(OutboxRow::pending(id, command, self.now));
+            let mut row = OutboxRow::pending(id, command, self.now);
+            row.trace_context.clone_from(&self.trace_context);
+            commands.push(row);
         }
         let mut timers = Vec::with_capacity(decision.timers.len());
         for (index, timer) in decision.timers.into_iter().enumerate() {
@@ -249,6 +256,35 @@ impl Commit {
         if !self.cancel_timers.contains(&next.name) {
             self.timers.push(next);
         }
+    }
+
+    /// Stores `context` (the W3C trace context of the span that commits) with every command of this
+    /// commit, the ones pushed later included, so that each delivery continues the producer's trace
+    /// ([`crate::Delivery::trace_context`]).
+    ///
+    /// ```
+    /// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, TraceContext, WorkflowId};
+    ///
+    /// let context: TraceContext = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse()?;
+    /// let decision = Decision::new().command(Command::new("lock_budget", json!({})));
+    /// let event = Event::new("trip_requested", json!({}));
+    /// let commit = Commit::new(WorkflowId::new("trip-001")?, Seq::ZERO, event, decision, Timestamp::EPOCH)?
+    ///     .traced(context.clone());
+    /// assert_eq!(commit.commands()[0].trace_context, Some(context));
+    /// # Ok::<(), miniflow_core::Error>(())
+    /// ```
+    #[must_use]
+    pub fn traced(mut self, context: TraceContext) -> Self {
+        for row in &mut self.commands {
+            row.trace_context = Some(context.clone());
+        }
+        self.trace_context = Some(context);
+        self
+    }
+
+    /// The trace context stored with this commit's commands, if any ([`Commit::traced`]).
+    pub fn trace_context(&self) -> Option<&TraceContext> {
+        self.trace_context.as_ref()
     }
 
     /// The workflow written to.
@@ -582,7 +618,8 @@ pub trait Timers {
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
 }
 
-/// What operators do by hand: dead letters, retries, resolutions and retention.
+/// What operators do by hand and what they look at: dead letters, retries, resolutions, retention,
+/// stats and the controls of each kind.
 pub trait Operations {
     /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
     /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
@@ -602,6 +639,15 @@ pub trait Operations {
 
     /// Closes a dead command by hand with a note (see [`OutboxRow::resolve`]).
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error>;
+
+    /// The outbox at `now` (see [`OutboxStats`]): pending, leased, claimable and dead commands by
+    /// kind, the oldest claimable one (the lag), and the active controls. A read: it changes
+    /// nothing, and a store reads its unfinished and dead rows from their indexes, never its done
+    /// rows.
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error>;
+
+    /// The stored controls of every kind an operator ever changed (active or not), by kind.
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error>;
 }
 
 /// A miniflow store: the event log, the outbox, the timers and the operators' actions. Every type that

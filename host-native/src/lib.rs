@@ -39,9 +39,12 @@ mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
+mod telemetry;
 #[cfg(feature = "tokio")]
 pub mod tokio;
 mod writer;
+
+pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
 
 pub use clock::SystemClock;
 pub use dispatcher::{

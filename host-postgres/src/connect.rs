@@ -15,7 +15,11 @@ use crate::db::{Connection, Db};
 use crate::notifier::Notifier;
 
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_init.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_operator_controls.sql"),
+    include_str!("../migrations/0003_trace_context.sql"),
+];
 
 /// The newest schema version this build writes.
 pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -22,11 +22,13 @@
 #![warn(missing_docs)]
 
 mod connect;
+mod controls;
 mod db;
 mod idempotency;
 mod notifier;
 mod rows;
 mod store;
+mod telemetry;
 mod wakeup;
 
 pub use connect::{PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};

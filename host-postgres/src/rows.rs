@@ -3,7 +3,7 @@
 
 use miniflow_core::{
     canonical_json, CommandId, Error, EventRecord, Lease, OutboxRow, Seq, Status, TimerId,
-    TimerRow, Timestamp, WorkflowId,
+    TimerRow, Timestamp, TraceContext, WorkflowId,
 };
 use postgres::types::FromSql;
 use postgres::{GenericClient, Row};
@@ -17,7 +17,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested"
+         resolution, report_result, result, cancel_requested, traceparent, tracestate"
     };
 }
 
@@ -102,6 +102,8 @@ pub(crate) mod col {
     pub(crate) const REPORT_RESULT: Col = Col(16, "report_result");
     pub(crate) const RESULT: Col = Col(17, "result");
     pub(crate) const CANCEL_REQUESTED: Col = Col(18, "cancel_requested");
+    pub(crate) const TRACEPARENT: Col = Col(19, "traceparent");
+    pub(crate) const TRACESTATE: Col = Col(20, "tracestate");
 }
 
 /// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
@@ -213,7 +215,15 @@ pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
         report_result: get(row, col::REPORT_RESULT)?,
         result: optional_json(row, col::RESULT)?,
         cancel_requested: get(row, col::CANCEL_REQUESTED)?,
+        trace_context: trace_context(row),
     })
+}
+
+/// The stored trace context; one that does not parse is ignored: a trace is not worth a delivery.
+fn trace_context(row: &Row) -> Option<TraceContext> {
+    let traceparent: &str = get::<Option<&str>>(row, col::TRACEPARENT).ok()??;
+    let tracestate: Option<&str> = get(row, col::TRACESTATE).ok()?;
+    TraceContext::parse(traceparent, tracestate).ok()
 }
 
 /// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
@@ -239,6 +249,7 @@ pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
         report_result: get(row, col::REPORT_RESULT).unwrap_or_default(),
         result: None,
         cancel_requested: get(row, col::CANCEL_REQUESTED).unwrap_or_default(),
+        trace_context: trace_context(row),
     })
 }
 

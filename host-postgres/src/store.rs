@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, OutboxRow,
-    RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, KindControl,
+    OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp,
+    TraceContext, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Row, Socket, Transaction};
@@ -221,6 +222,14 @@ impl PostgresStore {
     }
 
     fn append_in_db(&self, db: &mut Db<'_, Transaction<'_>>, commit: &Commit) -> Result<(), Error> {
+        crate::telemetry::sending(commit, || self.append_in_savepoint(db, commit))
+    }
+
+    fn append_in_savepoint(
+        &self,
+        db: &mut Db<'_, Transaction<'_>>,
+        commit: &Commit,
+    ) -> Result<(), Error> {
         let (mut savepoint, statements) = db.savepoint()?;
         let mut inner = Db::new(&mut savepoint, statements);
         let clock = self.clock(&mut inner, commit.now())?;
@@ -555,9 +564,9 @@ const INSERT_COMMIT: &str = "WITH last AS (\
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
-             created_at, report_result) \
+             created_at, report_result, traceparent, tracestate) \
          SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-             c.report_result \
+             c.report_result, $13::text, $14::text \
          FROM unnest($7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::bigint[], \
              $12::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result) \
          WHERE EXISTS (SELECT 1 FROM e)) \
@@ -565,9 +574,9 @@ const INSERT_COMMIT: &str = "WITH last AS (\
 
 /// A commit's commands alone (see [`insert_commands`]).
 const INSERT_COMMANDS: &str = "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
-         status, available_at, created_at, report_result) \
+         status, available_at, created_at, report_result, traceparent, tracestate) \
      SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-         c.report_result \
+         c.report_result, $8::text, $9::text \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], \
          $7::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result)";
 
@@ -581,6 +590,9 @@ struct CommandColumns {
     payloads: Vec<String>,
     created: Vec<i64>,
     report: Vec<bool>,
+    /// The commit's trace context, the same for each of its commands.
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 }
 
 impl CommandColumns {
@@ -593,6 +605,11 @@ impl CommandColumns {
             payloads: Vec::with_capacity(rows.len()),
             created: Vec::with_capacity(rows.len()),
             report: Vec::with_capacity(rows.len()),
+            traceparent: commit.trace_context().map(TraceContext::traceparent),
+            tracestate: commit
+                .trace_context()
+                .and_then(TraceContext::tracestate)
+                .map(str::to_owned),
         };
         for row in rows {
             columns
@@ -662,6 +679,8 @@ fn insert_events(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.traceparent,
+            &columns.tracestate,
         ],
     );
     let row = match row {
@@ -701,6 +720,8 @@ fn insert_commands(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.traceparent,
+            &columns.tracestate,
         ],
     )
     .map_err(storage)?;
@@ -1178,6 +1199,13 @@ impl EventLog for PostgresStore {
     /// A commit without timers or cancellations, on the caller's clock, is one statement in a
     /// transaction of its own; any other is one transaction of several.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        crate::telemetry::sending(commit, || self.append(commit))
+    }
+}
+
+impl PostgresStore {
+    /// [`EventLog::append_with_commands`], without its span.
+    fn append(&self, commit: &Commit) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
         let written = if is_plain(commit) && !self.shared.options.uses_database_clock() {
             write_commit(&mut connection.db(), commit, Clock::caller(commit.now()))
@@ -1445,7 +1473,9 @@ impl Operations for PostgresStore {
                 &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
             )
             .map_err(storage)?;
-        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+        let deleted = usize::try_from(deleted).unwrap_or(usize::MAX);
+        crate::telemetry::purged(deleted);
+        Ok(deleted)
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -1458,6 +1488,23 @@ impl Operations for PostgresStore {
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row, now| row.resolve(note, now))
             .map(|_| ())
+    }
+    /// Three reads, each of its own snapshot: the unfinished rows by kind and status (from the
+    /// partial index `outbox_claim`), the dead rows by kind (`outbox_dead_by_kind`) and the
+    /// controls. Works on [`PostgresStore::connect_read_only`].
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        let mut connection = self.shared.connection()?;
+        let mut db = connection.db();
+        let clock = self.clock(&mut db, now)?;
+        crate::controls::outbox_stats(&mut db, clock)
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        let mut connection = self.shared.connection()?;
+        crate::controls::read_controls(
+            &mut connection.db(),
+            crate::controls::SELECT_CONTROLS,
+            Clock::caller(Timestamp::EPOCH),
+        )
     }
 }
 
@@ -1504,8 +1551,9 @@ fn claim_timers_in(
     Ok(timers)
 }
 
-/// The queries workers, `pending` and retention run, each with sample arguments (SQL literals) and the
-/// index that must answer it: for the test that reads their plans on a database full of done rows.
+/// The queries workers, `pending`, retention and stats run, each with sample arguments (SQL literals)
+/// and the index that must answer it (or indexes, separated by `|`): for the test that reads their
+/// plans on a database full of done rows.
 #[doc(hidden)]
 pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     const NOW: &str = "1800000000000";
@@ -1547,6 +1595,18 @@ pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static 
             PURGE_DONE,
             "1800000000000, 100",
             "outbox_done",
+        ),
+        (
+            "stats of unfinished rows",
+            crate::controls::STATS_UNFINISHED,
+            NOW,
+            "outbox_unfinished|outbox_claim",
+        ),
+        (
+            "stats of dead rows",
+            crate::controls::STATS_DEAD,
+            "",
+            "outbox_dead_by_kind",
         ),
     ]
 }

@@ -9,9 +9,9 @@ use std::time::Duration;
 use miniflow::prelude::*;
 use miniflow::tokio::{AsyncDispatcher, AsyncIdempotencyStore, AsyncStore};
 use miniflow::{
-    json, Begin, ClaimRequest, Command, CommandCompleted, Decision, Delivery, Digest, Engine,
-    Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, Outcome, RetryPolicy, Settlement,
-    SqliteStore, Status, Workflow, WorkflowId, COMMAND_COMPLETED,
+    json, Begin, ClaimRequest, Clock, Command, CommandCompleted, Decision, Delivery, Digest,
+    Engine, Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, Outcome, RetryPolicy,
+    Settlement, SqliteStore, Status, Workflow, WorkflowId, COMMAND_COMPLETED,
 };
 
 /// Counts its events; each event decides one command carrying the count it was decided on (a
@@ -430,20 +430,24 @@ fn retries_refusals_and_panics_settle_as_the_sync_dispatcher_settles_them() {
                 }
             }
         };
+        // Time stands still unless moved: the retries are due only once the clock passes them.
+        let clock = Arc::new(miniflow::ManualClock::new(miniflow::SystemClock.now()));
+        let store = store.with_clock(clock.clone());
         let log = settled.clone();
-        let stats = AsyncDispatcher::new(store.clone(), handler)
+        let dispatcher = AsyncDispatcher::new(store.clone(), handler)
             .concurrency(4)
-            .retry_policy(RetryPolicy::default().initial_delay(Duration::from_millis(1)).jitter(0.0))
+            .retry_policy(RetryPolicy::default().initial_delay(Duration::from_secs(1)).jitter(0.0))
             .poll_interval(Duration::from_millis(2))
-            .on_settled(move |d, s| log.lock().unwrap().push((d.command_id.to_string(), s.clone())))
-            .run_until_idle()
-            .await
-            .unwrap();
+            .on_settled(move |d, s| log.lock().unwrap().push((d.command_id.to_string(), s.clone())));
+        let first = dispatcher.run_until_idle().await.unwrap();
         assert_eq!(
-            (stats.completed, stats.retried, stats.dead, stats.panics),
-            (2, 2, 1, 1),
-            "{stats:?}"
+            (first.completed, first.retried, first.dead, first.panics),
+            (0, 2, 1, 1),
+            "{first:?}"
         );
+        clock.advance(Duration::from_secs(1));
+        let again = dispatcher.run_until_idle().await.unwrap();
+        assert_eq!((again.completed, again.retried), (2, 0), "{again:?}");
         let settled = settled.lock().unwrap().clone();
         assert!(settled.iter().any(|(id, s)| id == "order-001:1:0"
             && *s == Settlement::Dead { error: "422 no such order".into() }));
@@ -470,7 +474,7 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
                 async move {
                     // Four lease TTLs: only the heartbeat keeps the lease.
                     for _ in 0..40 {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                         if miniflow::tokio::cancellation_requested() {
                             saw_cancel
                                 .lock()
@@ -485,10 +489,10 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
         };
         let running = AsyncDispatcher::new(store.clone(), handler)
             .concurrency(2)
-            .lease_ttl(Duration::from_millis(100))
+            .lease_ttl(Duration::from_millis(200))
             .start()
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
         let rival = store
             .claim(
                 ClaimRequest::new("rival")
@@ -510,7 +514,6 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
             !miniflow::tokio::cancellation_requested(),
             "outside a handler"
         );
-        tokio::time::sleep(Duration::from_millis(400)).await;
         let shutdown = running.shutdown(Duration::from_secs(5)).await;
         let stats = shutdown.stats;
         assert_eq!(
@@ -565,8 +568,9 @@ fn shutdown_lets_deliveries_finish_and_cuts_off_the_ones_past_the_deadline() {
             "the hanging delivery was cut off"
         );
         assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
-        // Its lease runs out, and the next dispatcher delivers it.
-        tokio::time::sleep(Duration::from_millis(450)).await;
+        // Its lease runs out (the heartbeat stopped with the dispatcher), and the next dispatcher
+        // delivers it.
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let stats = AsyncDispatcher::new(store.clone(), |_: Delivery| async { Outcome::Done })
             .run_until_idle()
             .await

@@ -946,6 +946,6 @@ fn child_schedule_firer() {
     }
     let mut store = SqliteStore::open(child::setting("MINIFLOW_DB")).unwrap();
     let nth = child::setting("MINIFLOW_CRASH_AT").parse().unwrap();
-    crate::delivery::kill_inside_commit(&store, nth, None, Arc::new(AtomicU64::new(0)));
+    kill_inside_commit(&store, nth, None, Arc::new(AtomicU64::new(0)));
     fire_ticks(&mut store);
 }

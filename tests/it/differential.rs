@@ -428,6 +428,15 @@ impl<S: Store> Run<S> {
             self.now,
         )
         .expect("a valid commit");
+        if self.rng.bool() {
+            // Traced commits: the context (and a tracestate, sometimes) rides with each command.
+            let trace_id: [u8; 16] = std::array::from_fn(|_| self.rng.u8(..));
+            let state = self.rng.bool().then_some("vendor=x");
+            let context = miniflow::TraceContext::new(trace_id, [7; 8], 1)
+                .and_then(|c| c.with_tracestate(state))
+                .expect("a valid trace context");
+            commit = commit.traced(context);
+        }
         if self.rng.u8(..5) == 0 {
             let decision = self.decision(&w);
             commit
@@ -760,7 +769,7 @@ impl Line for OutboxRow {
         format!(
             "{} {} {} attempts {} available_at {} lease {} processed_at {:?} last_error {:?} \
              manual_retries {} resolution {:?} created_at {} payload {} report_result {} \
-             result {:?} cancel_requested {}",
+             result {:?} cancel_requested {} trace {:?}",
             self.command_id,
             self.kind,
             self.status,
@@ -776,6 +785,9 @@ impl Line for OutboxRow {
             self.report_result,
             self.result.as_ref().map(canonical_json),
             self.cancel_requested,
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }
@@ -789,13 +801,17 @@ impl Line for Option<OutboxRow> {
 impl Line for Delivery {
     fn line(&self) -> String {
         format!(
-            "{} {} attempt {} token {} until {} payload {}",
+            "{} {} attempt {} token {} until {} due {} payload {} trace {:?}",
             self.command_id,
             self.kind,
             self.attempt,
             self.token,
             self.lease_expires_at,
+            self.due_at,
             canonical_json(&self.payload),
+            self.trace_context
+                .as_ref()
+                .map(|c| (c.traceparent(), c.tracestate())),
         )
     }
 }

@@ -777,6 +777,12 @@ impl Operations for Flaky {
     fn resolve(&mut self, command_id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.inner.resolve(command_id, note, now)
     }
+    fn stats(&self, now: Timestamp) -> Result<miniflow::OutboxStats, Error> {
+        self.inner.stats(now)
+    }
+    fn kind_controls(&self) -> Result<Vec<miniflow::KindControl>, Error> {
+        self.inner.kind_controls()
+    }
 }
 
 /// An `on_error` hook that keeps what it is given, as text.

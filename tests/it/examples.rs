@@ -79,6 +79,55 @@ fn worker_example_retries_with_backoff_folds_the_timeout_and_buries_the_refusal(
     }
 }
 
+/// One trace per trip runs from the request through the outbox to the supplier, with no tracing
+/// system installed: the trace ID the producer started is the one stored with the command, the one
+/// the supplier received in each attempt's `traceparent` header, and the one stored with the booking.
+#[test]
+fn http_supplier_example_carries_one_trace_from_the_request_to_the_booking() {
+    let out = run_example("http_supplier", &[]);
+    let after = |prefix: &str, word: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(|l| {
+                let id = l.split(word).nth(1).unwrap_or_default();
+                id.split([' ', '-']).next().unwrap_or_default().to_owned()
+            })
+            .collect()
+    };
+    for trip in ["trip-001", "trip-002", "trip-003"] {
+        let started = after(&format!("{trip} requested"), "in trace ");
+        assert_eq!(started.len(), 1, "{out}");
+        let trace = &started[0];
+        assert!(
+            trace.len() == 32 && trace.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{trace}"
+        );
+        let stored = after(&format!("{trip}:1:0 done"), "traceparent 00-");
+        assert_eq!(
+            stored,
+            std::slice::from_ref(trace),
+            "stored with the command: {out}"
+        );
+        let received = after(&format!("supplier: POST /bookings {trip} "), "in trace ");
+        let attempts = if trip == "trip-002" { 2 } else { 1 };
+        assert_eq!(
+            received,
+            vec![trace.clone(); attempts],
+            "every attempt: {out}"
+        );
+        let booked = after("booking BK-", "in trace ");
+        assert!(booked.contains(trace), "stored with the booking: {out}");
+    }
+    // Each attempt is a span of its own below the producer's.
+    let spans: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("supplier: POST /bookings trip-002"))
+        .filter_map(|l| l.split("(span ").nth(1))
+        .collect();
+    assert_eq!(spans.len(), 2, "{out}");
+    assert_ne!(spans[0], spans[1], "{out}");
+}
+
 #[test]
 fn http_supplier_example_books_once_per_command_despite_a_dropped_answer() {
     let out = run_example("http_supplier", &[]);
@@ -456,6 +505,107 @@ fn trip_and_worker_examples_run_on_postgres_given_a_database_url() {
         .unwrap()
         .get(0);
     assert_eq!(dead, 2, "one dead hotel booking per worker run");
+}
+
+/// The metrics example serves what its workload recorded over HTTP on 127.0.0.1, in a text format
+/// that Prometheus's own checker (`promtool check metrics`) accepts, with the documented names and
+/// the counts of the workload: 3 retries, 1 dead letter, 1 commit conflict, a fired timer, and the
+/// outbox gauges.
+#[test]
+fn metrics_example_serves_a_valid_prometheus_exposition_of_the_workload() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let mut process = Command::new(env!("CARGO"))
+        .args(["run", "--quiet", "--example", "metrics", "--manifest-path"])
+        .arg(&manifest)
+        .args(["--", "--requests", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the metrics example");
+    let mut stdout = std::io::BufReader::new(process.stdout.take().unwrap());
+    let url = loop {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(read > 0, "the example ended before it served");
+        if let Some(url) = line.trim().strip_prefix("metrics on ") {
+            break url.to_owned();
+        }
+    };
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let scrape = ureq::get(&url)
+        .call()
+        .expect("a scrape")
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    assert!(
+        process.wait().unwrap().success(),
+        "it stops after one request"
+    );
+
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/setup installs it)");
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), scrape.as_bytes()).unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool: {}{}\n{scrape}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let value = |series: &str| -> f64 {
+        scrape
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in:\n{scrape}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(value("miniflow_retries_total{kind=\"charge_card\"}"), 3.0);
+    assert_eq!(
+        value("miniflow_dead_letters_total{kind=\"book_courier\"}"),
+        1.0
+    );
+    assert_eq!(value("miniflow_completed_total{kind=\"charge_card\"}"), 3.0);
+    assert_eq!(
+        value("miniflow_delivery_attempts_total{kind=\"charge_card\"}"),
+        6.0
+    );
+    assert_eq!(value("miniflow_commit_conflicts_total"), 1.0);
+    assert_eq!(value("miniflow_timers_fired_total"), 1.0);
+    assert_eq!(value("miniflow_rows_purged_total"), 8.0);
+    assert_eq!(
+        value("miniflow_claim_delay_seconds_count{kind=\"send_email\"}"),
+        3.0
+    );
+    // The gauges, from the stats before the scrape: order-3's courier is dead, nothing waits.
+    let depth = |status: &str| {
+        value(&format!(
+            "miniflow_outbox_depth{{status=\"{status}\",kind=\"book_courier\"}}"
+        ))
+    };
+    assert_eq!((depth("dead"), depth("pending")), (1.0, 0.0));
+    assert_eq!(
+        value("miniflow_outbox_oldest_due_age_seconds{kind=\"book_courier\"}"),
+        0.0
+    );
+    // Every family is documented, with its help text.
+    for line in scrape.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = line.split(' ').nth(2).unwrap();
+        let metric = miniflow::telemetry::METRICS
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} is not in telemetry::METRICS"));
+        assert!(
+            scrape.contains(&format!("# HELP {name} {}", metric.help)),
+            "{name} has no help"
+        );
+    }
 }
 
 /// `cargo run -p miniflow-example-axum`: two axum services on 127.0.0.1, orders written with their

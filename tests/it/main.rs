@@ -17,6 +17,7 @@ mod receiver;
 mod retention;
 mod simulation;
 mod sqlite;
+mod telemetry;
 mod transactions;
 mod unreadable;
 mod writer;

@@ -387,6 +387,12 @@ impl Operations for FaultyStore {
     fn resolve(&mut self, id: &CommandId, note: &str, now: Timestamp) -> Result<(), Error> {
         self.write(|s| s.resolve(id, note, now))
     }
+    fn stats(&self, now: Timestamp) -> Result<miniflow::OutboxStats, Error> {
+        self.read(|s| s.stats(now))
+    }
+    fn kind_controls(&self) -> Result<Vec<miniflow::KindControl>, Error> {
+        self.read(|s| s.kind_controls())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

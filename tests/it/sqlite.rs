@@ -8,7 +8,7 @@ use crate::child;
 use miniflow::prelude::*;
 use miniflow::{
     json, Command, Commit, Decision, Engine, Error, Event, EventRecord, Seq, SqliteOptions,
-    SqliteStore, Synchronous, Timestamp, Workflow, WorkflowId, SCHEMA_VERSION,
+    SqliteStore, Synchronous, Timestamp, TraceContext, Workflow, WorkflowId, SCHEMA_VERSION,
 };
 
 fn pragma(store: &SqliteStore, name: &str) -> String {
@@ -305,5 +305,64 @@ fn idle_polling_does_not_take_the_write_lock() {
             .unwrap()
             .len(),
         1
+    );
+}
+
+/// A stored trace context that no longer parses (a hand-edited row, a value from elsewhere) is
+/// ignored: the row reads, the command is delivered, only its trace is lost.
+#[test]
+fn a_stored_trace_context_that_does_not_parse_is_ignored_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path().join("trace.db")).unwrap();
+    let context: TraceContext = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        .parse()
+        .unwrap();
+    for workflow in ["kept", "damaged", "state"] {
+        let decision = Decision::new().command(Command::new("notify", json!({})));
+        let commit = Commit::new(
+            WorkflowId::new(workflow).unwrap(),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            decision,
+            Timestamp::EPOCH,
+        )
+        .unwrap()
+        .traced(context.clone());
+        store.append_with_commands(&commit).unwrap();
+    }
+    let conn = store.connection();
+    conn.execute_batch(
+        "UPDATE outbox SET traceparent = 'not a traceparent' WHERE workflow_id = 'damaged';
+         UPDATE outbox SET tracestate = 'NOT=valid=state' WHERE workflow_id = 'state';",
+    )
+    .unwrap();
+    let (parent, state): (String, Option<String>) = conn
+        .query_row(
+            "SELECT traceparent, tracestate FROM outbox WHERE workflow_id = 'kept'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!(
+        (parent.as_str(), state),
+        (context.traceparent().as_str(), None)
+    );
+    let claimed = store
+        .claim(
+            &miniflow::ClaimRequest::new("w").limit(10),
+            Timestamp::EPOCH,
+        )
+        .unwrap();
+    let traces: Vec<(String, Option<TraceContext>)> = claimed
+        .into_iter()
+        .map(|d| (d.command_id.to_string(), d.trace_context))
+        .collect();
+    assert_eq!(
+        traces,
+        [
+            ("damaged:1:0".to_owned(), None),
+            ("kept:1:0".to_owned(), Some(context)),
+            ("state:1:0".to_owned(), None),
+        ]
     );
 }

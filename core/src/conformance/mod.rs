@@ -285,21 +285,25 @@ impl Workflow for Counter {
 
 mod cached;
 mod commit;
+mod controls;
 mod edges;
 mod leases;
 mod receivers;
 mod results;
 mod schedules;
 mod timers;
+mod trace;
 
 pub use self::cached::*;
 pub use self::commit::*;
+pub use self::controls::*;
 pub use self::edges::*;
 pub use self::leases::*;
 pub use self::receivers::*;
 pub use self::results::*;
 pub use self::schedules::*;
 pub use self::timers::*;
+pub use self::trace::*;
 
 /// `start` books and sets a 1 s deadline; a failed command is compensated and the deadline cancelled;
 /// a fired deadline is compensated too. Every decision is visible in the outbox.
@@ -407,6 +411,8 @@ macro_rules! store_conformance_tests {
             stopped_schedules_never_fire_again,
             cron_schedules_fire_at_their_matches_in_utc,
             bad_schedules_are_refused_before_anything_is_written,
+            stats_count_depth_by_kind_and_the_lag,
+            trace_contexts_and_due_times_reach_every_delivery,
             load_after_returns_the_events_after_a_seq,
             cached_states_decide_as_replay_does,
         );

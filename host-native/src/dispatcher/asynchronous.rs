@@ -3,10 +3,11 @@
 //!
 //! One task claims (and acknowledges what finished, in the same write) as many commands as there
 //! are free delivery slots, and runs each delivery as a task of its own; a heartbeat task extends
-//! the leases of long deliveries; due timers fire through [`Engine::fire`] on a blocking thread. What
-//! an outcome means, how a settlement is counted and reported, which settings are in bounds, how
-//! long to back off after a store error and when `run_until_idle` gives up: all of it is the
-//! synchronous [`Worker`]'s, called from here.
+//! the leases of long deliveries. The store work itself — claims with their acks, failures, due
+//! timers fired through [`Engine::fire`] — is the synchronous [`Worker`]'s own methods on a
+//! [`SqliteStore`] of the dispatcher's, run on a blocking thread: what an outcome means, how a
+//! settlement is counted, traced and reported, which settings are in bounds, how long to back off
+//! after a store error and when `run_until_idle` gives up are stated there once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,8 +15,10 @@ use std::task::{Context, Poll};
 
 use ::tokio::sync::Notify;
 use ::tokio::task::JoinSet;
+use tracing::Instrument;
 
 use super::*;
+use crate::telemetry;
 use crate::tokio::AsyncStore;
 
 /// The most deliveries an async dispatcher runs at once.
@@ -117,6 +120,7 @@ impl AsyncDispatcher {
                 order: ClaimOrder::DueFirst,
                 poll_interval: Duration::from_millis(50),
                 ack_delay: Duration::ZERO,
+                stats_interval: None,
             },
             concurrency: 1,
         }
@@ -290,8 +294,9 @@ impl AsyncDispatcher {
         });
         Deliveries {
             request: self.config.claim_request(self.config.name.clone()),
-            timers: self.firer.as_ref().map(|_| TimerSide::default()),
-            store,
+            timers: self.firer.as_ref().map(|_| TimerRounds::default()),
+            async_store: store,
+            store: Mutex::new(None),
             handler: self.handler.clone(),
             books,
             control,
@@ -299,6 +304,7 @@ impl AsyncDispatcher {
             in_flight: JoinSet::new(),
             tally: Tally::default(),
             done: Vec::new(),
+            received: tracing::Span::none(),
         }
     }
 
@@ -408,12 +414,9 @@ fn watch_for_work(writer: crate::Writer, control: Arc<Control>) -> Option<JoinHa
         .ok()
 }
 
-/// The timers' side of the loop: a store of its own, used on a blocking thread (behind a lock only
-/// so that the loop may be shared across threads while it waits).
+/// When the loop last fired timers, and whether that round found any.
 #[derive(Default)]
-struct TimerSide {
-    store: Mutex<Option<SqliteStore>>,
-    tally: Tally,
+struct TimerRounds {
     /// The writer's work mark at the last round, and when it ran.
     mark: u64,
     last: Option<Instant>,
@@ -427,20 +430,31 @@ struct Finished {
     unfinished: usize,
 }
 
-/// A delivery whose handler returned (or panicked).
-type Joined = (Delivery, std::thread::Result<Outcome>);
+/// A delivery whose handler returned (or panicked), with its `process` span and when it started.
+type Joined = (
+    Delivery,
+    tracing::Span,
+    Instant,
+    std::thread::Result<Outcome>,
+);
 
 struct Deliveries {
-    store: AsyncStore,
+    async_store: AsyncStore,
+    /// The dispatcher's own store, for the [`Worker`]'s methods on a blocking thread (it remembers
+    /// the row keys of what it claimed, so acks reach their rows directly). Behind a lock only so
+    /// the loop may be shared between threads while it waits; `None` while a blocking call has it.
+    store: Mutex<Option<SqliteStore>>,
     handler: Arc<AsyncHandler>,
     books: Arc<Worker<SqliteStore>>,
     control: Arc<Control>,
     request: ClaimRequest,
-    timers: Option<TimerSide>,
+    timers: Option<TimerRounds>,
     concurrency: usize,
     in_flight: JoinSet<Joined>,
     tally: Tally,
     done: Vec<Done>,
+    /// The span of the last claimed batch, the parent of its deliveries and their acks.
+    received: tracing::Span,
 }
 
 impl Deliveries {
@@ -479,98 +493,139 @@ impl Deliveries {
         self.drain().await
     }
 
-    /// Fires due timers on a blocking thread when work was committed since the last round, the last
-    /// round fired something, or a poll interval passed; returns how many events it committed.
-    async fn fire_timers(&mut self) -> usize {
-        let Some(mut side) = self.timers.take() else {
-            return 0;
-        };
-        let mark = self.store.writer().work_mark();
-        let poll = self.books.config.poll_interval;
-        let due =
-            side.fired > 0 || mark != side.mark || side.last.is_none_or(|t| t.elapsed() >= poll);
-        if !due {
-            self.timers = Some(side);
-            return 0;
-        }
-        side.mark = mark;
+    /// Runs `work` with the [`Worker`], the dispatcher's store (opened at first use), its acks in
+    /// waiting and its tally, on a blocking thread; `None` when the store could not be opened before
+    /// the dispatcher halted.
+    async fn on_store<R: Send + 'static>(
+        &mut self,
+        work: impl FnOnce(&Worker<SqliteStore>, &mut SqliteStore, &mut Vec<Done>, &mut Tally) -> R
+            + Send
+            + 'static,
+    ) -> Option<R> {
+        let store = self
+            .store
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         let books = self.books.clone();
-        let round = ::tokio::task::spawn_blocking(move || {
-            side.last = Some(Instant::now());
-            side.fired = 0;
-            let pooled = side
-                .store
-                .get_mut()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(mut store) = pooled.or_else(|| books.open_store(&mut side.tally)) {
-                side.fired = books.fire_due_timers(&mut store, &mut side.tally);
-                side.store = Mutex::new(Some(store));
+        let (mut done, mut tally) = (
+            std::mem::take(&mut self.done),
+            std::mem::take(&mut self.tally),
+        );
+        let joined = ::tokio::task::spawn_blocking(move || {
+            let mut store = store.or_else(|| books.open_store(&mut tally));
+            let result = store
+                .as_mut()
+                .map(|store| work(&books, store, &mut done, &mut tally));
+            (store, done, tally, result)
+        })
+        .await;
+        match joined {
+            Ok((store, done, tally, result)) => {
+                *self.store.get_mut().unwrap_or_else(PoisonError::into_inner) = store;
+                (self.done, self.tally) = (done, tally);
+                result
             }
-            side
-        });
-        match round.await {
-            Ok(side) => {
-                let fired = side.fired;
-                self.timers = Some(side);
-                fired
-            }
-            Err(panicked) => {
-                // `fire_due_timers` guards the workflow's code; this is a defect of ours. The
-                // deliveries go on without timers.
+            Err(failed) => {
+                // The Worker's methods guard the workflow's and handler's code: this is a defect of
+                // ours. What was in waiting is lost to this loop; its leases run out.
                 self.books.store_failed(
-                    Error::Storage(format!("the timer round failed: {panicked}").into()),
+                    Error::Storage(
+                        format!("a store call of the dispatcher failed: {failed}").into(),
+                    ),
                     &mut self.tally,
                 );
-                0
+                None
             }
         }
     }
 
-    /// Acknowledges what finished and claims up to `room` commands, in one write.
-    async fn settle_and_claim(&mut self, room: usize) -> Option<Vec<Delivery>> {
-        let acks = take_acks(&mut self.done);
-        let request = self.request.clone().limit(room.min(self.request.limit));
-        let handover = self.store.complete_all_and_claim(acks, request).await;
-        self.books
-            .handed_over(&mut self.done, handover, &mut self.tally)
+    /// Fires due timers ([`Worker::fire_due_timers`]) when work was committed since the last round,
+    /// the last round fired something, or a poll interval passed; returns how many events it
+    /// committed.
+    async fn fire_timers(&mut self) -> usize {
+        let Some(rounds) = &mut self.timers else {
+            return 0;
+        };
+        let mark = self.async_store.writer().work_mark();
+        let poll = self.books.config.poll_interval;
+        let due = rounds.fired > 0
+            || mark != rounds.mark
+            || rounds.last.is_none_or(|t| t.elapsed() >= poll);
+        if !due {
+            return 0;
+        }
+        (rounds.mark, rounds.last) = (mark, Some(Instant::now()));
+        let fired = self
+            .on_store(|books, store, _, tally| books.fire_due_timers(store, tally))
+            .await
+            .unwrap_or(0);
+        if let Some(rounds) = &mut self.timers {
+            rounds.fired = fired;
+        }
+        fired
     }
 
-    /// Runs each delivery as a task of its own, its lease held for the heartbeat.
+    /// Acknowledges what finished and claims up to `room` commands, in one write
+    /// ([`Worker::settle_and_claim`]).
+    async fn settle_and_claim(&mut self, room: usize) -> Option<Vec<Delivery>> {
+        let request = self.request.clone().limit(room.min(self.request.limit));
+        let received = self.received.clone();
+        self.on_store(move |books, store, done, tally| {
+            books.settle_and_claim(store, &received, done, &request, tally)
+        })
+        .await
+        .flatten()
+    }
+
+    /// Runs each delivery as a task of its own, in its `process` span, its lease held for the
+    /// heartbeat.
     fn start_all(&mut self, batch: Vec<Delivery>) {
+        if batch.is_empty() {
+            return;
+        }
         self.tally.stats.claimed += batch.len() as u64;
         self.books.held.hold(&batch);
+        let now = self.books.clock.now();
+        self.received = telemetry::received(&self.books.name, &batch, now);
         for delivery in batch {
+            let process = self
+                .received
+                .in_scope(|| telemetry::process_span(&delivery));
             let current = (self.books.held.clone(), delivery.command_id.clone());
-            let handling = DELIVERY.scope(current, (self.handler)(delivery.clone()));
+            let handling = DELIVERY
+                .scope(current, (self.handler)(delivery.clone()))
+                .instrument(process.clone());
             self.in_flight.spawn(async move {
+                let started = Instant::now();
                 let outcome = CatchUnwind(Box::pin(handling)).await;
-                (delivery, outcome)
+                (delivery, process, started, outcome)
             });
         }
     }
 
-    /// Settles a delivery whose handler returned: an ack waits for the next claim; a failure is
-    /// settled now.
+    /// Settles a delivery whose handler returned ([`Worker::judge`]): an ack waits for the next
+    /// claim; a failure is settled now ([`Worker::fail`]).
     async fn finished(&mut self, joined: Result<Joined, ::tokio::task::JoinError>) {
-        let Ok((delivery, outcome)) = joined else {
+        let Ok((delivery, process, started, outcome)) = joined else {
             return; // aborted at the shutdown deadline: its lease runs out
         };
-        match self.books.judge(&delivery, outcome, &mut self.tally) {
+        telemetry::delivered(
+            &process,
+            &delivery,
+            outcome_name(&outcome),
+            started.elapsed(),
+        );
+        match self
+            .books
+            .judge(&process, &delivery, outcome, &mut self.tally)
+        {
             Some(Verdict::Done(result)) => self.done.push((delivery, result)),
             Some(Verdict::Failed(failure)) => {
-                let policy = self.books.config.policy.clone();
-                let result = self
-                    .store
-                    .fail(
-                        &delivery.command_id,
-                        delivery.token,
-                        failure.clone(),
-                        policy,
-                    )
-                    .await;
-                self.books
-                    .failed(&delivery, failure, result, &mut self.tally);
+                self.on_store(move |books, store, _, tally| {
+                    books.fail(store, &delivery, failure, tally)
+                })
+                .await;
             }
             None => {}
         }
@@ -613,7 +668,8 @@ impl Deliveries {
     }
 
     /// Stopping: lets the deliveries in flight finish (until the shutdown deadline, if any; the
-    /// rest are cut off and their leases run out), acknowledges them, and adds up the books.
+    /// rest are cut off and their leases run out), acknowledges them ([`Worker::flush`]), and
+    /// returns the books.
     async fn drain(mut self) -> Finished {
         loop {
             while let Some(joined) = self.in_flight.try_join_next() {
@@ -637,16 +693,25 @@ impl Deliveries {
         let unfinished = self.in_flight.len();
         self.in_flight.abort_all();
         if !self.done.is_empty() {
-            let acks = take_acks(&mut self.done);
-            let results = self.store.complete_all(acks).await;
-            self.books.settled(&mut self.done, results, &mut self.tally);
+            let received = self.received.clone();
+            self.on_store(move |books, store, done, tally| {
+                let _batch = received.enter();
+                books.flush(store, done, tally)
+            })
+            .await;
         }
-        let mut tally = self.tally;
-        if let Some(side) = self.timers {
-            tally.stats += side.tally.stats;
-            tally.fatal = tally.fatal.or(side.tally.fatal);
+        if let Some(store) = self
+            .store
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            self.async_store.put_store(store);
         }
-        Finished { tally, unfinished }
+        Finished {
+            tally: self.tally,
+            unfinished,
+        }
     }
 }
 

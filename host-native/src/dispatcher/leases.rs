@@ -213,3 +213,50 @@ pub(super) fn error_backoff(base: Duration, failures_in_a_row: u32) -> Duration 
 pub(super) fn is_transient(error: &Error) -> bool {
     matches!(error, Error::Busy(_) | Error::Conflict { .. })
 }
+
+/// Sets the outbox gauges from the store's stats every interval, until the dispatcher stops.
+pub(super) struct StatsReporter<S> {
+    pub(super) open: Arc<Opener<S>>,
+    pub(super) on_error: Option<Arc<ErrorHook>>,
+    pub(super) errors: Arc<AtomicU64>,
+    pub(super) clock: Arc<dyn Clock + Send + Sync>,
+    pub(super) interval: Duration,
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+impl<S: Store> StatsReporter<S> {
+    pub(super) fn run(self) {
+        let mut gauges = crate::OutboxGauges::default();
+        let mut store = None;
+        while !self.stop.load(Ordering::SeqCst) {
+            if store.is_none() {
+                match (self.open)() {
+                    Ok(opened) => store = Some(opened),
+                    Err(error) => self.failed(&error),
+                }
+            }
+            if let Some(opened) = &store {
+                match opened.stats(self.clock.now()) {
+                    Ok(stats) => gauges.record(&stats),
+                    Err(error) => self.failed(&error),
+                }
+            }
+            sleep_unless(&self.stop, self.interval);
+        }
+        // Once more as the dispatcher stops, so the gauges show what it left behind.
+        if let Some(opened) = &store {
+            match opened.stats(self.clock.now()) {
+                Ok(stats) => gauges.record(&stats),
+                Err(error) => self.failed(&error),
+            }
+        }
+    }
+
+    fn failed(&self, error: &Error) {
+        self.errors.fetch_add(1, Ordering::SeqCst);
+        telemetry::store_failed(error);
+        if let Some(hook) = &self.on_error {
+            hook(error);
+        }
+    }
+}

@@ -28,7 +28,7 @@ use miniflow_core::{
 
 use serde_json::Value;
 
-use crate::{SqliteStore, SystemClock};
+use crate::{telemetry, SqliteStore, SystemClock};
 
 #[cfg(feature = "tokio")]
 pub(crate) mod asynchronous;
@@ -221,6 +221,10 @@ const MAX_WORKERS: usize = 256;
 const MIN_LEASE_TTL: Duration = Duration::from_millis(4);
 /// The bounds of the idle poll interval: 0 would spin, more than a minute leaves due work waiting.
 const POLL_INTERVAL: RangeInclusive<Duration> = Duration::from_millis(1)..=Duration::from_secs(60);
+/// The bounds of the interval of the outbox gauges: more often would read the outbox for little, less
+/// often leaves dashboards stale.
+const STATS_INTERVAL: RangeInclusive<Duration> =
+    Duration::from_millis(10)..=Duration::from_secs(3600);
 /// The longest a completion may wait for its acknowledgement.
 const MAX_ACK_DELAY: Duration = Duration::from_secs(60);
 /// Repeated store errors back off from the poll interval, doubling, up to this (or the poll interval,
@@ -302,6 +306,7 @@ struct Config {
     order: ClaimOrder,
     poll_interval: Duration,
     ack_delay: Duration,
+    stats_interval: Option<Duration>,
 }
 
 impl Config {
@@ -325,6 +330,9 @@ impl Config {
         )?;
         within("poll_interval", self.poll_interval, POLL_INTERVAL)?;
         within("ack_delay", self.ack_delay, Duration::ZERO..=MAX_ACK_DELAY)?;
+        if let Some(interval) = self.stats_interval {
+            within("report_stats", interval, STATS_INTERVAL)?;
+        }
         // The longest worker name, and every bound a store checks on a claim.
         self.claim_request(format!("{}-{}", self.name, self.workers - 1))
             .validate()?;
@@ -392,6 +400,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                 order: ClaimOrder::DueFirst,
                 poll_interval: Duration::from_millis(50),
                 ack_delay: Duration::from_millis(10),
+                stats_interval: None,
             },
         }
     }
@@ -463,6 +472,16 @@ impl<S: Store + 'static> Dispatcher<S> {
     #[must_use]
     pub fn ack_delay(mut self, delay: Duration) -> Self {
         self.config.ack_delay = delay;
+        self
+    }
+
+    /// Also sets the outbox gauges ([`crate::OutboxGauges`]: depth by status and kind, the age of
+    /// the oldest due command) from the store's stats every `interval` (10 ms to 1 h), on a thread
+    /// of their own with a store of their own. A failed read is reported like any store error. Off
+    /// by default: without a metrics recorder there is nobody to read them.
+    #[must_use]
+    pub fn report_stats(mut self, interval: Duration) -> Self {
+        self.config.stats_interval = Some(interval);
         self
     }
 
@@ -547,6 +566,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             stop: Arc::new(AtomicBool::new(false)),
             workers: Vec::with_capacity(self.config.workers),
             heartbeat: None,
+            stats: None,
             heartbeat_errors: Arc::new(AtomicU64::new(0)),
         };
         let held = Arc::new(HeldLeases::default());
@@ -586,6 +606,21 @@ impl<S: Store + 'static> Dispatcher<S> {
             .spawn(move || heartbeat.run())
             .map_err(|e| Error::Storage(Box::new(e)))?;
         running.heartbeat = Some(thread);
+        if let Some(interval) = self.config.stats_interval {
+            let reporter = StatsReporter {
+                open: self.open.clone(),
+                on_error: self.on_error.clone(),
+                errors: running.heartbeat_errors.clone(),
+                clock: self.clock.clone(),
+                interval,
+                stop: running.stop.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-stats", self.config.name))
+                .spawn(move || reporter.run())
+                .map_err(|e| Error::Storage(Box::new(e)))?;
+            running.stats = Some(thread);
+        }
         Ok(running)
     }
 }
@@ -595,7 +630,9 @@ pub struct RunningDispatcher {
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Result<Stats, Error>>>,
     heartbeat: Option<JoinHandle<()>>,
-    /// Store errors of the heartbeat, added to the workers' [`Stats::store_errors`].
+    /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
+    stats: Option<JoinHandle<()>>,
+    /// Store errors of the heartbeat and the gauges, added to the workers' [`Stats::store_errors`].
     heartbeat_errors: Arc<AtomicU64>,
 }
 
@@ -639,8 +676,11 @@ impl RunningDispatcher {
             }
         }
         if shutdown.unfinished_workers == 0 {
-            if let Some(heartbeat) = self.heartbeat.take() {
-                let _ = heartbeat.join();
+            for thread in [self.heartbeat.take(), self.stats.take()]
+                .into_iter()
+                .flatten()
+            {
+                let _ = thread.join();
             }
         }
         shutdown.stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
@@ -661,8 +701,11 @@ impl RunningDispatcher {
             }
         }
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(heartbeat) = self.heartbeat.take() {
-            let _ = heartbeat.join();
+        for thread in [self.heartbeat.take(), self.stats.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = thread.join();
         }
         stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
         first_error.map_or(Ok(stats), Err)

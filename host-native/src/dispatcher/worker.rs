@@ -73,13 +73,16 @@ impl<S: Store> Worker<S> {
     pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
         let request = self.config.claim_request(self.name.clone());
         let mut done: Vec<Done> = Vec::new();
+        // The `receive` span of the batch `done` belongs to: its acks are settled inside it.
+        let mut received = tracing::Span::none();
         while !self.halted(tally) {
             let fired = self.fire_due_timers(store, tally);
             if self.halted(tally) {
                 break;
             }
             let mark = self.idle.as_ref().map(|idle| idle.mark());
-            let Some(batch) = self.settle_and_claim(store, &mut done, &request, tally) else {
+            let claimed = self.settle_and_claim(store, &received, &mut done, &request, tally);
+            let Some(batch) = claimed else {
                 self.back_off(tally);
                 continue;
             };
@@ -100,8 +103,11 @@ impl<S: Store> Worker<S> {
             }
             tally.stats.claimed += batch.len() as u64;
             self.held.hold(&batch);
+            received = telemetry::received(&self.name, &batch, self.clock.now());
+            let _batch = received.enter();
             self.deliver(store, batch, &mut done, tally);
         }
+        let _batch = received.enter();
         self.flush(store, &mut done, tally);
     }
 
@@ -110,26 +116,36 @@ impl<S: Store> Worker<S> {
     pub(super) fn settle_and_claim(
         &self,
         store: &mut S,
+        received: &tracing::Span,
         done: &mut Vec<Done>,
         request: &ClaimRequest,
         tally: &mut Tally,
     ) -> Option<Vec<Delivery>> {
+        let settle = match done.is_empty() {
+            true => tracing::Span::none(),
+            false => received
+                .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d))),
+        };
         let acks = take_acks(done);
-        let handover = store.complete_all_and_claim(acks, request, self.clock.now());
-        self.handed_over(done, handover, tally)
+        let handover = {
+            let _settle = (!acks.is_empty()).then(|| settle.enter());
+            store.complete_all_and_claim(acks, request, self.clock.now())
+        };
+        self.handed_over(&settle, done, handover, tally)
     }
 
-    /// Reports the acks of `done` and returns the claimed batch as `handover` says; `None` when the
-    /// store failed (reported).
+    /// Reports the acks of `done` (in `settle`, their span) and returns the claimed batch as
+    /// `handover` says; `None` when the store failed (reported).
     pub(super) fn handed_over(
         &self,
+        settle: &tracing::Span,
         done: &mut Vec<Done>,
         handover: Result<Handover, Error>,
         tally: &mut Tally,
     ) -> Option<Vec<Delivery>> {
         match handover {
             Ok(handover) => {
-                self.settled(done, Ok(handover.completed), tally);
+                self.settled(settle, done, Ok(handover.completed), tally);
                 match handover.claimed {
                     Ok(batch) => {
                         tally.store_answered();
@@ -146,7 +162,7 @@ impl<S: Store> Worker<S> {
                 None
             }
             Err(error) => {
-                self.settled(done, Err(error), tally);
+                self.settled(settle, done, Err(error), tally);
                 None
             }
         }
@@ -164,6 +180,7 @@ impl<S: Store> Worker<S> {
     /// (`run_until_idle` only; the other workers then stop too).
     pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
         tally.stats.store_errors += 1;
+        telemetry::store_failed(&error);
         tally.failures_in_a_row += 1;
         self.report_error(&error);
         let give_up =
@@ -190,6 +207,7 @@ impl<S: Store> Worker<S> {
         ) {
             Ok(timers) => {
                 tally.store_answered();
+                telemetry::timers_due(timers.len());
                 timers
             }
             Err(error) => {
@@ -223,6 +241,7 @@ impl<S: Store> Worker<S> {
             Ok(Ok(Some(_))) => {
                 tally.store_answered();
                 tally.stats.timers_fired += 1;
+                telemetry::timer_fired();
                 true
             }
             Ok(Ok(None)) => {
@@ -249,6 +268,7 @@ impl<S: Store> Worker<S> {
     /// not offered again and operators see why (`Store::timers`).
     pub(super) fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
         tally.stats.timers_rejected += 1;
+        telemetry::timer_failed("rejected");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!("timer {}: {reason}", timer.timer_id),
@@ -264,6 +284,7 @@ impl<S: Store> Worker<S> {
         tally: &mut Tally,
     ) {
         tally.stats.timer_panics += 1;
+        telemetry::timer_failed("panic");
         self.report_error(&Error::Rejected {
             workflow_id: timer.timer_id.workflow_id().clone(),
             reason: format!(
@@ -292,15 +313,7 @@ impl<S: Store> Worker<S> {
                 self.release(store, &rest, tally);
                 return;
             }
-            let outcome = catch_unwind(AssertUnwindSafe(|| {
-                let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
-                self.handler.handle(&delivery)
-            }));
-            match self.judge(&delivery, outcome, tally) {
-                Some(Verdict::Done(result)) => done.push((delivery, result)),
-                Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
-                None => continue,
-            }
+            self.deliver_one(store, delivery, done, tally);
             if since_flush.elapsed() >= self.config.ack_delay {
                 self.flush(store, done, tally);
                 since_flush = Instant::now();
@@ -308,10 +321,41 @@ impl<S: Store> Worker<S> {
         }
     }
 
+    /// Runs the handler on one delivery inside its `process` span, then queues its ack or settles
+    /// its failure.
+    fn deliver_one(
+        &self,
+        store: &mut S,
+        delivery: Delivery,
+        done: &mut Vec<Done>,
+        tally: &mut Tally,
+    ) {
+        let process = telemetry::process_span(&delivery);
+        let _process = process.enter();
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
+            self.handler.handle(&delivery)
+        }));
+        telemetry::delivered(
+            &process,
+            &delivery,
+            outcome_name(&outcome),
+            started.elapsed(),
+        );
+        match self.judge(&process, &delivery, outcome, tally) {
+            Some(Verdict::Done(result)) => done.push((delivery, result)),
+            Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
+            None => {}
+        }
+    }
+
     /// How to settle a delivery whose handler returned `outcome` (a panic is a retryable failure,
-    /// counted); `None` when its lease was lost meanwhile (reported: the result is dropped).
+    /// counted); `None` when its lease was lost meanwhile (reported, and recorded in `process`, its
+    /// span: the result is dropped).
     pub(super) fn judge(
         &self,
+        process: &tracing::Span,
         delivery: &Delivery,
         outcome: std::thread::Result<Outcome>,
         tally: &mut Tally,
@@ -322,6 +366,7 @@ impl<S: Store> Worker<S> {
         });
         if self.held.is_lost(&delivery.command_id) {
             self.held.drop_lease(&delivery.command_id);
+            process.record("error.type", "lease_lost");
             self.report(delivery, Settlement::LeaseLost, tally);
             return None;
         }
@@ -333,15 +378,21 @@ impl<S: Store> Worker<S> {
         if done.is_empty() {
             return;
         }
+        let settle = telemetry::settle_span("complete", done.iter().map(|(d, _)| d));
         let acks = take_acks(done);
-        let results = store.complete_all(&acks, self.clock.now());
-        self.settled(done, results, tally);
+        let results = {
+            let _settle = settle.enter();
+            store.complete_all(&acks, self.clock.now())
+        };
+        self.settled(&settle, done, results, tally);
     }
 
-    /// Reports the acks of `done` as `results` says, and stops tracking their leases. An ack that
-    /// did not land is a store error: its lease expires and the command is delivered again.
+    /// Reports the acks of `done` as `results` says (in `settle`, their span), and stops tracking
+    /// their leases. An ack that did not land is a store error: its lease expires and the command is
+    /// delivered again.
     pub(super) fn settled(
         &self,
+        settle: &tracing::Span,
         done: &mut Vec<Done>,
         results: Result<Vec<Result<(), Error>>, Error>,
         tally: &mut Tally,
@@ -349,6 +400,7 @@ impl<S: Store> Worker<S> {
         if done.is_empty() {
             return;
         }
+        let _settle = settle.enter();
         let mut results = match results {
             Ok(results) => {
                 tally.store_answered();
@@ -358,6 +410,7 @@ impl<S: Store> Worker<S> {
                 for (delivery, _) in done.drain(..) {
                     self.held.drop_lease(&delivery.command_id);
                 }
+                telemetry::failed(settle, &error);
                 self.store_failed(error, tally);
                 return;
             }
@@ -368,6 +421,7 @@ impl<S: Store> Worker<S> {
             match results.next() {
                 Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
                 Some(Err(Error::StaleLease { .. })) => {
+                    settle.record("error.type", "lease_lost");
                     self.report(delivery, Settlement::LeaseLost, tally)
                 }
                 Some(Err(error)) => self.store_failed(error, tally),
@@ -388,6 +442,8 @@ impl<S: Store> Worker<S> {
         failure: Failure,
         tally: &mut Tally,
     ) {
+        let settle = telemetry::settle_span("fail", std::iter::once(delivery));
+        let _settle = settle.enter();
         let result = store.fail(
             &delivery.command_id,
             delivery.token,
@@ -395,12 +451,13 @@ impl<S: Store> Worker<S> {
             &self.config.policy,
             self.clock.now(),
         );
-        self.failed(delivery, failure, result, tally);
+        self.failed(&settle, delivery, failure, result, tally);
     }
 
-    /// Reports how the store settled a failed delivery.
+    /// Reports how the store settled a failed delivery (in `settle`, its span).
     pub(super) fn failed(
         &self,
+        settle: &tracing::Span,
         delivery: &Delivery,
         failure: Failure,
         result: Result<Settled, Error>,
@@ -420,13 +477,24 @@ impl<S: Store> Worker<S> {
                 error: failure.error,
             },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
-            Err(error) => return self.store_failed(error, tally),
+            Err(error) => {
+                telemetry::failed(settle, &error);
+                return self.store_failed(error, tally);
+            }
         };
+        if let Some(error_type) = telemetry::settlement_error(&settlement) {
+            settle.record("error.type", error_type);
+        }
         tally.store_answered();
         self.report(delivery, settlement, tally);
     }
 
     pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
+        if rest.is_empty() {
+            return;
+        }
+        let settle = telemetry::settle_span("release", rest.iter());
+        let _settle = settle.enter();
         for delivery in rest {
             let result = store.release(&delivery.command_id, delivery.token, self.clock.now());
             self.released(delivery, result, tally);
@@ -458,9 +526,20 @@ impl<S: Store> Worker<S> {
             Settlement::Released => stats.released += 1,
             Settlement::Cancelled { .. } => stats.cancelled += 1,
         }
+        telemetry::settled(delivery, &settlement);
         if let Some(observer) = &self.observer {
             observer(delivery, &settlement);
         }
+    }
+}
+
+/// What a handler's call came to, as the delivery metrics name it.
+pub(super) fn outcome_name(outcome: &std::thread::Result<Outcome>) -> &'static str {
+    match outcome {
+        Err(_) => "panic",
+        Ok(Outcome::Done | Outcome::DoneWith(_)) => "done",
+        Ok(Outcome::Retry(_)) => "retry",
+        Ok(Outcome::Permanent(_)) => "permanent",
     }
 }
 

@@ -72,6 +72,7 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
         report_result: row.get(col::REPORT_RESULT).unwrap_or_default(),
         result: None,
         cancel_requested: row.get(col::CANCEL_REQUESTED).unwrap_or_default(),
+        trace_context: read_trace_context(row),
     })
 }
 
@@ -82,11 +83,13 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
 /// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
 /// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
 /// candidate it looked at.
+///
+/// Each delivery comes with its row's integer key, for the ack.
 pub(super) fn claim_in(
     tx: &Connection,
     request: &ClaimRequest,
     now: Timestamp,
-) -> Result<Vec<Delivery>, Error> {
+) -> Result<Vec<(i64, Delivery)>, Error> {
     let sql = match request.order {
         ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
         ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
@@ -135,7 +138,7 @@ pub(super) fn claim_in(
                     match changed.value.take() {
                         Some(delivery) => {
                             write_lease(tx, candidate.id, &changed.row)?;
-                            deliveries.push(delivery);
+                            deliveries.push((candidate.id, delivery));
                         }
                         None => write_change(tx, &changed)?,
                     }

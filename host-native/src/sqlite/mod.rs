@@ -1,7 +1,7 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,9 +9,9 @@ use std::time::Duration;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, HistoryId, Lease,
-    OutboxRow, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp, Workflow,
-    WorkflowId,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, HistoryId,
+    KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId,
+    TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -25,13 +25,14 @@ use crate::writer::{made_work, Writer};
 #[macro_use]
 mod rows;
 mod claim;
-pub(crate) mod jobs;
+mod controls;
 mod retention;
 mod schema;
 mod timers;
 mod writes;
 
 use self::claim::*;
+use self::controls::*;
 use self::retention::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
@@ -47,6 +48,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_idempotency_and_retention.sql"),
     include_str!("../../migrations/0003_timers.sql"),
     include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../../migrations/0005_operator_controls.sql"),
+    include_str!("../../migrations/0006_trace_context.sql"),
     include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
 ];
 
@@ -113,10 +116,17 @@ pub struct SqliteStore {
     path: PathBuf,
     /// Where writes go; `None` for a read-only store.
     writer: Option<Writer>,
+    /// The row keys of the commands this store claimed and has not settled: an ack reaches its row
+    /// by its key.
+    claimed: HashMap<CommandId, i64>,
     /// The history its events are, for the engine's state cache: one per store, never shared with
     /// another connection (a file can be replaced under its name).
     history: HistoryId,
 }
+
+/// The most row keys a store remembers: past it, it forgets them (acks then look rows up by
+/// command ID), so that a caller who never settles what it claimed does not grow the map.
+const MAX_REMEMBERED: usize = 1 << 16;
 
 /// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
 pub(crate) fn storage(e: rusqlite::Error) -> Error {
@@ -165,6 +175,7 @@ impl SqliteStore {
             conn,
             path,
             writer: Some(writer),
+            claimed: HashMap::new(),
             history: HistoryId::unique(),
         })
     }
@@ -219,6 +230,7 @@ impl SqliteStore {
             conn,
             path,
             writer: None,
+            claimed: HashMap::new(),
             history: HistoryId::unique(),
         })
     }
@@ -335,7 +347,12 @@ impl SqliteStore {
     ///
     /// As [`EventLog::append_with_commands`].
     pub fn append_in(tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        in_savepoint(tx, |conn| write_commit(conn, commit))
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let json = CommitJson::of(commit);
+        let result = in_savepoint(tx, |conn| write_commit(conn, commit, &json));
+        crate::telemetry::committed(&span, &result);
+        result
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -359,6 +376,30 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
+    /// Remembers the row keys of `claimed`, and returns its deliveries.
+    fn remember(&mut self, claimed: Vec<(i64, Delivery)>) -> Vec<Delivery> {
+        if self.claimed.len() + claimed.len() > MAX_REMEMBERED {
+            self.claimed.clear();
+        }
+        claimed
+            .into_iter()
+            .map(|(key, delivery)| {
+                self.claimed.insert(delivery.command_id.clone(), key);
+                delivery
+            })
+            .collect()
+    }
+
+    /// `acks` with the row keys this store remembers of them, which it forgets.
+    fn with_keys(&mut self, acks: Vec<Ack>) -> Vec<(Ack, Option<i64>)> {
+        acks.into_iter()
+            .map(|ack| {
+                let key = self.claimed.remove(&ack.command_id);
+                (ack, key)
+            })
+            .collect()
+    }
+
     /// Applies `change` to one row inside one write transaction; an error rolls it back. The rules
     /// themselves live in [`OutboxRow`]'s methods, shared with every store.
     fn update<T: Send + 'static>(
@@ -368,7 +409,12 @@ impl SqliteStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let command_id = command_id.clone();
-        self.write(move |tx| jobs::update(tx, &command_id, now, change))
+        self.write(move |tx| {
+            let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
+            let changed = row.into_change(now, change)?;
+            write_change(tx, &changed)?;
+            Ok(changed.value)
+        })
     }
 }
 
@@ -382,9 +428,20 @@ impl EventLog for SqliteStore {
     fn history_id(&self) -> Option<HistoryId> {
         Some(self.history)
     }
+    /// The payloads are written out on the caller's thread, and the commit goes back to it to be
+    /// dropped there: the writer thread, which every caller waits for, does only the SQL.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        let commit = commit.clone();
-        self.write(move |tx| write_commit(tx, &commit))
+        let span = crate::telemetry::send_span(commit);
+        let _send = span.enter();
+        let (commit, json) = (commit.clone(), CommitJson::of(commit));
+        let result = self
+            .write(move |tx| {
+                write_commit(tx, &commit, &json)?;
+                Ok((commit, json))
+            })
+            .map(drop);
+        crate::telemetry::committed(&span, &result);
+        result
     }
 }
 
@@ -414,7 +471,8 @@ impl Outbox for SqliteStore {
             return Ok(Vec::new());
         }
         let request = request.clone();
-        self.write(move |tx| jobs::claim(tx, &request, now))
+        let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        Ok(self.remember(claimed))
     }
     fn extend(
         &mut self,
@@ -426,6 +484,7 @@ impl Outbox for SqliteStore {
         self.update(command_id, now, move |row| row.extend(token, ttl, now))
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+        self.claimed.remove(command_id);
         self.update(command_id, now, move |row| row.release(token, now))
     }
     fn complete(
@@ -435,8 +494,9 @@ impl Outbox for SqliteStore {
         result: Option<&serde_json::Value>,
         now: Timestamp,
     ) -> Result<(), Error> {
+        let key = self.claimed.remove(command_id);
         let (command_id, result) = (command_id.clone(), result.cloned());
-        self.write(move |tx| complete_in(tx, &command_id, token, result.as_ref(), now))
+        self.write(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
     }
     /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
     /// groups with it). The results are returned only after the commit, so a reported completion is
@@ -446,11 +506,12 @@ impl Outbox for SqliteStore {
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let acks = acks.to_vec();
-        self.write(move |tx| jobs::complete_all(tx, &acks, now))
+        let acks = self.with_keys(acks.to_vec());
+        self.write(move |tx| complete_each(tx, &acks, now))
     }
-    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails is
-    /// rolled back to its savepoint and reported in [`Handover::claimed`]; the acks still commit.
+    /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
+    /// fails the whole write: nothing of it commits, and the commands it acknowledged are delivered
+    /// again once their leases run out (their receivers fold the repeat).
     fn complete_all_and_claim(
         &mut self,
         acks: Vec<Ack>,
@@ -463,8 +524,16 @@ impl Outbox for SqliteStore {
                 claimed: self.claim(request, now),
             });
         }
-        let request = request.clone();
-        self.write(move |tx| jobs::complete_all_and_claim(tx, &acks, &request, now))
+        request.validate()?;
+        let (acks, request) = (self.with_keys(acks), request.clone());
+        let (completed, claimed) = self.write(move |tx| {
+            let completed = complete_each(tx, &acks, now)?;
+            Ok((completed, claim_in(tx, &request, now)?))
+        })?;
+        Ok(Handover {
+            completed,
+            claimed: Ok(self.remember(claimed)),
+        })
     }
     fn fail(
         &mut self,
@@ -474,6 +543,7 @@ impl Outbox for SqliteStore {
         policy: &RetryPolicy,
         now: Timestamp,
     ) -> Result<Settled, Error> {
+        self.claimed.remove(command_id);
         let (failure, policy) = (failure.clone(), policy.clone());
         self.update(command_id, now, move |row| {
             row.fail(token, &failure, &policy, now)
@@ -491,7 +561,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        self.write(move |tx| jobs::claim_timers(tx, limit_rows, lease_ttl, now))
+        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
@@ -519,14 +589,16 @@ impl Operations for SqliteStore {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;
-        self.write(move |tx| {
+        let purged = self.write(move |tx| {
             let purged = tx
                 .prepare_cached(PURGE_DONE)
                 .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
                 .map_err(storage)?;
             give_back_free_pages(tx)?;
             Ok(purged)
-        })
+        })?;
+        crate::telemetry::purged(purged);
+        Ok(purged)
     }
     /// Skips rows that cannot be read (DESIGN rule 13); the operators' tools list those apart.
     fn dead_letters(&self, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -545,11 +617,64 @@ impl Operations for SqliteStore {
         let note = note.to_owned();
         self.update(command_id, now, move |row| row.resolve(&note, now))
     }
+    /// Two grouped reads of the partial indexes `outbox_claim` (unfinished rows) and
+    /// `outbox_dead_by_kind` (dead rows), and the controls; works on a read-only store.
+    fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
+        outbox_stats(&self.conn, now)
+    }
+    fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        read_controls(&self.conn, SELECT_CONTROLS)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ack reaches its row by the key the claim remembered, and a key that names another row
+    /// completes nothing of that row: the command ID is checked too.
+    #[test]
+    fn an_ack_by_row_key_completes_its_own_command_only() {
+        use miniflow_core::{Command, Decision};
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path().join("acks.db")).unwrap();
+        let now = Timestamp::from_millis(5);
+        let decision = Decision::new()
+            .command(Command::new("a", serde_json::json!({})))
+            .command(Command::new("b", serde_json::json!({})));
+        let event = Event::new("e", serde_json::json!({}));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            event,
+            decision,
+            now,
+        );
+        store.append_with_commands(&commit.unwrap()).unwrap();
+        let claimed = store.claim(&ClaimRequest::new("w").limit(2), now).unwrap();
+        let (a, b) = (&claimed[0], &claimed[1]);
+        assert_eq!(store.claimed.len(), 2, "both keys remembered");
+        // As if `a`'s row had been purged and its key reused by `b`'s row.
+        let b_key = store.claimed[&b.command_id];
+        store.claimed.insert(a.command_id.clone(), b_key);
+
+        store.complete(&a.command_id, a.token, None, now).unwrap();
+        let status =
+            |id: &CommandId, store: &SqliteStore| store.command(id).unwrap().unwrap().status;
+        assert_eq!(status(&a.command_id, &store), Status::Done);
+        assert_eq!(
+            status(&b.command_id, &store),
+            Status::Leased,
+            "the other row is untouched"
+        );
+        store
+            .complete_all(&[Ack::new(b.command_id.clone(), b.token)], now)
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        assert_eq!(status(&b.command_id, &store), Status::Done);
+        assert!(store.claimed.is_empty(), "settled commands are forgotten");
+    }
 
     /// Every query a worker or `pending` runs is answered from an index: none walks the done rows,
     /// and none sorts in a temporary b-tree.
@@ -563,6 +688,8 @@ mod tests {
             ("strict claim", CLAIM_STRICT, "outbox_due"),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
+            ("an ack", COMPLETE, "sqlite_autoindex_outbox_1"),
+            ("an ack by row key", COMPLETE_BY_KEY, "INTEGER PRIMARY KEY"),
             (
                 "a workflow's rows",
                 SELECT_WORKFLOW,
@@ -585,18 +712,13 @@ mod tests {
             ),
             ("old done rows", PURGE_DONE, "outbox_done"),
             ("finished workflows", RETIRABLE, "PRIMARY KEY"),
+            (
+                "dead by kind",
+                STATS_DEAD,
+                "COVERING INDEX outbox_dead_by_kind",
+            ),
         ] {
-            let mut stmt = store
-                .conn
-                .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
-                .unwrap();
-            let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
-            let plan: Vec<String> = stmt
-                .query_map(args, |row| row.get::<_, String>("detail"))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap();
-            let plan = plan.join(" | ");
+            let plan = query_plan(&store, sql);
             assert!(plan.contains(index), "{name} does not use {index}: {plan}");
             assert!(!plan.contains("TEMP B-TREE"), "{name} sorts: {plan}");
             assert!(
@@ -604,5 +726,38 @@ mod tests {
                 "{name} scans the table: {plan}"
             );
         }
+    }
+
+    fn query_plan(store: &SqliteStore, sql: &str) -> String {
+        let mut stmt = store
+            .conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .unwrap();
+        let args = rusqlite::params_from_iter(0..stmt.parameter_count() as i64);
+        let plan: Vec<String> = stmt
+            .query_map(args, |row| row.get::<_, String>("detail"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        plan.join(" | ")
+    }
+
+    /// Stats read the unfinished rows from a covering partial index (grouping them is their only
+    /// sort) and the dead ones from theirs: never a done row, never the table.
+    #[test]
+    fn stats_read_partial_indexes_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        let plan = query_plan(&store, STATS_UNFINISHED);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_claim"),
+            "unfinished rows by kind: {plan}"
+        );
+        let plan = query_plan(&store, STATS_DEAD);
+        assert!(
+            plan.contains("SCAN outbox USING COVERING INDEX outbox_dead_by_kind")
+                && !plan.contains("TEMP B-TREE"),
+            "dead rows by kind: {plan}"
+        );
     }
 }

@@ -7,7 +7,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested, id"
+         resolution, report_result, result, cancel_requested, traceparent, tracestate, id"
     };
 }
 
@@ -312,8 +312,10 @@ pub(super) mod col {
     pub const REPORT_RESULT: usize = 16;
     pub const RESULT: usize = 17;
     pub const CANCEL_REQUESTED: usize = 18;
+    pub const TRACEPARENT: usize = 19;
+    pub const TRACESTATE: usize = 20;
     /// The row's integer key (schema version 7).
-    pub const ID: usize = 19;
+    pub const ID: usize = 21;
 }
 
 pub(super) fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
@@ -403,7 +405,18 @@ pub(super) fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
             _ => Some(read_json(row, col::RESULT)?),
         },
         cancel_requested: row.get(col::CANCEL_REQUESTED)?,
+        trace_context: read_trace_context(row),
     })
+}
+
+/// The stored trace context; one that does not parse (or is not text) is ignored: a trace is not
+/// worth a delivery.
+pub(super) fn read_trace_context(row: &Row<'_>) -> Option<TraceContext> {
+    let text = |column| match row.get_ref(column) {
+        Ok(ValueRef::Text(t)) => std::str::from_utf8(t).ok(),
+        _ => None,
+    };
+    TraceContext::parse(text(col::TRACEPARENT)?, text(col::TRACESTATE)).ok()
 }
 
 /// Every outbox row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming the command and

@@ -35,7 +35,7 @@ pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Co
 }
 
 /// The schema version that made the outbox lean and added retired workflows (migration 0007).
-pub(super) const LEAN_OUTBOX_VERSION: i64 = 5;
+pub(super) const LEAN_OUTBOX_VERSION: i64 = 7;
 
 /// `PRAGMA auto_vacuum` of a file that gives freed pages back when asked (`INCREMENTAL`).
 const INCREMENTAL: i64 = 2;
@@ -130,6 +130,7 @@ pub(super) const TABLES: &[(&str, i64)] = &[
     ("outbox", 1),
     ("idempotency", 2),
     ("timers", 3),
+    ("kind_controls", 5),
     ("retired_workflows", LEAN_OUTBOX_VERSION),
 ];
 
@@ -336,7 +337,7 @@ mod opening_tests {
         let columns = row_columns!().strip_suffix(", id").unwrap();
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT {columns} FROM outbox ORDER BY workflow_id, event_seq, idx"
+                "SELECT {columns}, priority FROM outbox ORDER BY workflow_id, event_seq, idx"
             ))
             .unwrap();
         let count = stmt.column_count();
@@ -347,27 +348,29 @@ mod opening_tests {
     }
 
     #[test]
-    fn a_version_4_store_keeps_every_outbox_row_and_gives_space_back_after_the_upgrade() {
+    fn a_version_6_store_keeps_every_outbox_row_and_gives_space_back_after_the_upgrade() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("v4.db");
+        let path = dir.path().join("v6.db");
         let conn = Connection::open(&path).unwrap();
-        for sql in &MIGRATIONS[..4] {
+        for sql in &MIGRATIONS[..6] {
             conn.execute_batch(sql).unwrap();
         }
         conn.execute_batch(
-            "PRAGMA user_version = 4;
+            "PRAGMA user_version = 6;
              INSERT INTO events VALUES ('w', 1, 'start', '{}', 5), ('w', 2, 'more', '{}', 6),
                  ('v', 1, 'start', '{}', 5);
              INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, attempts,
                  last_error, available_at, lease_owner, lease_expires_at, lease_token, created_at,
-                 processed_at, manual_retries, resolution, report_result, result, cancel_requested)
+                 processed_at, manual_retries, resolution, report_result, result, cancel_requested,
+                 priority, traceparent, tracestate)
              VALUES
-                 ('w', 1, 0, 'a', '{\"n\":0}', 'pending', 0, NULL, 5, NULL, NULL, 0, 5, NULL, 0, NULL, 0, NULL, 0),
-                 ('w', 1, 1, 'b', '{}', 'leased', 2, 'timeout', 90, 'worker-1', 90, 2, 5, NULL, 0, NULL, 1, NULL, 1),
-                 ('w', 1, 10, 'c', '{}', 'done', 1, NULL, 30, 'worker-2', 30, 1, 5, 40, 0, NULL, 1, '{\"ref\":7}', 0),
-                 ('w', 2, 0, 'd', '{}', 'dead', 10, 'refused', 50, 'worker-1', 50, 10, 6, 60, 1, NULL, 0, NULL, 0),
-                 ('v', 1, 0, 'e', '{}', 'cancelled', 0, NULL, 5, NULL, NULL, 0, 5, 8, 0, NULL, 0, NULL, 0),
-                 ('v', 1, 1, 'f', '{}', 'done', 1, 'x', 5, 'worker-3', 20, 1, 5, 21, 2, 'by hand', 0, NULL, 0);",
+                 ('w', 1, 0, 'a', '{\"n\":0}', 'pending', 0, NULL, 5, NULL, NULL, 0, 5, NULL, 0, NULL, 0, NULL, 0,
+                  3, '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01', 'k=v'),
+                 ('w', 1, 1, 'b', '{}', 'leased', 2, 'timeout', 90, 'worker-1', 90, 2, 5, NULL, 0, NULL, 1, NULL, 1, 0, NULL, NULL),
+                 ('w', 1, 10, 'c', '{}', 'done', 1, NULL, 30, 'worker-2', 30, 1, 5, 40, 0, NULL, 1, '{\"ref\":7}', 0, -2, NULL, NULL),
+                 ('w', 2, 0, 'd', '{}', 'dead', 10, 'refused', 50, 'worker-1', 50, 10, 6, 60, 1, NULL, 0, NULL, 0, 0, NULL, NULL),
+                 ('v', 1, 0, 'e', '{}', 'cancelled', 0, NULL, 5, NULL, NULL, 0, 5, 8, 0, NULL, 0, NULL, 0, 0, NULL, NULL),
+                 ('v', 1, 1, 'f', '{}', 'done', 1, 'x', 5, 'worker-3', 20, 1, 5, 21, 2, 'by hand', 0, NULL, 0, 0, NULL, NULL);",
         )
         .unwrap();
         let before = outbox_columns(&conn);
@@ -483,6 +486,69 @@ mod opening_tests {
             .begin(&key, digest, Timestamp::from_millis(500))
             .unwrap();
         assert_eq!(answer, miniflow_core::Begin::Fresh { token: 500 });
+    }
+
+    /// A store of schema version 4 (before operator controls) with a command in each status.
+    fn version_4_store(path: &Path) {
+        let conn = Connection::open(path).unwrap();
+        for sql in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.execute_batch(
+            "PRAGMA user_version = 4;
+             INSERT INTO events VALUES ('w', 1, 'start', '{}', 5);
+             INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, attempts,
+                 available_at, lease_owner, lease_expires_at, lease_token, created_at, processed_at)
+             VALUES ('w', 1, 0, 'book', '{}', 'pending', 0, 5, NULL, NULL, 0, 5, NULL),
+                    ('w', 1, 1, 'book', '{}', 'leased', 1, 900, 'old', 900, 1, 5, NULL),
+                    ('w', 1, 2, 'mail', '{}', 'dead', 3, 5, 'old', 50, 3, 5, 60),
+                    ('w', 1, 3, 'mail', '{}', 'done', 1, 5, 'old', 50, 1, 5, 60);",
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_version_4_store_keeps_its_commands_through_the_upgrade_to_operator_controls() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("v4.db");
+        version_4_store(&path);
+        assert!(
+            SqliteStore::open_read_only(&path).is_err(),
+            "reading refuses an older store"
+        );
+        assert_eq!(SqliteStore::migrate(&path).unwrap(), 4);
+        assert_eq!(user_version(&path), SCHEMA_VERSION);
+
+        let mut store = SqliteStore::open(&path).unwrap();
+        let rows = store.commands(&WorkflowId::new("w").unwrap()).unwrap();
+        let shown: Vec<_> = rows
+            .iter()
+            .map(|r| (r.command_id.to_string(), r.status))
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("w:1:0".to_owned(), Status::Pending),
+                ("w:1:1".to_owned(), Status::Leased),
+                ("w:1:2".to_owned(), Status::Dead),
+                ("w:1:3".to_owned(), Status::Done),
+            ]
+        );
+        assert!(store.kind_controls().unwrap().is_empty());
+        let stats = store.stats(Timestamp::from_millis(100)).unwrap();
+        let book = stats.kind("book").unwrap();
+        assert_eq!((book.pending, book.leased, book.due), (1, 1, 1));
+        assert_eq!(stats.kind("mail").unwrap().dead, 1);
+        // Claims go on where version 4 left off: the pending command, then the expired lease.
+        let claimed = store
+            .claim(
+                &ClaimRequest::new("new").limit(5),
+                Timestamp::from_millis(1_000),
+            )
+            .unwrap();
+        let ids: Vec<_> = claimed.iter().map(|d| d.command_id.to_string()).collect();
+        assert_eq!(ids, ["w:1:0", "w:1:1"]);
+        assert_eq!(claimed[1].token, 2, "the fencing token goes on counting");
     }
 
     fn refusal(path: &Path) -> String {

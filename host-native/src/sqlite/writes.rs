@@ -76,20 +76,36 @@ pub(super) fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
 }
 
-/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
-/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
-/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
-/// [`OutboxRow::check_lease`].
+/// The fast path of an ack: the row is the command's, leased under the token, and feeds nothing back.
+pub(super) const COMPLETE: &str =
+    "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
+     WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+     AND status = 'leased' AND lease_token = ?4 \
+     AND report_result = 0 AND cancel_requested = 0";
+/// As [`COMPLETE`], reaching the row by its integer key `?7`.
+pub(super) const COMPLETE_BY_KEY: &str =
+    "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
+     WHERE id = ?7 AND workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
+     AND status = 'leased' AND lease_token = ?4 \
+     AND report_result = 0 AND cancel_requested = 0";
+
 /// Completes each of `acks` inside `tx`: one result per ack. A storage error ends it, and the
 /// caller's transaction with it.
 pub(super) fn complete_each(
     tx: &Connection,
-    acks: &[Ack],
+    acks: &[(Ack, Option<i64>)],
     now: Timestamp,
 ) -> Result<Vec<Result<(), Error>>, Error> {
     let mut results = Vec::with_capacity(acks.len());
-    for ack in acks {
-        let completed = complete_in(tx, &ack.command_id, ack.token, ack.result.as_ref(), now);
+    for (ack, key) in acks {
+        let completed = complete_in(
+            tx,
+            *key,
+            &ack.command_id,
+            ack.token,
+            ack.result.as_ref(),
+            now,
+        );
         results.push(match completed {
             Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
             other => other,
@@ -98,8 +114,16 @@ pub(super) fn complete_each(
     Ok(results)
 }
 
+/// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
+/// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
+/// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by
+/// [`OutboxRow::check_lease`].
+///
+/// `key`, the row's integer key if the caller knows it (from its claim), spares the lookup of the
+/// command ID; the command ID is checked all the same.
 pub(super) fn complete_in(
     conn: &Connection,
+    key: Option<i64>,
     id: &CommandId,
     token: u64,
     result: Option<&serde_json::Value>,
@@ -110,24 +134,21 @@ pub(super) fn complete_in(
         miniflow_core::JsonLimits::default().check("result", result)?;
     }
     let now_sql = to_sql_time("now", now)?;
-    let changed = conn
-        .prepare_cached(
-            "UPDATE outbox SET status = 'done', processed_at = ?5, result = ?6 \
-             WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3 \
-             AND status = 'leased' AND lease_token = ?4 \
-             AND report_result = 0 AND cancel_requested = 0",
-        )
-        .and_then(|mut stmt| {
-            stmt.execute(params![
-                w,
-                s,
-                i,
-                token_param(token),
-                now_sql,
-                result.map(canonical_json)
-            ])
+    let (token_sql, result_json) = (token_param(token), result.map(canonical_json));
+    let by_key = |key| {
+        conn.prepare_cached(COMPLETE_BY_KEY).and_then(|mut stmt| {
+            stmt.execute(params![w, s, i, token_sql, now_sql, result_json, key])
         })
-        .map_err(storage)?;
+    };
+    let by_id = || {
+        conn.prepare_cached(COMPLETE)
+            .and_then(|mut stmt| stmt.execute(params![w, s, i, token_sql, now_sql, result_json]))
+    };
+    // A key that no longer names the command's row (it was purged, its key reused) is passed over.
+    let changed = match key.map(by_key).transpose().map_err(storage)? {
+        Some(1) => 1,
+        _ => by_id().map_err(storage)?,
+    };
     if changed == 1 {
         return Ok(());
     }
@@ -208,9 +229,38 @@ pub(crate) fn in_savepoint<T>(
     }
 }
 
-/// Writes `commit` on `tx`, which the caller has opened and will commit or roll back (see
-/// [`EventLog::append_with_commands`] for what is written, and [`SqliteStore::append_in`]).
-pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error> {
+/// The payloads of a commit's events and commands as the store keeps them (canonical JSON), written
+/// out before the commit goes to the writer, so that the writer thread spends no time on them.
+pub(super) struct CommitJson {
+    events: Vec<String>,
+    commands: Vec<String>,
+}
+
+impl CommitJson {
+    pub(super) fn of(commit: &Commit) -> Self {
+        Self {
+            events: commit
+                .events()
+                .iter()
+                .map(|event| canonical_json(&event.payload))
+                .collect(),
+            commands: commit
+                .commands()
+                .iter()
+                .map(|row| canonical_json(&row.payload))
+                .collect(),
+        }
+    }
+}
+
+/// Writes `commit`, whose payloads are `json`, on `tx`, which the caller has opened and will commit
+/// or roll back (see [`EventLog::append_with_commands`] for what is written, and
+/// [`SqliteStore::append_in`]).
+pub(super) fn write_commit(
+    tx: &Connection,
+    commit: &Commit,
+    json: &CommitJson,
+) -> Result<(), Error> {
     let workflow_id = commit.workflow_id().as_str();
     let actual: i64 = tx
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
@@ -230,13 +280,13 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
                  VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .map_err(storage)?;
-        for event in commit.events() {
+        for (event, payload) in commit.events().iter().zip(&json.events) {
             insert_event
                 .execute(params![
                     workflow_id,
                     event.seq.get() as i64,
                     event.kind,
-                    canonical_json(&event.payload),
+                    payload,
                     to_sql_time("now", event.recorded_at)?,
                 ])
                 .map_err(|e| match e.sqlite_error_code() {
@@ -247,24 +297,29 @@ pub(super) fn write_commit(tx: &Connection, commit: &Commit) -> Result<(), Error
         let mut insert_command = tx
             .prepare_cached(
                 "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                 available_at, created_at, report_result) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7)",
+                 available_at, created_at, report_result, traceparent, tracestate) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8, ?9)",
             )
             .map_err(storage)?;
         if let Some(timer_id) = commit.fires() {
             fire_timer(tx, timer_id, commit.now())?;
         }
         cancel_commands(tx, commit)?;
-        for row in commit.commands() {
+        // One trace context for the whole commit, formatted once.
+        let traceparent = commit.trace_context().map(TraceContext::traceparent);
+        let tracestate = commit.trace_context().and_then(TraceContext::tracestate);
+        for (row, payload) in commit.commands().iter().zip(&json.commands) {
             insert_command
                 .execute(params![
                     workflow_id,
                     row.command_id.event_seq().get() as i64,
                     i64::from(row.command_id.index()),
                     row.kind,
-                    canonical_json(&row.payload),
+                    payload,
                     to_sql_time("now", row.created_at)?,
                     row.report_result,
+                    traceparent,
+                    tracestate,
                 ])
                 .map_err(storage)?;
         }

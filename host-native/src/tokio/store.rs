@@ -15,18 +15,20 @@ use serde_json::Value;
 
 use super::transaction::Undo;
 use super::Tx;
-use crate::sqlite::{jobs, load_events_after};
+use crate::sqlite::load_events_after;
 use crate::{SqliteOptions, SqliteStore, SystemClock, Writer};
 
 /// A miniflow store on a SQLite file for async code on tokio: a handle that is `Send + Sync +
 /// Clone`, whose writes are run by the file's [`Writer`] thread and awaited, never blocking the
 /// runtime.
 ///
-/// Every write is one request to the writer (see [`Writer::submit`]): it runs in the writer's
-/// transaction, grouped with whatever else the process writes at that moment, and its future
-/// resolves once the group's COMMIT is durable. [`AsyncStore::handle`] replays, decides and commits
-/// inside that transaction, so it never loses a race; [`AsyncStore::transaction`] runs a closure of
-/// yours there, so your own rows commit together with events and commands.
+/// Every write goes to the writer and resolves once the group it was committed in is durable.
+/// [`AsyncStore::handle`] and [`AsyncStore::transaction`] are requests of their own to the writer
+/// (see [`Writer::submit`]), answered through a oneshot: `handle` replays, decides and commits
+/// inside the writer's transaction, so it never loses a race; `transaction` runs a closure of yours
+/// there, so your own rows commit together with events and commands. The outbox calls (claims, acks,
+/// failures, extensions, timers) are [`SqliteStore`]'s own, run on tokio's blocking pool with a
+/// store of the file: the same rules, the same writes through the same writer.
 ///
 /// Time comes from the store's clock ([`SystemClock`] unless [`AsyncStore::with_clock`] says
 /// otherwise), read when a call is made.
@@ -341,10 +343,10 @@ impl AsyncStore {
         .await
     }
 
-    /// Leases up to `request.limit` claimable commands (see [`miniflow_core::Outbox::claim`]). As
-    /// [`SqliteStore`]'s claim (which it runs, on a blocking thread), it looks for a due command on a
-    /// connection of its own first, and takes the write lock only when there is one: idle pollers
-    /// do not keep the file's writers waiting.
+    /// Leases up to `request.limit` claimable commands (see [`miniflow_core::Outbox::claim`]):
+    /// [`SqliteStore`]'s claim, on a blocking thread. It looks for a due command on a connection of
+    /// its own first and takes the write lock only when there is one, so idle pollers do not keep
+    /// the file's writers waiting.
     ///
     /// # Errors
     ///
@@ -356,25 +358,18 @@ impl AsyncStore {
     }
 
     /// Acknowledges `acks` and claims the next batch in one transaction (see
-    /// [`miniflow_core::Outbox::complete_all_and_claim`]). Without acks it is
-    /// [`AsyncStore::claim`].
+    /// [`miniflow_core::Outbox::complete_all_and_claim`]).
     ///
     /// # Errors
     ///
-    /// The store's errors for the whole write; a failed claim alone is in [`Handover::claimed`].
+    /// As [`miniflow_core::Outbox::complete_all_and_claim`].
     pub async fn complete_all_and_claim(
         &self,
         acks: Vec<Ack>,
         request: ClaimRequest,
     ) -> Result<Handover, Error> {
-        if acks.is_empty() {
-            return Ok(Handover {
-                completed: Vec::new(),
-                claimed: self.claim(request).await,
-            });
-        }
         let now = self.clock.now();
-        self.write(move |tx| jobs::complete_all_and_claim(tx, &acks, &request, now))
+        self.with_store(move |store| store.complete_all_and_claim(acks, &request, now))
             .await
     }
 
@@ -386,7 +381,7 @@ impl AsyncStore {
     /// The store's errors for the whole write.
     pub async fn complete_all(&self, acks: Vec<Ack>) -> Result<Vec<Result<(), Error>>, Error> {
         let now = self.clock.now();
-        self.write(move |tx| jobs::complete_all(tx, &acks, now))
+        self.with_store(move |store| store.complete_all(&acks, now))
             .await
     }
 
@@ -403,10 +398,9 @@ impl AsyncStore {
         token: u64,
         result: Option<Value>,
     ) -> Result<(), Error> {
-        let mut ack = Ack::new(command_id.clone(), token);
-        ack.result = result;
-        let mut results = self.complete_all(vec![ack]).await?;
-        results.pop().unwrap_or_else(|| Err(stopped()))
+        let (command_id, now) = (command_id.clone(), self.clock.now());
+        self.with_store(move |store| store.complete(&command_id, token, result.as_ref(), now))
+            .await
     }
 
     /// Settles a failed delivery under `token` by `policy` (see [`miniflow_core::Outbox::fail`]).
@@ -422,12 +416,8 @@ impl AsyncStore {
         policy: RetryPolicy,
     ) -> Result<Settled, Error> {
         let (command_id, now) = (command_id.clone(), self.clock.now());
-        self.write(move |tx| {
-            jobs::update(tx, &command_id, now, |row| {
-                row.fail(token, &failure, &policy, now)
-            })
-        })
-        .await
+        self.with_store(move |store| store.fail(&command_id, token, &failure, &policy, now))
+            .await
     }
 
     /// Extends the lease of `token` to `now + ttl` (see [`miniflow_core::Outbox::extend`]).
@@ -442,7 +432,7 @@ impl AsyncStore {
         ttl: Duration,
     ) -> Result<Extended, Error> {
         let (command_id, now) = (command_id.clone(), self.clock.now());
-        self.write(move |tx| jobs::update(tx, &command_id, now, |row| row.extend(token, ttl, now)))
+        self.with_store(move |store| store.extend(&command_id, token, ttl, now))
             .await
     }
 
@@ -454,7 +444,7 @@ impl AsyncStore {
     /// [`Error::StaleLease`] when `token` is not the current lease; the store's errors.
     pub async fn release(&self, command_id: &CommandId, token: u64) -> Result<(), Error> {
         let (command_id, now) = (command_id.clone(), self.clock.now());
-        self.write(move |tx| jobs::update(tx, &command_id, now, |row| row.release(token, now)))
+        self.with_store(move |store| store.release(&command_id, token, now))
             .await
     }
 
@@ -473,6 +463,11 @@ impl AsyncStore {
         let now = self.clock.now();
         self.with_store(move |store| store.claim_timers(limit, lease_ttl, now))
             .await
+    }
+
+    /// The store back to the pool after work on a blocking thread that took it.
+    pub(crate) fn put_store(&self, store: SqliteStore) {
+        self.shared.put_store(store);
     }
 }
 
