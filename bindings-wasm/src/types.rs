@@ -21,8 +21,8 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 /** Something that happened to a workflow, before it is recorded. */
 export interface EventInput { kind: string; payload?: Json }
 /** A request to the outside world, decided by a workflow. With `report_result`, its result comes back
- * into the workflow as a `command_completed` event. */
-export interface CommandInput { kind: string; payload?: Json; report_result?: boolean }
+ * into the workflow as a `command_completed` event. Claims take a higher `priority` first (default 0). */
+export interface CommandInput { kind: string; payload?: Json; report_result?: boolean; priority?: number }
 /** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
 export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
 /** What happens to the occurrences of a schedule missed while no firer ran: one event for the
@@ -66,6 +66,8 @@ export interface OutboxRow {
   command_id: string;
   kind: string;
   payload: Json;
+  /** Claims take a higher priority first. */
+  priority: number;
   status: CommandStatus;
   attempts: number;
   last_error: string | null;
@@ -218,6 +220,8 @@ pub struct CommandInput {
     payload: Value,
     #[serde(default)]
     report_result: bool,
+    #[serde(default)]
+    priority: i32,
 }
 
 /// `TimerInput`.
@@ -331,7 +335,7 @@ impl From<DecisionInput> for Decision {
         }
         let mut decision = Decision::new();
         for c in full.commands {
-            let command = Command::new(c.kind, c.payload);
+            let command = Command::new(c.kind, c.payload).priority(c.priority);
             decision = decision.command(if c.report_result {
                 command.report_result()
             } else {

@@ -10,6 +10,17 @@
 //!
 //! In strict per-workflow order a command of a paused or full kind still holds back the later
 //! commands of its workflow: order within a workflow comes before the controls.
+//!
+//! A lease that runs out frees its slot, whether or not its holder is still at work (as it lets
+//! another worker take the command over). A holder whose lease ran out and was not taken over may
+//! still extend it with a late heartbeat: a heartbeat never fails for a limit, so the kind can then
+//! hold one lease more than N until a delivery settles. Give limited kinds a lease TTL their
+//! heartbeats keep up with.
+//!
+//! What it costs: the claim order is one global order, so a claim walks past the due commands of
+//! the kinds it may not take that come before the ones it takes (an index walk on SQL stores, no
+//! row read); a paused kind with a large due backlog makes every claim walk it (see
+//! `benches/controls.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -121,6 +132,29 @@ impl KindControl {
     pub fn is_active(&self) -> bool {
         self.paused || self.concurrency_limit.is_some()
     }
+}
+
+/// The most dead commands one bulk retry or resolution changes in one transaction
+/// ([`crate::Operations::retry_dead_of_kind`], [`crate::Operations::resolve_dead_of_kind`]): 1,000.
+pub const MAX_BULK_BATCH: usize = 1_000;
+
+/// Checks the arguments of a bulk action on the dead commands of `kind`. Every store calls it before
+/// it writes, so bad arguments fail the same way on every backend and change nothing.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming the field for a malformed kind (as for a command's kind) or a
+/// batch of 0 or above [`MAX_BULK_BATCH`].
+pub fn check_bulk(kind: &str, batch: usize) -> Result<(), Error> {
+    check_kind("kind", kind)?;
+    if !(1..=MAX_BULK_BATCH).contains(&batch) {
+        return Err(Error::invalid(
+            "batch",
+            batch,
+            format!("must be 1 to {MAX_BULK_BATCH}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks the name of the person or tool that changes a control: 1 to 128 bytes, no control

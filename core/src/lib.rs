@@ -100,7 +100,7 @@ pub use builtin::{
     COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
-pub use control::{Admission, KindChange, KindControl};
+pub use control::{check_bulk, Admission, KindChange, KindControl, MAX_BULK_BATCH};
 pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};

@@ -1,10 +1,16 @@
 //! An in-memory [`Store`](crate::Store): for tests, simulations and the browser.
 
+mod index;
+#[cfg(test)]
+mod index_tests;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use crate::control::KindControl;
+use index::{ClaimIndex, ClaimKey, TimerIndex, TimerKey};
+
+use crate::control::{check_bulk, Admission, KindChange, KindControl};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::model::EventRecord;
@@ -15,9 +21,15 @@ use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
 use crate::store::{Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
+use crate::timer::feedback;
 use crate::timer::{TimerId, TimerRow};
 
 /// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.
+///
+/// Claims read an index of the unfinished commands in claim order, as a SQL store reads its partial
+/// index: a claim of `limit` commands costs O(limit · log n) however long the backlog, in strict
+/// per-workflow order too (the first unfinished command of each workflow is indexed apart). Due timers
+/// are indexed the same way.
 ///
 /// ```
 /// use miniflow_core::prelude::*;
@@ -37,9 +49,12 @@ use crate::timer::{TimerId, TimerRow};
 pub struct MemoryStore {
     events: BTreeMap<WorkflowId, Vec<EventRecord>>,
     outbox: BTreeMap<CommandId, OutboxRow>,
-    /// The unfinished (pending or leased) rows: the in-memory twin of a partial index.
-    unfinished: BTreeSet<CommandId>,
-    timers: BTreeMap<TimerId, TimerRow>,
+    /// The unfinished (pending or leased) rows in claim order: the in-memory twin of a partial index.
+    unfinished: ClaimIndex,
+    /// Every timer, by the text of its ID (the order timer IDs sort in).
+    timers: BTreeMap<TimerKey, TimerRow>,
+    /// The scheduled timers, in due order and by workflow.
+    scheduled: TimerIndex,
     /// The operators' controls, by kind.
     controls: BTreeMap<String, KindControl>,
     poisoned_kinds: Vec<String>,
@@ -131,13 +146,11 @@ impl MemoryStore {
             if store.last_seq(id.workflow_id()) < id.event_seq() {
                 return Err(invalid(format!("command {id} has no event")));
             }
-            if row.status.is_unfinished() {
-                store.unfinished.insert(id.clone());
-            }
+            store.unfinished.put(&row);
             store.outbox.insert(id.clone(), row);
         }
         for timer in snapshot.timers {
-            store.timers.insert(timer.timer_id.clone(), timer);
+            store.put_timer(timer);
         }
         for control in snapshot.controls {
             store.controls.insert(control.kind.clone(), control);
@@ -158,59 +171,75 @@ impl MemoryStore {
             .map_or(Seq::ZERO, |e| e.seq)
     }
 
-    fn row_mut(&mut self, command_id: &CommandId) -> Result<&mut OutboxRow, Error> {
-        self.outbox
-            .get_mut(command_id)
-            .ok_or_else(|| Error::UnknownCommand {
-                command_id: command_id.clone(),
-            })
-    }
-
-    /// Applies `change` at `now` to one row, keeps the unfinished index true and schedules the
-    /// row's failure feedback. A failed change leaves the row as it was.
+    /// Applies `change` (one of [`OutboxRow`]'s rules) at `now` to one row in place, keeps the
+    /// indexes true and schedules the row's feedback ([`feedback`], as [`OutboxRow::change`] does).
+    ///
+    /// The rules check before they change anything, so a failed change leaves the row as it was
+    /// (debug builds check it); this spares a copy of the row, payload and all, on every change.
     fn update<T>(
         &mut self,
         command_id: &CommandId,
         now: Timestamp,
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let row = self.row_mut(command_id)?;
-        let changed = row.change(now, change)?;
-        let unfinished = changed.row.status.is_unfinished();
-        *row = changed.row;
-        if let Some(timer) = changed.feedback {
-            self.timers.insert(timer.timer_id.clone(), timer);
+        let row = self
+            .outbox
+            .get_mut(command_id)
+            .ok_or_else(|| Error::UnknownCommand {
+                command_id: command_id.clone(),
+            })?;
+        let before = row.status;
+        #[cfg(debug_assertions)]
+        let original = row.clone();
+        let value = match change(row) {
+            Ok(value) => value,
+            Err(error) => {
+                #[cfg(debug_assertions)]
+                assert_eq!(*row, original, "a rule changed a row, then failed: {error}");
+                return Err(error);
+            }
+        };
+        let feedback = feedback(before, row, now);
+        self.unfinished.put(row);
+        if let Some(timer) = feedback {
+            self.put_timer(timer);
         }
-        if unfinished {
-            self.unfinished.insert(command_id.clone());
-        } else {
-            self.unfinished.remove(command_id);
-        }
-        Ok(changed.value)
+        Ok(value)
+    }
+
+    /// Writes a timer row, new or changed, and keeps the timer index true.
+    fn put_timer(&mut self, timer: TimerRow) {
+        let key: TimerKey = timer.timer_id.to_string().into();
+        let before = self.timers.get(&key);
+        self.scheduled.put(&key, before, &timer);
+        self.timers.insert(key, timer);
     }
 
     /// The timer rows `commit` changes or adds: the one it fires, the ones it cancels, the new ones.
     fn stage_timers(&self, commit: &Commit) -> Result<Vec<TimerRow>, Error> {
         let mut staged = Vec::new();
         if let Some(id) = commit.fires() {
-            let mut timer =
-                self.timers
-                    .get(id)
-                    .cloned()
-                    .ok_or_else(|| Error::TimerNotScheduled {
-                        timer_id: id.to_string(),
-                        status: "unknown",
-                    })?;
+            let mut timer = self
+                .timers
+                .get(id.to_string().as_str())
+                .cloned()
+                .ok_or_else(|| Error::TimerNotScheduled {
+                    timer_id: id.to_string(),
+                    status: "unknown",
+                })?;
             timer.fire(commit.now())?;
             staged.push(timer);
         }
         if !commit.cancel_timers().is_empty() {
             // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
-            let cancelled = self.timers.values().filter(|timer| {
-                timer.timer_id.workflow_id() == commit.workflow_id()
-                    && commit.fires() != Some(&timer.timer_id)
-                    && commit.cancel_timers().contains(&timer.name)
-            });
+            let cancelled = self
+                .scheduled
+                .of_workflow(commit.workflow_id())
+                .filter_map(|key| self.timers.get(key))
+                .filter(|timer| {
+                    commit.fires() != Some(&timer.timer_id)
+                        && commit.cancel_timers().contains(&timer.name)
+                });
             for timer in cancelled {
                 let mut timer = timer.clone();
                 if timer.cancel(commit.now()) {
@@ -219,7 +248,10 @@ impl MemoryStore {
             }
         }
         for timer in commit.timers() {
-            if self.timers.contains_key(&timer.timer_id) {
+            if self
+                .timers
+                .contains_key(timer.timer_id.to_string().as_str())
+            {
                 return Err(Error::Corrupt(format!(
                     "timer {} exists without its event",
                     timer.timer_id
@@ -235,12 +267,8 @@ impl MemoryStore {
         if commit.cancel_commands().is_empty() {
             return Vec::new();
         }
-        let Ok(first) = CommandId::new(commit.workflow_id().clone(), Seq::ONE, 0) else {
-            return Vec::new();
-        };
         self.unfinished
-            .range(first..)
-            .take_while(|id| id.workflow_id() == commit.workflow_id())
+            .of_workflow(commit.workflow_id())
             .filter_map(|id| self.outbox.get(id))
             .filter(|row| commit.cancels(row))
             .filter_map(|row| {
@@ -250,22 +278,35 @@ impl MemoryStore {
             .collect()
     }
 
-    /// The claimable rows for `request` at `now`, in claim order.
-    fn claimable(&self, request: &ClaimRequest, now: Timestamp) -> Vec<CommandId> {
-        let mut due: Vec<&OutboxRow> = Vec::new();
-        let mut previous_workflow: Option<&WorkflowId> = None;
-        for id in &self.unfinished {
-            let first_of_workflow = previous_workflow != Some(id.workflow_id());
-            previous_workflow = Some(id.workflow_id());
-            if request.order == ClaimOrder::StrictPerWorkflow && !first_of_workflow {
-                continue;
-            }
-            if let Some(row) = self.outbox.get(id).filter(|row| row.is_claimable(now)) {
-                due.push(row);
+    /// What the operators' controls let a claim at `now` take: the active controls, with the
+    /// unexpired leases of each limited kind counted ([`OutboxRow::holds_lease`]). Counting reads
+    /// the unfinished rows, only when a kind is limited.
+    fn admission(&self, now: Timestamp) -> Admission {
+        let mut admission = Admission::new(self.controls.values());
+        if admission.limited_kinds().next().is_none() {
+            return admission;
+        }
+        let limited: BTreeSet<String> = admission.limited_kinds().map(str::to_owned).collect();
+        let mut leases: BTreeMap<&str, u64> = BTreeMap::new();
+        for row in self.unfinished.ids().filter_map(|id| self.outbox.get(id)) {
+            if limited.contains(&row.kind) && row.holds_lease(now) {
+                *leases.entry(&row.kind).or_default() += 1;
             }
         }
-        due.sort_by(|a, b| a.claim_order().cmp(&b.claim_order()));
-        due.into_iter().map(|row| row.command_id.clone()).collect()
+        for (kind, count) in leases {
+            admission.leased(kind, count);
+        }
+        admission
+    }
+
+    /// The first `batch` dead commands of `kind`, in command ID order.
+    fn dead_ids(&self, kind: &str, batch: usize) -> Vec<CommandId> {
+        self.outbox
+            .values()
+            .filter(|row| row.status == Status::Dead && row.kind == kind)
+            .take(batch)
+            .map(|row| row.command_id.clone())
+            .collect()
     }
 }
 
@@ -346,18 +387,12 @@ impl EventLog for MemoryStore {
             .entry(commit.workflow_id().clone())
             .or_default()
             .extend_from_slice(commit.events());
-        for row in staged_cancels {
-            if !row.status.is_unfinished() {
-                self.unfinished.remove(&row.command_id);
-            }
-            self.outbox.insert(row.command_id.clone(), row);
-        }
-        for row in staged_rows {
-            self.unfinished.insert(row.command_id.clone());
+        for row in staged_cancels.into_iter().chain(staged_rows) {
+            self.unfinished.put(&row);
             self.outbox.insert(row.command_id.clone(), row);
         }
         for timer in staged_timers {
-            self.timers.insert(timer.timer_id.clone(), timer);
+            self.put_timer(timer);
         }
         Ok(())
     }
@@ -367,7 +402,7 @@ impl Outbox for MemoryStore {
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .unfinished
-            .iter()
+            .ids()
             .filter_map(|id| self.outbox.get(id).cloned())
             .take(limit)
             .collect())
@@ -376,26 +411,52 @@ impl Outbox for MemoryStore {
         Ok(self.outbox.get(command_id).cloned())
     }
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        let Ok(first) = CommandId::new(workflow_id.clone(), Seq::ONE, 0) else {
+            return Ok(Vec::new());
+        };
         Ok(self
             .outbox
-            .values()
-            .filter(|row| row.command_id.workflow_id() == workflow_id)
+            .range(first..)
+            .map(|(_, row)| row)
+            .take_while(|row| row.command_id.workflow_id() == workflow_id)
             .cloned()
             .collect())
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.mark_done(now))
     }
+    /// Goes through the commands claimable at `now` in claim order as they stood when the claim began,
+    /// like every store: a row buried on the way (its lease ran out on its last attempt) does not
+    /// count towards the limit, and in strict order the next command of its workflow waits for the
+    /// next claim.
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
+        let mut admission = self.admission(now);
         let mut deliveries = Vec::new();
-        for id in self.claimable(request, now) {
-            if deliveries.len() == request.limit {
+        let mut after: Option<ClaimKey> = None;
+        let mut seen_workflows = BTreeSet::new();
+        while deliveries.len() < request.limit {
+            let Some(key) = self.unfinished.next(request.order, after.as_ref(), now) else {
                 break;
+            };
+            let strict = request.order == ClaimOrder::StrictPerWorkflow;
+            if strict && !seen_workflows.insert(key.2.workflow_id().clone()) {
+                after = Some(key);
+                continue;
             }
-            if let Some(delivery) = self.update(&id, now, |row| Ok(row.claim(request, now)))? {
+            let admitted = self
+                .outbox
+                .get(&key.2)
+                .is_some_and(|row| admission.admits(row));
+            if !admitted {
+                after = Some(key);
+                continue;
+            }
+            if let Some(delivery) = self.update(&key.2, now, |row| Ok(row.claim(request, now)))? {
+                admission.took(&delivery.kind);
                 deliveries.push(delivery);
             }
+            after = Some(key);
         }
         Ok(deliveries)
     }
@@ -439,18 +500,13 @@ impl Timers for MemoryStore {
         lease_ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<TimerRow>, Error> {
-        let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
-        due.sort_by(|a, b| a.due_order().cmp(&b.due_order()));
-        let ids: Vec<TimerId> = due
-            .into_iter()
-            .take(limit)
-            .map(|t| t.timer_id.clone())
-            .collect();
-        let mut taken = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(timer) = self.timers.get_mut(&id) {
+        let due = self.scheduled.due(now, limit);
+        let mut taken = Vec::with_capacity(due.len());
+        for key in due {
+            if let Some(mut timer) = self.timers.get(&key).cloned() {
                 timer.take(lease_ttl, now);
                 taken.push(timer.clone());
+                self.put_timer(timer);
             }
         }
         Ok(taken)
@@ -461,14 +517,17 @@ impl Timers for MemoryStore {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let timer = self
+        let mut timer = self
             .timers
-            .get_mut(timer_id)
+            .get(timer_id.to_string().as_str())
+            .cloned()
             .ok_or_else(|| Error::TimerNotScheduled {
                 timer_id: timer_id.to_string(),
                 status: "unknown",
             })?;
-        timer.reject(reason, now)
+        timer.reject(reason, now)?;
+        self.put_timer(timer);
+        Ok(())
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         Ok(self
@@ -521,7 +580,7 @@ impl Operations for MemoryStore {
     }
     fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
         let mut stats = OutboxStats::new(now);
-        let unfinished = self.unfinished.iter().filter_map(|id| self.outbox.get(id));
+        let unfinished = self.unfinished.ids().filter_map(|id| self.outbox.get(id));
         let dead = self
             .outbox
             .values()
@@ -533,6 +592,53 @@ impl Operations for MemoryStore {
     }
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         Ok(self.controls.values().cloned().collect())
+    }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error> {
+        let control = KindControl::change(self.controls.get(kind), kind, change, by, now)?;
+        self.controls.insert(control.kind.clone(), control.clone());
+        Ok(control)
+    }
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        Ok(self
+            .outbox
+            .values()
+            .filter(|row| row.status == Status::Dead && row.kind == kind)
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let ids = self.dead_ids(kind, batch);
+        for id in &ids {
+            self.update(id, now, |row| row.retry(now))?;
+        }
+        Ok(ids)
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let ids = self.dead_ids(kind, batch);
+        for id in &ids {
+            self.update(id, now, |row| row.resolve(note, now))?;
+        }
+        Ok(ids)
     }
 }
 
@@ -630,6 +736,41 @@ mod tests {
                 .seq,
             Seq::new(3).unwrap()
         );
+    }
+
+    #[test]
+    fn snapshots_keep_priorities_and_controls_and_version_1_still_reads() {
+        let mut store = MemoryStore::new();
+        let now = Timestamp::from_millis(10);
+        let decision = Decision::new().command(Command::new("mail", json!({})).priority(7));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            Event::new("e", json!({})),
+            decision,
+            now,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        store
+            .control_kind("mail", crate::KindChange::Limit(2), "ops", now)
+            .unwrap();
+        let copy = MemoryStore::from_snapshot(&store.export_snapshot()).unwrap();
+        assert_eq!(
+            copy.kind_controls().unwrap(),
+            store.kind_controls().unwrap()
+        );
+        assert_eq!(copy.pending(10).unwrap()[0].priority, 7);
+
+        let version_1 = r#"{"format":"miniflow.memory-store","version":1,
+            "events":[{"workflow_id":"w","seq":1,"kind":"e","payload":null,"recorded_at":0}],
+            "outbox":[{"command_id":"w:1:0","kind":"k","payload":null,"status":"pending",
+                "attempts":0,"last_error":null,"available_at":0,"lease":null,"created_at":0,
+                "processed_at":null,"manual_retries":0,"resolution":null}],
+            "timers":[]}"#;
+        let old = MemoryStore::from_snapshot(version_1).unwrap();
+        assert_eq!(old.pending(10).unwrap()[0].priority, 0);
+        assert!(old.kind_controls().unwrap().is_empty());
     }
 
     #[test]

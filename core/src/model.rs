@@ -86,8 +86,9 @@ impl EventRecord {
 /// ```
 /// use miniflow_core::{json, Command};
 ///
-/// let book = Command::new("book_flight", json!({ "flight": "CA1405" })).report_result();
+/// let book = Command::new("book_flight", json!({ "flight": "CA1405" })).report_result().priority(10);
 /// assert!(book.report_result);
+/// assert_eq!(book.priority, 10);
 /// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Command {
@@ -98,6 +99,9 @@ pub struct Command {
     /// Whether its result comes back into the workflow as a `command_completed` event.
     #[serde(default)]
     pub report_result: bool,
+    /// Claims take commands of a higher priority first (default 0; see [`Command::priority`]).
+    #[serde(default)]
+    pub priority: i32,
 }
 
 impl Command {
@@ -107,7 +111,18 @@ impl Command {
             kind: kind.into(),
             payload,
             report_result: false,
+            priority: 0,
         }
+    }
+
+    /// Sets the command's priority (default 0, negative values allowed): claims hand out claimable
+    /// commands of a higher priority first, then the longest-due, then by command ID (see
+    /// [`crate::OutboxRow::claim_order`]). In strict per-workflow order a command still waits for
+    /// the earlier commands of its workflow, whatever their priority.
+    #[must_use]
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// Asks for the command's result: when a handler completes it (with a result or without), one

@@ -98,6 +98,9 @@ pub struct OutboxRow {
     pub kind: String,
     /// With which parameters.
     pub payload: Value,
+    /// Claims take commands of a higher priority first ([`OutboxRow::claim_order`]).
+    #[serde(default)]
+    pub priority: i32,
     /// Where it is in its life.
     pub status: Status,
     /// Deliveries so far (claims), since creation or the last retry by hand.
@@ -478,6 +481,7 @@ impl OutboxRow {
             command_id,
             kind: command.kind,
             payload: command.payload,
+            priority: command.priority,
             status: Status::Pending,
             attempts: 0,
             last_error: None,
@@ -723,12 +727,21 @@ impl OutboxRow {
             && self.processed_at.is_some_and(|at| at + older_than <= now)
     }
 
-    /// The order claims hand rows out in (DESIGN rules 6–7): the longest due first, then by command
-    /// ID (numbers compared as numbers). A SQL store says `ORDER BY available_at, workflow_id,
-    /// event_seq, idx` over the rows [`Self::is_claimable`] admits (`processed_at IS NULL AND
-    /// available_at <= now`); in strict order, only the first unfinished command of each workflow.
-    pub fn claim_order(&self) -> (Timestamp, &CommandId) {
-        (self.available_at, &self.command_id)
+    /// The order claims hand rows out in (DESIGN rules 6–7): the highest priority first, then the
+    /// longest due, then by command ID (numbers compared as numbers). A SQL store says
+    /// `ORDER BY priority DESC, available_at, workflow_id, event_seq, idx` over the rows
+    /// [`Self::is_claimable`] admits (`processed_at IS NULL AND available_at <= now`) and the
+    /// operators' controls let through ([`crate::Admission`]); it may read one priority at a time
+    /// (`priority = p … ORDER BY available_at, …`, then the next lower priority present), so that
+    /// commands not yet due at a higher priority are never walked. In strict order only the first
+    /// unfinished command of each workflow is claimable, whatever its priority: a command of a high
+    /// priority waits for the earlier commands of its workflow.
+    pub fn claim_order(&self) -> (std::cmp::Reverse<i32>, Timestamp, &CommandId) {
+        (
+            std::cmp::Reverse(self.priority),
+            self.available_at,
+            &self.command_id,
+        )
     }
 
     /// The order a bounded retention run removes rows in: the oldest processed first, then by command

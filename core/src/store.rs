@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::control::KindControl;
+use crate::control::{KindChange, KindControl};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
@@ -648,6 +648,55 @@ pub trait Operations {
 
     /// The stored controls of every kind an operator ever changed (active or not), by kind.
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error>;
+
+    /// Changes the controls of `kind` as `by` at `now` ([`KindControl::change`]: pause, resume, set
+    /// or remove a concurrency limit) and returns them. They are stored: every claim that begins
+    /// after this returns, in any process, applies them ([`crate::Admission`]). Commands of the kind
+    /// are not changed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] as [`KindControl::change`]; nothing changes then.
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error>;
+
+    /// Up to `limit` dead commands of `kind`, in command ID order.
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error>;
+
+    /// Puts up to `batch` dead commands of `kind` back to pending, the first ones in command ID
+    /// order, in one transaction, each as [`Operations::retry`] does one (recorded in its
+    /// `manual_retries`); returns their IDs. Call it until it returns fewer than `batch`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] as [`crate::check_bulk`]; nothing changes then.
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error>;
+
+    /// Closes up to `batch` dead commands of `kind` by hand with `note`, the first ones in command ID
+    /// order, in one transaction, each as [`Operations::resolve`] does one (its note kept, its
+    /// `command_resolved` feedback scheduled); returns their IDs. Call it until it returns fewer
+    /// than `batch`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] as [`crate::check_bulk`]; nothing changes then.
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error>;
 }
 
 /// A miniflow store: the event log, the outbox, the timers and the operators' actions. Every type that

@@ -17,7 +17,7 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested, traceparent, tracestate"
+         resolution, report_result, result, cancel_requested, traceparent, tracestate, priority"
     };
 }
 
@@ -104,6 +104,7 @@ pub(crate) mod col {
     pub(crate) const CANCEL_REQUESTED: Col = Col(18, "cancel_requested");
     pub(crate) const TRACEPARENT: Col = Col(19, "traceparent");
     pub(crate) const TRACESTATE: Col = Col(20, "tracestate");
+    pub(crate) const PRIORITY: Col = Col(21, "priority");
 }
 
 /// A stored value that cannot be read back (a row edited by hand, or one an older version wrote that
@@ -201,6 +202,7 @@ pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
         command_id: command_id(row)?,
         kind: get(row, col::KIND)?,
         payload: json(row, col::PAYLOAD)?,
+        priority: get(row, col::PRIORITY)?,
         status: get::<&str>(row, col::STATUS)?
             .parse()
             .map_err(|e| unreadable("status", e))?,
@@ -234,6 +236,7 @@ pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
         command_id: command_id(row).ok()?,
         kind: get(row, col::KIND).unwrap_or_default(),
         payload: serde_json::Value::Null,
+        priority: get(row, col::PRIORITY).unwrap_or_default(),
         status: get::<&str>(row, col::STATUS)
             .ok()
             .and_then(|status| status.parse().ok())

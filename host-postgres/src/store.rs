@@ -6,10 +6,10 @@ use std::time::{Duration, Instant};
 
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, KindControl,
-    OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp,
-    TraceContext, Workflow, WorkflowId,
+    canonical_json, check_bulk, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId,
+    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId,
+    KindChange, KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId,
+    TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Row, Socket, Transaction};
@@ -308,6 +308,31 @@ impl PostgresStore {
         Ok((value, clock))
     }
 
+    /// Applies `change` to up to `batch` dead rows of `kind`, read `FOR UPDATE`, each with its
+    /// feedback, in one transaction; returns their IDs.
+    fn change_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+        change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error>,
+    ) -> Result<Vec<CommandId>, Error> {
+        let mut connection = self.shared.connection()?;
+        let ids = connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            let rows = crate::controls::dead_of_kind(db, kind, batch, true)?;
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in rows {
+                let changed = row.change(clock.now, |row| change(row, clock.now))?;
+                write_change(db, &changed)?;
+                ids.push(changed.row.command_id);
+            }
+            Ok::<_, Error>(ids)
+        })?;
+        self.shared.hint(!ids.is_empty());
+        Ok(ids)
+    }
+
     /// Whether an idle claim may skip the database (see [`PostgresStore::woken_by`]).
     fn still_idle(&self, idle: Idle) -> bool {
         match (&self.wakeups, idle.0) {
@@ -482,20 +507,27 @@ const SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE: &str = select_rows!(
     "WHERE workflow_id = $1 AND processed_at IS NULL ORDER BY event_seq, idx FOR UPDATE"
 );
 const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = $1 ORDER BY event_seq, idx");
-/// A claim reads its candidates in pages, in claim order, each page after the key `($3, $4, $5, $6)`
-/// of the last candidate it looked at, skipping rows another claim holds (see [`claim_in`]).
+/// A claim reads its candidates in pages, in claim order ([`OutboxRow::claim_order`]): one priority
+/// (`$7`) at a time, each page after the key `($3, $4, $5, $6)` of the last candidate it looked at,
+/// leaving out the kinds the operators' controls exclude (`$8`) and skipping rows another claim holds
+/// (see [`claim_in`]).
 const CLAIM_DUE_FIRST: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= $1 \
+    "WHERE processed_at IS NULL AND priority = $7 AND available_at <= $1 \
      AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
+     AND kind <> ALL($8::text[]) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
 );
 const CLAIM_STRICT: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= $1 \
+    "WHERE processed_at IS NULL AND priority = $7 AND available_at <= $1 \
      AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
+     AND kind <> ALL($8::text[]) \
      AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
          AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
 );
+/// The highest priority of an unfinished command below `$1`: the next priority a claim reads.
+const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
+     WHERE processed_at IS NULL AND priority < $1::bigint ORDER BY priority DESC LIMIT 1";
 /// The store's `now` (`$1`, or the database's clock when `$1` is null), whether a command is due, and
 /// when the next one is due after it: three reads of the first entries of `outbox_due`. (`now` comes
 /// from a CTE because `clock_timestamp()` is volatile: compared row by row, it could bound no index.)
@@ -564,21 +596,23 @@ const INSERT_COMMIT: &str = "WITH last AS (\
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
-             created_at, report_result, traceparent, tracestate) \
+             created_at, report_result, priority, traceparent, tracestate) \
          SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-             c.report_result, $13::text, $14::text \
+             c.report_result, c.priority, $14::text, $15::text \
          FROM unnest($7::bigint[], $8::bigint[], $9::text[], $10::text[], $11::bigint[], \
-             $12::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result) \
+             $12::boolean[], $13::integer[]) \
+             AS c (event_seq, idx, kind, payload, created_at, report_result, priority) \
          WHERE EXISTS (SELECT 1 FROM e)) \
      SELECT last.seq, (SELECT count(*) FROM e) FROM last";
 
 /// A commit's commands alone (see [`insert_commands`]).
 const INSERT_COMMANDS: &str = "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
-         status, available_at, created_at, report_result, traceparent, tracestate) \
+         status, available_at, created_at, report_result, priority, traceparent, tracestate) \
      SELECT $1, c.event_seq, c.idx, c.kind, c.payload, 'pending', c.created_at, c.created_at, \
-         c.report_result, $8::text, $9::text \
+         c.report_result, c.priority, $9::text, $10::text \
      FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::bigint[], \
-         $7::boolean[]) AS c (event_seq, idx, kind, payload, created_at, report_result)";
+         $7::boolean[], $8::integer[]) \
+         AS c (event_seq, idx, kind, payload, created_at, report_result, priority)";
 
 /// The columns of a commit's commands, one array each, as [`INSERT_COMMIT`] and [`INSERT_COMMANDS`]
 /// take them.
@@ -590,6 +624,7 @@ struct CommandColumns {
     payloads: Vec<String>,
     created: Vec<i64>,
     report: Vec<bool>,
+    priorities: Vec<i32>,
     /// The commit's trace context, the same for each of its commands.
     traceparent: Option<String>,
     tracestate: Option<String>,
@@ -605,6 +640,7 @@ impl CommandColumns {
             payloads: Vec::with_capacity(rows.len()),
             created: Vec::with_capacity(rows.len()),
             report: Vec::with_capacity(rows.len()),
+            priorities: Vec::with_capacity(rows.len()),
             traceparent: commit.trace_context().map(TraceContext::traceparent),
             tracestate: commit
                 .trace_context()
@@ -622,6 +658,7 @@ impl CommandColumns {
                 .created
                 .push(to_sql_time("now", clock.inward(row.created_at))?);
             columns.report.push(row.report_result);
+            columns.priorities.push(row.priority);
         }
         Ok(columns)
     }
@@ -679,6 +716,7 @@ fn insert_events(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.priorities,
             &columns.traceparent,
             &columns.tracestate,
         ],
@@ -720,6 +758,7 @@ fn insert_commands(
             &columns.payloads,
             &columns.created,
             &columns.report,
+            &columns.priorities,
             &columns.traceparent,
             &columns.tracestate,
         ],
@@ -861,13 +900,16 @@ impl Candidate {
 }
 
 /// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
-/// claim order, like every store (see [`OutboxRow::claim`]); rows another claim holds are skipped.
+/// claim order ([`OutboxRow::claim_order`]), one priority at a time, like every store (see
+/// [`OutboxRow::claim`]); rows another claim holds are skipped. Only what the operators' controls
+/// admit is taken ([`crate::controls::admission`]): kinds that are paused or out of slots are left
+/// out of each page, and a kind that runs out of slots within a page is skipped for the rest of it.
 /// Returns the deliveries and whether the claim scheduled feedback.
 ///
 /// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
 /// out on its last allowed attempt (or whose command was cancelled), and a row that cannot be read
 /// (DESIGN rule 13, see [`bury_unreadable`]). So the claim reads on, a page of what it still needs
-/// at a time, after the last candidate it looked at.
+/// at a time, after the last candidate it looked at, then at the next lower priority.
 fn claim_in(
     db: &mut Db<'_, Transaction<'_>>,
     request: &ClaimRequest,
@@ -878,22 +920,28 @@ fn claim_in(
         ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
     };
     let now_sql = to_sql_time("now", now)?;
-    let mut after: ClaimKey = (i64::MIN, String::new(), i64::MIN, i64::MIN);
+    let mut admission = crate::controls::admission(db, now)?;
+    const FIRST: ClaimKey = (i64::MIN, String::new(), i64::MIN, i64::MIN);
+    let mut after: ClaimKey = FIRST;
+    let mut priority = next_priority(db, i64::MAX)?;
     // What this claim already looked at: in strict order a burial lets the next command of its
     // workflow qualify, which was no candidate when the claim began, so it is not taken now.
     let mut seen: HashSet<(String, i64, i64)> = HashSet::new();
     let mut seen_workflows: HashSet<String> = HashSet::new();
     let mut deliveries = Vec::new();
     let mut fed_back = false;
-    while deliveries.len() < request.limit {
+    while let Some(level) = priority.filter(|_| deliveries.len() < request.limit) {
         let wanted = request.limit - deliveries.len();
-        let params: [&(dyn postgres::types::ToSql + Sync); 6] = [
+        let excluded: Vec<&str> = admission.excluded();
+        let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
             &now_sql,
             &sql_limit(wanted),
             &after.0,
             &after.1,
             &after.2,
             &after.3,
+            &level,
+            &excluded,
         ];
         let page = db
             .query(sql, &params)
@@ -913,10 +961,15 @@ fn claim_in(
                 continue;
             }
             match row {
+                // Its kind ran out of slots earlier in this page.
+                Ok(row) if !admission.admits(&row) => {}
                 Ok(row) => {
                     let mut changed = row.change(now, |row| Ok(row.claim(request, now)))?;
                     match changed.value.take() {
-                        Some(delivery) => deliveries.push(delivery),
+                        Some(delivery) => {
+                            admission.took(&delivery.kind);
+                            deliveries.push(delivery);
+                        }
                         None => fed_back |= write_change(db, &changed)?,
                     }
                 }
@@ -925,10 +978,19 @@ fn claim_in(
         }
         write_leases(db, request, &deliveries[leased_before..])?;
         if !full_page {
-            break;
+            priority = next_priority(db, i64::from(level))?;
+            after = FIRST;
         }
     }
     Ok((deliveries, fed_back))
+}
+
+/// The highest priority of an unfinished command below `below`, if any.
+fn next_priority(db: &mut Db<'_, Transaction<'_>>, below: i64) -> Result<Option<i32>, Error> {
+    db.query_opt(NEXT_PRIORITY, &[&below])
+        .map_err(storage)?
+        .map(|row| row.try_get(0).map_err(storage))
+        .transpose()
 }
 
 /// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
@@ -1024,8 +1086,9 @@ fn bury_unreadable(
     }
 }
 
-/// An acknowledgement; returns whether it made work claimable (feedback, or a later command of the
-/// workflow no longer held back in strict order). The fast path is one `UPDATE` guarded by the
+/// An acknowledgement; returns whether it made work claimable (feedback, a later command of the
+/// workflow no longer held back in strict order, or a slot of a kind with a concurrency limit). The
+/// fast path is one `UPDATE` guarded by the
 /// lease, for a command that feeds nothing back; on a miss, the row is read `FOR UPDATE`: a command
 /// that reports its completion is settled by the shared rule ([`OutboxRow::complete`]) with its
 /// feedback, and anything else is explained by [`OutboxRow::check_lease`].
@@ -1047,7 +1110,9 @@ fn complete_in(
              AND status = 'leased' AND lease_token = $4 \
              AND NOT report_result AND NOT cancel_requested \
              RETURNING EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = $1 \
-                 AND e.processed_at IS NULL AND (e.event_seq, e.idx) > ($2, $3))",
+                 AND e.processed_at IS NULL AND (e.event_seq, e.idx) > ($2, $3)) \
+             OR EXISTS (SELECT 1 FROM kind_controls c WHERE c.kind = outbox.kind \
+                 AND c.concurrency_limit IS NOT NULL)",
             &[
                 &w,
                 &s,
@@ -1079,7 +1144,8 @@ fn complete_in(
 /// back, and returns the keys it settled, each with whether the batch made work claimable: whether
 /// a settled command has a later unfinished one in its workflow (which strict order held back),
 /// asked once per workflow, of its first settled command (in the statement's snapshot, taken
-/// before the update, so a workflow with two settled commands has one).
+/// before the update, so a workflow with two settled commands has one), or freed a slot of a kind
+/// with a concurrency limit.
 ///
 /// `status = (SELECT 'leased')`: an InitPlan, which the planner cannot estimate from the column's
 /// statistics. With the literal, statistics gathered while nothing was leased make `status =
@@ -1092,7 +1158,7 @@ const COMPLETE_PLAIN: &str = "WITH done AS (\
          WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx \
              AND o.status = (SELECT 'leased') AND o.lease_token = c.token \
              AND NOT o.report_result AND NOT o.cancel_requested \
-         RETURNING o.workflow_id, o.event_seq, o.idx), \
+         RETURNING o.workflow_id, o.event_seq, o.idx, o.kind), \
      first AS (\
          SELECT DISTINCT ON (workflow_id) workflow_id, event_seq, idx, \
              count(*) OVER (PARTITION BY workflow_id) AS settled \
@@ -1101,6 +1167,8 @@ const COMPLETE_PLAIN: &str = "WITH done AS (\
          EXISTS (SELECT 1 FROM first f WHERE f.settled > 1 OR EXISTS (\
              SELECT 1 FROM outbox e WHERE e.workflow_id = f.workflow_id \
              AND e.processed_at IS NULL AND (e.event_seq, e.idx) > (f.event_seq, f.idx))) \
+         OR EXISTS (SELECT 1 FROM kind_controls c WHERE c.kind = d.kind \
+             AND c.concurrency_limit IS NOT NULL) \
      FROM done d";
 
 /// The answer to one ack of a batch, once it is known.
@@ -1498,6 +1566,8 @@ impl Operations for PostgresStore {
         let clock = self.clock(&mut db, now)?;
         crate::controls::outbox_stats(&mut db, clock)
     }
+    /// Times as stored: in the database's clock with [`PostgresOptions::database_clock`] (there
+    /// is no caller's `now` to translate them by; [`Operations::stats`] translates them).
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         let mut connection = self.shared.connection()?;
         crate::controls::read_controls(
@@ -1505,6 +1575,47 @@ impl Operations for PostgresStore {
             crate::controls::SELECT_CONTROLS,
             Clock::caller(Timestamp::EPOCH),
         )
+    }
+    /// The control row is read `FOR UPDATE`, so the change waits for a claim counting the kind's
+    /// leases; the commit notifies idle workers (a resume or a higher limit makes work claimable).
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error> {
+        let mut connection = self.shared.connection()?;
+        let control = connection.in_transaction(|db| {
+            let clock = self.clock(db, now)?;
+            crate::controls::control_kind_in(db, kind, change, by, clock)
+        })?;
+        self.shared.hint(true);
+        Ok(control)
+    }
+    /// Skips rows that cannot be read (DESIGN rule 13).
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        let mut connection = self.shared.connection()?;
+        crate::controls::dead_of_kind(&mut connection.db(), kind, limit, false)
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        self.change_dead_of_kind(kind, batch, now, |row, now| row.retry(now))
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        self.change_dead_of_kind(kind, batch, now, |row, now| row.resolve(note, now))
     }
 }
 
@@ -1557,8 +1668,8 @@ fn claim_timers_in(
 #[doc(hidden)]
 pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
     const NOW: &str = "1800000000000";
-    const AFTER_NOTHING: &str =
-        "1800000000000, 10, -9000000000000000000, '', -9000000000000000000, -9000000000000000000";
+    const AFTER_NOTHING: &str = "1800000000000, 10, -9000000000000000000, '', \
+         -9000000000000000000, -9000000000000000000, 0, '{paused}'";
     vec![
         (
             "pending",
@@ -1575,8 +1686,39 @@ pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static 
         ("one row", SELECT_ONE, "'w', 1, 0", "outbox_pkey"),
         ("a workflow's rows", SELECT_WORKFLOW, "'w'", "outbox_pkey"),
         ("anything due", COMMANDS_DUE, NOW, "outbox_due"),
-        ("claim", CLAIM_DUE_FIRST, AFTER_NOTHING, "outbox_due"),
-        ("strict claim", CLAIM_STRICT, AFTER_NOTHING, "outbox_due"),
+        // One priority's due rows in due order: from `outbox_claim`, or from `outbox_due` filtered
+        // by priority when the statistics say most rows have this priority; both walk only
+        // unfinished rows and sort nothing.
+        (
+            "claim",
+            CLAIM_DUE_FIRST,
+            AFTER_NOTHING,
+            "outbox_claim|outbox_due",
+        ),
+        (
+            "strict claim",
+            CLAIM_STRICT,
+            AFTER_NOTHING,
+            "outbox_claim|outbox_due",
+        ),
+        (
+            "next priority",
+            NEXT_PRIORITY,
+            "9000000000000000000",
+            "outbox_claim",
+        ),
+        (
+            "leases of limited kinds",
+            crate::controls::COUNT_LEASES,
+            "'{k}', 1800000000000",
+            "outbox_leased",
+        ),
+        (
+            "dead of a kind",
+            crate::controls::SELECT_DEAD_OF_KIND,
+            "'k', '', -1, -1, 100",
+            "outbox_dead_by_kind",
+        ),
         ("any timer due", TIMERS_DUE, NOW, "timers_due"),
         (
             "due timers",

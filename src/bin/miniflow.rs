@@ -5,14 +5,27 @@
 //! miniflow dead flow.db               # dead letters with their last error
 //! miniflow show flow.db trip-001:1:0  # one command, every column (--raw: as stored)
 //! miniflow events flow.db trip-001    # a workflow's event log
+//! miniflow stats flow.db              # depth by kind and status, the lag, paused and limited kinds
 //! miniflow retry flow.db trip-001:1:2
+//! miniflow retry flow.db --kind book_hotel --all-dead [--dry-run] [--force]
 //! miniflow resolve flow.db trip-001:1:2 --note "refunded by phone"
+//! miniflow resolve flow.db --kind book_hotel --all-dead --note "refunded" [--dry-run]
+//! miniflow pause flow.db book_hotel   # claims skip the kind until `resume`
+//! miniflow resume flow.db book_hotel
+//! miniflow limit flow.db book_hotel 2 # at most 2 leased at once; `limit … none` removes it
 //! miniflow purge-done flow.db --older-than 30d [--dry-run]
 //! miniflow migrate flow.db            # upgrade a store written by an older miniflow
 //! miniflow dead postgresql://operator@db.internal/flow   # the same on PostgreSQL
 //! ```
 //!
-//! Add `--json` for one JSON value per line instead of a table.
+//! Add `--json` for JSON instead of a table: a list is one JSON array (`[]` when empty), one element
+//! per line; a single value (`show`, `stats`, a control) is one JSON object. Times in tables and in
+//! `show` are RFC 3339 (UTC); JSON keeps milliseconds since the Unix epoch. A listing cut short by
+//! `--limit` says so on stderr.
+//!
+//! `--now` sets the time the tool acts at (RFC 3339, e.g. `2025-01-01T12:00:00Z` or with an offset,
+//! or milliseconds since the Unix epoch), for stores driven by a clock of their own (tests,
+//! simulations); by default it is the system clock.
 //!
 //! The store is a SQLite file, or a PostgreSQL database named by a `postgres://` or
 //! `postgresql://` URL (a file whose name starts so is written `./postgres://…`). Without a password
@@ -38,9 +51,9 @@ use clap::{Parser, Subcommand};
 use miniflow::postgres::types::Type;
 use miniflow::prelude::*;
 use miniflow::{
-    Clock, CommandId, Error, EventRecord, OutboxRow, PostgresOptions, PostgresStore, Seq,
-    SqliteStore, Status, SystemClock, TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId,
-    COMMAND_FAILED, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
+    check_bulk, Clock, CommandId, Error, EventRecord, KindChange, OutboxRow, PostgresOptions,
+    PostgresStore, Seq, SqliteStore, Status, SystemClock, TimerId, TimerRow, TimerStatus,
+    Timestamp, WorkflowId, COMMAND_FAILED, MAX_BULK_BATCH, POSTGRES_SCHEMA_VERSION, SCHEMA_VERSION,
 };
 use rusqlite::types::ValueRef;
 
@@ -51,9 +64,14 @@ use rusqlite::types::ValueRef;
     about = "Inspect a miniflow store (a SQLite file or a PostgreSQL database) and handle its dead letters"
 )]
 struct Cli {
-    /// Print JSON, one value per line, instead of a table.
+    /// Print JSON instead of a table: a list as one array (`[]` when empty), a single value as one
+    /// object.
     #[arg(long, global = true)]
     json: bool,
+    /// Act at this time instead of the system clock's: RFC 3339 (`2025-01-01T12:00:00Z`,
+    /// `2025-01-01T20:00:00+08:00`) or milliseconds since the Unix epoch.
+    #[arg(long, global = true, value_name = "TIME", value_parser = instant)]
+    now: Option<Timestamp>,
     #[command(subcommand)]
     command: Action,
 }
@@ -93,28 +111,88 @@ enum Action {
         /// The workflow ID.
         workflow_id: String,
     },
-    /// Puts a dead command back to pending, with a fresh set of attempts.
+    /// Puts a dead command back to pending, with a fresh set of attempts; or, with `--kind K
+    /// --all-dead`, every dead command of kind K.
     ///
-    /// Refuses when its workflow already received the `command_failed` event of this death (it may
+    /// Refuses when a workflow already received the `command_failed` event of this death (it may
     /// have compensated; a retry sends the command again), unless `--force`.
     Retry {
         /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
-        command_id: String,
-        /// Retry even though the workflow already received `command_failed`.
+        command_id: Option<String>,
+        /// Every dead command of this kind (with `--all-dead`).
+        #[arg(long, requires = "all_dead", conflicts_with = "command_id")]
+        kind: Option<String>,
+        /// Confirms a bulk action on every dead command of `--kind`.
+        #[arg(long, requires = "kind")]
+        all_dead: bool,
+        /// Retry even though a workflow already received `command_failed`.
         #[arg(long)]
         force: bool,
+        /// List what would be retried, and change nothing (with `--kind`).
+        #[arg(long, requires = "kind")]
+        dry_run: bool,
     },
-    /// Closes a dead command by hand; its workflow receives a `command_resolved` event.
+    /// Closes a dead command by hand; its workflow receives a `command_resolved` event. Or, with
+    /// `--kind K --all-dead`, every dead command of kind K.
     Resolve {
         /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The command ID, `workflow:seq:index`.
-        command_id: String,
+        command_id: Option<String>,
+        /// Every dead command of this kind (with `--all-dead`).
+        #[arg(long, requires = "all_dead", conflicts_with = "command_id")]
+        kind: Option<String>,
+        /// Confirms a bulk action on every dead command of `--kind`.
+        #[arg(long, requires = "kind")]
+        all_dead: bool,
         /// What was done about it, kept with the command.
         #[arg(long)]
         note: String,
+        /// List what would be resolved, and change nothing (with `--kind`).
+        #[arg(long, requires = "kind")]
+        dry_run: bool,
+    },
+    /// Outbox depth by kind (pending, due, leased, dead), the lag, and the paused and limited kinds.
+    Stats {
+        /// The store: its SQLite file, or a postgresql:// URL.
+        db: PathBuf,
+    },
+    /// Claims skip commands of KIND (in every process) until it is resumed; they keep being
+    /// committed.
+    Pause {
+        /// The store: its SQLite file, or a postgresql:// URL.
+        db: PathBuf,
+        /// The command kind.
+        kind: String,
+        /// Who pauses it, recorded with the pause (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Claims take commands of KIND again.
+    Resume {
+        /// The store: its SQLite file, or a postgresql:// URL.
+        db: PathBuf,
+        /// The command kind.
+        kind: String,
+        /// Who resumes it, recorded (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// At most N commands of KIND leased at once, across every worker and process; `none` removes
+    /// the limit.
+    Limit {
+        /// The store: its SQLite file, or a postgresql:// URL.
+        db: PathBuf,
+        /// The command kind.
+        kind: String,
+        /// The most leased at once (1 to 100000), or `none`.
+        #[arg(value_parser = concurrency_limit)]
+        limit: LimitSetting,
+        /// Who sets it, recorded (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Deletes done commands processed longer ago than `--older-than` (never pending, leased or dead ones).
     PurgeDone {
@@ -163,6 +241,63 @@ impl From<String> for Stop {
 }
 
 type Done = Result<(), Stop>;
+
+/// Parses `--now`: milliseconds since the Unix epoch, or an RFC 3339 time with `Z` or an offset.
+fn instant(text: &str) -> Result<Timestamp, String> {
+    let hint = "write e.g. 2025-01-01T12:00:00Z, 2025-01-01T20:00:00+08:00 or 1735732800000";
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return text
+            .parse()
+            .map(Timestamp::from_millis)
+            .map_err(|e| format!("{text:?} is not a time ({e}); {hint}"));
+    }
+    // humantime reads UTC (`Z`) only: an offset `±HH:MM` is taken off by hand.
+    let split = text
+        .len()
+        .checked_sub(6)
+        .filter(|at| text.is_char_boundary(*at))
+        .map(|at| text.split_at(at));
+    let (utc, offset_ms) = match split {
+        Some((local, offset))
+            if matches!(offset.as_bytes(), [b'+' | b'-', h1, h2, b':', m1, m2]
+                if [h1, h2, m1, m2].iter().all(|b| b.is_ascii_digit())) =>
+        {
+            let hours: i64 = offset[1..3].parse().unwrap_or(0);
+            let minutes: i64 = offset[4..6].parse().unwrap_or(0);
+            let sign = if offset.starts_with('-') { -1 } else { 1 };
+            (
+                format!("{local}Z"),
+                sign * (hours * 3_600_000 + minutes * 60_000),
+            )
+        }
+        _ => (text.to_owned(), 0),
+    };
+    let at = humantime::parse_rfc3339(&utc)
+        .map_err(|e| format!("{text:?} is not a time ({e}); {hint}"))?;
+    let millis = at
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| format!("{text:?} is before 1970; {hint}"))?
+        .as_millis();
+    let millis = i128::try_from(millis).unwrap_or(i128::MAX) - i128::from(offset_ms);
+    u64::try_from(millis)
+        .map(Timestamp::from_millis)
+        .map_err(|_| format!("{text:?} is before 1970; {hint}"))
+}
+
+/// The limit of `miniflow limit`: a number, or none.
+#[derive(Debug, Clone, Copy)]
+struct LimitSetting(Option<u32>);
+
+/// Parses the limit of `miniflow limit`: a number, or `none` to remove the limit. The bounds are
+/// the store's (`KindControl::change`).
+fn concurrency_limit(text: &str) -> Result<LimitSetting, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(LimitSetting(None));
+    }
+    text.parse::<u32>()
+        .map(|n| LimitSetting(Some(n)))
+        .map_err(|_| format!("{text:?} is not a limit; write a number such as 2, or none"))
+}
 
 /// Parses `--older-than`: a number with its unit. A bare number is refused rather than guessed at.
 fn retention(text: &str) -> Result<Duration, String> {
@@ -316,6 +451,32 @@ fn json_line(out: &mut impl Write, text: serde_json::Result<String>) -> Done {
     Ok(())
 }
 
+/// A JSON array written as it goes, one element per line: `[`, the elements separated by commas,
+/// `]`; `[]` when it stays empty.
+struct JsonList<'a, W: Write> {
+    out: &'a mut W,
+    empty: bool,
+}
+
+impl<'a, W: Write> JsonList<'a, W> {
+    fn new(out: &'a mut W) -> Self {
+        Self { out, empty: true }
+    }
+
+    fn push(&mut self, text: serde_json::Result<String>) -> Done {
+        let text = text.map_err(|e| e.to_string())?;
+        let before = if self.empty { "[\n" } else { ",\n" };
+        self.empty = false;
+        write!(self.out, "{before}{text}")?;
+        Ok(())
+    }
+
+    fn end(self) -> Done {
+        writeln!(self.out, "{}", if self.empty { "[]" } else { "\n]" })?;
+        Ok(())
+    }
+}
+
 fn plural(n: usize, what: &str) -> String {
     format!("{n} {what}{}", if n == 1 { "" } else { "s" })
 }
@@ -330,8 +491,20 @@ struct Unreadable {
     error: String,
 }
 
-/// Prints the rows that read, then the ones that do not in their own section; with unreadable rows
-/// the tool ends with status 1 after printing everything.
+impl Unreadable {
+    /// The JSON report of the row: `{"unreadable": {…}}`.
+    fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "unreadable": {
+            "command_id": self.command_id,
+            "status": self.status,
+            "error": self.error,
+        }})
+    }
+}
+
+/// Prints the rows that read, then the ones that do not: in a section of their own in a table, as
+/// `{"unreadable": {…}}` elements after the rows in JSON. With unreadable rows the tool ends with
+/// status 1 after printing everything.
 fn print_rows(
     out: &mut impl Write,
     rows: &[OutboxRow],
@@ -339,9 +512,14 @@ fn print_rows(
     json: bool,
 ) -> Done {
     if json {
+        let mut list = JsonList::new(out);
         for row in rows {
-            json_line(out, serde_json::to_string(row))?;
+            list.push(serde_json::to_string(row))?;
         }
+        for row in unreadable {
+            list.push(serde_json::to_string(&row.to_json()))?;
+        }
+        list.end()?;
     } else {
         writeln!(
             out,
@@ -362,42 +540,36 @@ fn print_rows(
         writeln!(out, "({})", plural(rows.len(), "command"))?;
         if !unreadable.is_empty() {
             writeln!(out)?;
+            print_unreadable_table(out, unreadable)?;
         }
     }
-    print_unreadable(out, unreadable, json)
+    unreadable_found(unreadable)
 }
 
-/// The unreadable section: one JSON value `{"unreadable": {…}}` per row, or a table of its own. Ends
-/// the tool with status 1 when there is any.
-fn print_unreadable(out: &mut impl Write, unreadable: &[Unreadable], json: bool) -> Done {
-    if unreadable.is_empty() {
-        return Ok(());
-    }
-    if json {
-        for row in unreadable {
-            let report = serde_json::json!({ "unreadable": {
-                "command_id": row.command_id,
-                "status": row.status,
-                "error": row.error,
-            }});
-            json_line(out, serde_json::to_string(&report))?;
-        }
-    } else {
+/// The unreadable section of a table.
+fn print_unreadable_table(out: &mut impl Write, unreadable: &[Unreadable]) -> Done {
+    writeln!(
+        out,
+        "unreadable ({}; `miniflow show --raw DB ID` prints what is stored):",
+        plural(unreadable.len(), "command")
+    )?;
+    writeln!(out, "{:<40} {:<8}  error", "command", "status")?;
+    for row in unreadable {
         writeln!(
             out,
-            "unreadable ({}; `miniflow show --raw DB ID` prints what is stored):",
-            plural(unreadable.len(), "command")
+            "{:<40} {:<8}  {}",
+            cell(&row.command_id),
+            cell(&row.status),
+            cell(&row.error)
         )?;
-        writeln!(out, "{:<40} {:<8}  error", "command", "status")?;
-        for row in unreadable {
-            writeln!(
-                out,
-                "{:<40} {:<8}  {}",
-                cell(&row.command_id),
-                cell(&row.status),
-                cell(&row.error)
-            )?;
-        }
+    }
+    Ok(())
+}
+
+/// Ends the tool with status 1 when there is any unreadable row.
+fn unreadable_found(unreadable: &[Unreadable]) -> Done {
+    if unreadable.is_empty() {
+        return Ok(());
     }
     Err(Stop::Failed(format!(
         "{} could not be read (listed as unreadable); `miniflow show --raw DB ID` prints what \
@@ -411,6 +583,46 @@ fn print_unreadable(out: &mut impl Write, unreadable: &[Unreadable], json: bool)
 enum Listing {
     Pending,
     Dead,
+}
+
+/// What a listing found: the rows that read, the ones that do not, and whether `--limit` cut it.
+struct Listed {
+    rows: Vec<OutboxRow>,
+    unreadable: Vec<Unreadable>,
+    cut: bool,
+}
+
+/// The first `limit` rows of `listing` (see [`list`]), and whether there are more.
+fn list_up_to(store: &Store, listing: Listing, limit: usize) -> Result<Listed, Stop> {
+    let (rows, unreadable) = list(store, listing, limit.saturating_add(1))?;
+    if rows.len() + unreadable.len() <= limit {
+        return Ok(Listed {
+            rows,
+            unreadable,
+            cut: false,
+        });
+    }
+    // Which of the two lists holds the last one is not known: list again, to the limit.
+    let (rows, unreadable) = list(store, listing, limit)?;
+    Ok(Listed {
+        rows,
+        unreadable,
+        cut: true,
+    })
+}
+
+/// Prints a listing, and on stderr a hint when `--limit` cut it short.
+fn print_listing(out: &mut impl Write, listed: &Listed, limit: usize, json: bool) -> Done {
+    let printed = print_rows(out, &listed.rows, &listed.unreadable, json);
+    if listed.cut {
+        // The hint goes to stderr, so `--json` output stays one JSON value.
+        let _ = writeln!(
+            io::stderr(),
+            "miniflow: showing the first {}; there are more (raise --limit to see them)",
+            plural(limit, "command")
+        );
+    }
+    printed
 }
 
 /// The rows of `listing`, and apart from them the ones among them that cannot be read: an unreadable
@@ -592,12 +804,31 @@ fn show_raw(out: &mut impl Write, store: &Store, id: &str, json: bool) -> Done {
     Ok(())
 }
 
+/// A row for a person: pretty JSON with its times in RFC 3339 (UTC) instead of milliseconds.
+fn readable_row(row: &OutboxRow) -> Result<String, Stop> {
+    let mut value = serde_json::to_value(row).map_err(|e| e.to_string())?;
+    let rfc3339 = |t: &mut serde_json::Value| {
+        if let Some(millis) = t.as_u64() {
+            *t = when(Timestamp::from_millis(millis)).into();
+        }
+    };
+    for field in ["available_at", "created_at", "processed_at"] {
+        if let Some(t) = value.get_mut(field) {
+            rfc3339(t);
+        }
+    }
+    if let Some(t) = value.pointer_mut("/lease/expires_at") {
+        rfc3339(t);
+    }
+    pretty_json(serde_json::to_string_pretty(&value))
+}
+
 fn show(out: &mut impl Write, store: &Store, id: &str, json: bool) -> Done {
     let command_id: CommandId = id.parse()?;
     match on_store!(store, store => store.command(&command_id)) {
         Ok(Some(row)) if json => json_line(out, serde_json::to_string(&row)),
         Ok(Some(row)) => {
-            writeln!(out, "{}", pretty_json(serde_json::to_string_pretty(&row))?)?;
+            writeln!(out, "{}", readable_row(&row)?)?;
             Ok(())
         }
         Ok(None) => Err(Stop::Failed(format!("unknown command {command_id}"))),
@@ -610,7 +841,12 @@ fn show(out: &mut impl Write, store: &Store, id: &str, json: bool) -> Done {
                 status,
                 error: Error::Corrupt(what).to_string(),
             };
-            print_unreadable(out, &[row], json)
+            if json {
+                json_line(out, serde_json::to_string(&row.to_json()))?;
+            } else {
+                print_unreadable_table(out, std::slice::from_ref(&row))?;
+            }
+            unreadable_found(&[row])
         }
         Err(e) => Err(e.into()),
     }
@@ -633,10 +869,19 @@ fn events(out: &mut impl Write, store: &Store, workflow_id: &WorkflowId, json: b
         Err(Error::Corrupt(_)) => events_one_by_one(store, workflow_id)?,
         Err(e) => return Err(e.into()),
     };
-    for event in &records {
-        if json {
-            json_line(out, serde_json::to_string(event))?;
-        } else {
+    if json {
+        let mut list = JsonList::new(out);
+        for event in &records {
+            list.push(serde_json::to_string(event))?;
+        }
+        for event in &unreadable {
+            let report =
+                serde_json::json!({ "unreadable": { "seq": event.seq, "error": event.error } });
+            list.push(serde_json::to_string(&report))?;
+        }
+        list.end()?;
+    } else {
+        for event in &records {
             writeln!(
                 out,
                 "{:>4} {:<24} {}",
@@ -645,13 +890,7 @@ fn events(out: &mut impl Write, store: &Store, workflow_id: &WorkflowId, json: b
                 cell(&miniflow::canonical_json(&event.payload))
             )?;
         }
-    }
-    for event in &unreadable {
-        if json {
-            let report =
-                serde_json::json!({ "unreadable": { "seq": event.seq, "error": event.error } });
-            json_line(out, serde_json::to_string(&report))?;
-        } else {
+        for event in &unreadable {
             writeln!(
                 out,
                 "{:>4} unreadable: {}",
@@ -807,6 +1046,284 @@ fn retry(out: &mut impl Write, db: &Path, id: &str, force: bool, now: Timestamp)
     Ok(())
 }
 
+/// Who changes a control: `--by`, or the user running the tool.
+fn operator(by: Option<String>) -> String {
+    let user = || {
+        ["USER", "USERNAME"]
+            .into_iter()
+            .filter_map(|name| std::env::var(name).ok())
+            .find(|name| !name.is_empty())
+    };
+    by.or_else(user).unwrap_or_else(|| "miniflow".to_owned())
+}
+
+/// What a control says, in words: `paused`, `limit 2`, `paused, limit 2`, or `-`.
+fn control_words(paused: bool, limit: Option<u32>) -> String {
+    let mut words = Vec::new();
+    if paused {
+        words.push("paused".to_owned());
+    }
+    if let Some(limit) = limit {
+        words.push(format!("limit {limit}"));
+    }
+    if words.is_empty() {
+        "-".to_owned()
+    } else {
+        words.join(", ")
+    }
+}
+
+fn stats(out: &mut impl Write, db: &Path, now: Timestamp, json: bool) -> Done {
+    let store = open_to_read(db)?;
+    let stats = on_store!(&store, store => store.stats(now))?;
+    if json {
+        let mut value = serde_json::to_value(&stats).map_err(|e| e.to_string())?;
+        value["lag_ms"] = u64::try_from(stats.lag().as_millis())
+            .unwrap_or(u64::MAX)
+            .into();
+        value["totals"] = serde_json::json!({
+            "pending": stats.pending(),
+            "due": stats.due(),
+            "leased": stats.leased(),
+            "dead": stats.dead(),
+            "oldest_due": stats.oldest_due(),
+        });
+        return json_line(out, serde_json::to_string(&value));
+    }
+    let lag = humantime::format_duration(Duration::from_millis(
+        u64::try_from(stats.lag().as_millis()).unwrap_or(u64::MAX),
+    ));
+    match stats.oldest_due() {
+        Some(since) => writeln!(
+            out,
+            "at {}: lag {lag} (the oldest due command has waited since {})",
+            when(stats.now),
+            when(since)
+        )?,
+        None => writeln!(out, "at {}: lag 0s (nothing due)", when(stats.now))?,
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<24} {:>8} {:>8} {:>8} {:>8}  {:<24}  control",
+        "kind", "pending", "due", "leased", "dead", "oldest due"
+    )?;
+    for kind in &stats.kinds {
+        writeln!(
+            out,
+            "{:<24} {:>8} {:>8} {:>8} {:>8}  {:<24}  {}",
+            cell(&kind.kind),
+            kind.pending,
+            kind.due,
+            kind.leased,
+            kind.dead,
+            kind.oldest_due.map_or_else(|| "-".to_owned(), when),
+            control_words(kind.paused, kind.concurrency_limit),
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<24} {:>8} {:>8} {:>8} {:>8}",
+        "(total)",
+        stats.pending(),
+        stats.due(),
+        stats.leased(),
+        stats.dead()
+    )?;
+    if !stats.controls.is_empty() {
+        writeln!(out)?;
+        writeln!(out, "controls:")?;
+        for control in &stats.controls {
+            writeln!(
+                out,
+                "{:<24} {:<20} by {} at {}",
+                cell(&control.kind),
+                control_words(control.paused, control.concurrency_limit),
+                cell(&control.changed_by),
+                when(control.changed_at)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Pauses, resumes or limits a kind, and says what its controls are now.
+fn control(
+    out: &mut impl Write,
+    db: &Path,
+    kind: &str,
+    change: KindChange,
+    by: String,
+    now: Timestamp,
+    json: bool,
+) -> Done {
+    let mut store = open_to_write(db)?;
+    let control = on_store!(&mut store, store => store.control_kind(kind, change, &by, now))?;
+    if json {
+        return json_line(out, serde_json::to_string(&control));
+    }
+    let by = format!(
+        "by {} at {}",
+        cell(&control.changed_by),
+        when(control.changed_at)
+    );
+    let what = match change {
+        KindChange::Pause => format!("paused {by}; claims skip it until it is resumed"),
+        KindChange::Resume => format!("resumed {by}; claims take it again"),
+        KindChange::Limit(n) => format!(
+            "limited to {} leased at once {by}",
+            plural(n as usize, "command")
+        ),
+        KindChange::RemoveLimit => format!("limit removed {by}"),
+    };
+    let still = match change {
+        KindChange::Pause | KindChange::Resume => control
+            .concurrency_limit
+            .map(|n| format!(" (still limited to {n})")),
+        KindChange::Limit(_) | KindChange::RemoveLimit => {
+            control.paused.then(|| " (still paused)".to_owned())
+        }
+    };
+    writeln!(
+        out,
+        "{}: {what}{}",
+        cell(&control.kind),
+        still.unwrap_or_default()
+    )?;
+    Ok(())
+}
+
+/// The dead commands of `kind` whose `command_failed` feedback already reached their workflow (see
+/// [`failure_already_delivered`]), one timer read per workflow.
+fn failures_already_delivered(store: &Store, dead: &[OutboxRow]) -> Result<Vec<CommandId>, Stop> {
+    let mut timers: std::collections::HashMap<WorkflowId, Vec<TimerRow>> =
+        std::collections::HashMap::new();
+    let mut delivered = Vec::new();
+    for row in dead {
+        let workflow = row.command_id.workflow_id();
+        if !timers.contains_key(workflow) {
+            let read = on_store!(store, store => store.timers(workflow))?;
+            timers.insert(workflow.clone(), read);
+        }
+        let feedback = TimerId::failure(row.command_id.clone(), row.manual_retries + 1);
+        let fired = timers[workflow]
+            .iter()
+            .any(|timer| timer.timer_id == feedback && timer.status == TimerStatus::Fired);
+        if fired {
+            delivered.push(row.command_id.clone());
+        }
+    }
+    Ok(delivered)
+}
+
+/// What a bulk action does to each dead command.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bulk<'a> {
+    Retry { force: bool },
+    Resolve { note: &'a str },
+}
+
+/// `retry` or `resolve` of every dead command of `kind`, in batches of [`MAX_BULK_BATCH`], each
+/// recorded as one by one; `dry_run` opens the store read-only and lists what it would change.
+fn bulk(
+    out: &mut impl Write,
+    db: &Path,
+    kind: &str,
+    action: Bulk<'_>,
+    dry_run: bool,
+    now: Timestamp,
+    json: bool,
+) -> Done {
+    check_bulk(kind, MAX_BULK_BATCH)?;
+    let mut store = if dry_run {
+        open_to_read(db)?
+    } else {
+        open_to_write(db)?
+    };
+    let dead = on_store!(&store, store => store.dead_letters_of_kind(kind, usize::MAX))?;
+    let reported = match action {
+        Bulk::Retry { .. } => failures_already_delivered(&store, &dead)?,
+        Bulk::Resolve { .. } => Vec::new(),
+    };
+    let verb = match action {
+        Bulk::Retry { .. } => "retry",
+        Bulk::Resolve { .. } => "resolve",
+    };
+    if dry_run {
+        if json {
+            let mut list = JsonList::new(out);
+            for row in &dead {
+                list.push(serde_json::to_string(row))?;
+            }
+            return list.end();
+        }
+        print_rows(out, &dead, &[], false)?;
+        let mut summary = format!(
+            "would {verb} {} of kind {}",
+            plural(dead.len(), "dead command"),
+            cell(kind)
+        );
+        if !reported.is_empty() {
+            summary.push_str(&format!(
+                "; {} already reported to {} workflow as {COMMAND_FAILED} (retrying {} needs \
+                 --force)",
+                reported.len(),
+                if reported.len() == 1 { "its" } else { "their" },
+                if reported.len() == 1 { "it" } else { "them" },
+            ));
+        }
+        writeln!(out, "{summary}; nothing was changed (dry run)")?;
+        return Ok(());
+    }
+    if let Bulk::Retry { force: false } = action {
+        if let Some(first) = reported.first() {
+            return Err(Stop::Failed(format!(
+                "not retrying the dead commands of kind {kind}: the workflows of {} already \
+                 received {COMMAND_FAILED} for them (e.g. {first}) and may have compensated; a \
+                 retry sends them again. `--dry-run` lists them; add --force to retry anyway",
+                plural(reported.len(), "command"),
+            )));
+        }
+    }
+    let mut changed = Vec::new();
+    loop {
+        let batch = match action {
+            Bulk::Retry { .. } => {
+                on_store!(&mut store, store => store.retry_dead_of_kind(kind, MAX_BULK_BATCH, now))?
+            }
+            Bulk::Resolve { note } => on_store!(&mut store, store => {
+                store.resolve_dead_of_kind(kind, note, MAX_BULK_BATCH, now)
+            })?,
+        };
+        let full = batch.len() == MAX_BULK_BATCH;
+        changed.extend(batch);
+        if !full {
+            break;
+        }
+    }
+    if json {
+        let mut list = JsonList::new(out);
+        for id in &changed {
+            list.push(serde_json::to_string(&id.to_string()))?;
+        }
+        return list.end();
+    }
+    let done = match action {
+        Bulk::Retry { .. } => "back to pending",
+        Bulk::Resolve { .. } => "resolved by hand",
+    };
+    for id in &changed {
+        writeln!(out, "{}: {done}", cell(&id.to_string()))?;
+    }
+    writeln!(
+        out,
+        "{} of kind {} {done}",
+        plural(changed.len(), "dead command"),
+        cell(kind)
+    )?;
+    Ok(())
+}
+
 fn purge_done(
     out: &mut impl Write,
     db: &Path,
@@ -910,16 +1427,32 @@ fn migrate(out: &mut impl Write, db: &Path) -> Done {
 }
 
 fn run(cli: Cli, out: &mut impl Write) -> Done {
-    let now = SystemClock.now();
+    let now = cli.now.unwrap_or_else(|| SystemClock.now());
     let json = cli.json;
     match cli.command {
         Action::Pending { db, limit } => {
-            let (rows, unreadable) = list(&open_to_read(&db)?, Listing::Pending, limit)?;
-            print_rows(out, &rows, &unreadable, json)
+            let listed = list_up_to(&open_to_read(&db)?, Listing::Pending, limit)?;
+            print_listing(out, &listed, limit, json)
         }
         Action::Dead { db, limit } => {
-            let (rows, unreadable) = list(&open_to_read(&db)?, Listing::Dead, limit)?;
-            print_rows(out, &rows, &unreadable, json)
+            let listed = list_up_to(&open_to_read(&db)?, Listing::Dead, limit)?;
+            print_listing(out, &listed, limit, json)
+        }
+        Action::Stats { db } => stats(out, &db, now, json),
+        Action::Pause { db, kind, by } => {
+            control(out, &db, &kind, KindChange::Pause, operator(by), now, json)
+        }
+        Action::Resume { db, kind, by } => {
+            control(out, &db, &kind, KindChange::Resume, operator(by), now, json)
+        }
+        Action::Limit {
+            db,
+            kind,
+            limit,
+            by,
+        } => {
+            let change = limit.0.map_or(KindChange::RemoveLimit, KindChange::Limit);
+            control(out, &db, &kind, change, operator(by), now, json)
         }
         Action::Show {
             db,
@@ -940,18 +1473,48 @@ fn run(cli: Cli, out: &mut impl Write) -> Done {
         Action::Retry {
             db,
             command_id,
+            kind,
             force,
-        } => retry(out, &db, &command_id, force, now),
+            dry_run,
+            ..
+        } => match (command_id, kind) {
+            (_, Some(kind)) => bulk(out, &db, &kind, Bulk::Retry { force }, dry_run, now, json),
+            (Some(command_id), None) => retry(out, &db, &command_id, force, now),
+            (None, None) => Err(Stop::Failed(
+                "name the command to act on (workflow:seq:index), or every dead command of a \
+                 kind with --kind KIND --all-dead"
+                    .to_owned(),
+            )),
+        },
         Action::Resolve {
             db,
             command_id,
+            kind,
             note,
-        } => {
-            let id: CommandId = command_id.parse()?;
-            on_store!(&mut open_to_write(&db)?, store => store.resolve(&id, &note, now))?;
-            writeln!(out, "{id}: resolved by hand")?;
-            Ok(())
-        }
+            dry_run,
+            ..
+        } => match (command_id, kind) {
+            (_, Some(kind)) => bulk(
+                out,
+                &db,
+                &kind,
+                Bulk::Resolve { note: &note },
+                dry_run,
+                now,
+                json,
+            ),
+            (Some(command_id), None) => {
+                let id: CommandId = command_id.parse()?;
+                on_store!(&mut open_to_write(&db)?, store => store.resolve(&id, &note, now))?;
+                writeln!(out, "{id}: resolved by hand")?;
+                Ok(())
+            }
+            (None, None) => Err(Stop::Failed(
+                "name the command to act on (workflow:seq:index), or every dead command of a \
+                 kind with --kind KIND --all-dead"
+                    .to_owned(),
+            )),
+        },
         Action::PurgeDone {
             db,
             older_than,

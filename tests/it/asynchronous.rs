@@ -514,6 +514,8 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
             !miniflow::tokio::cancellation_requested(),
             "outside a handler"
         );
+        // Shutting down at once: the deliveries finish meanwhile, and the heartbeat keeps their
+        // leases and tells the withdrawn one of its cancellation until they have.
         let shutdown = running.shutdown(Duration::from_secs(5)).await;
         let stats = shutdown.stats;
         assert_eq!(

@@ -32,6 +32,11 @@ fn miniflow_in(cwd: Option<&Path>, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The elements of a `--json` list: one JSON array.
+fn json_list(out: &str) -> Vec<serde_json::Value> {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not a JSON array ({e}): {out}"))
+}
+
 /// Every file in `dir` with its bytes: what a read must leave exactly as it was.
 fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
@@ -124,10 +129,7 @@ fn operators_list_retry_and_resolve_dead_letters_from_the_command_line() {
 
     let (ok, out, _) = miniflow(&["pending", db_arg, "--json"]);
     assert!(ok);
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_list(&out);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["command_id"], "trip-001:1:2");
 
@@ -235,8 +237,31 @@ fn every_command(db: &str) -> Vec<Vec<&str>> {
         vec!["show", db, "--raw", "trip-001:1:0"],
         vec!["events", db, "trip-001"],
         vec!["purge-done", db, "--older-than", "0s", "--dry-run"],
+        vec!["stats", db],
+        vec![
+            "retry",
+            db,
+            "--kind",
+            "book_hotel",
+            "--all-dead",
+            "--dry-run",
+        ],
         vec!["retry", db, "trip-001:1:0"],
+        vec!["retry", db, "--kind", "book_hotel", "--all-dead"],
         vec!["resolve", db, "trip-001:1:0", "--note", "n"],
+        vec![
+            "resolve",
+            db,
+            "--kind",
+            "book_hotel",
+            "--all-dead",
+            "--note",
+            "n",
+        ],
+        vec!["pause", db, "book_hotel"],
+        vec!["resume", db, "book_hotel"],
+        vec!["limit", db, "book_hotel", "2"],
+        vec!["limit", db, "book_hotel", "none"],
         vec!["purge-done", db, "--older-than", "0s"],
     ]
 }
@@ -328,6 +353,26 @@ fn reading_a_store_changes_nothing_in_it() {
     }
     let (ok, out, _) = miniflow(&["purge-done", db_arg, "--older-than", "0s", "--dry-run"]);
     assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    let (ok, out, err) = miniflow(&["stats", db_arg]);
+    assert!(ok && out.contains("book_hotel"), "{out}{err}");
+    for bulk in ["retry", "resolve"] {
+        let (ok, out, err) = miniflow(
+            &[
+                bulk,
+                db_arg,
+                "--kind",
+                "book_hotel",
+                "--all-dead",
+                "--note",
+                "n",
+                "--dry-run",
+            ]
+            .into_iter()
+            .filter(|arg| bulk == "resolve" || !["--note", "n"].contains(arg))
+            .collect::<Vec<_>>(),
+        );
+        assert!(ok && out.contains("would"), "{bulk}: {out}{err}");
+    }
     assert_eq!(
         std::fs::read(&db).unwrap(),
         stored,
@@ -514,12 +559,12 @@ fn tables_escape_control_characters_and_json_keeps_them() {
 
     let (ok, out, _) = miniflow(&["dead", db_arg, "--json"]);
     assert!(ok);
-    let row: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
-    assert_eq!(row["last_error"], error, "JSON output is exact");
+    let rows = json_list(&out);
+    assert_eq!(rows[0]["last_error"], error, "JSON output is exact");
     let (ok, out, _) = miniflow(&["events", db_arg, "trip-001", "--json"]);
-    let event: serde_json::Value = serde_json::from_str(out.trim_end()).unwrap();
+    let events = json_list(&out);
     assert!(ok);
-    assert_eq!(event["payload"]["note"], "a\u{9b}b\u{202e}c\u{7f}");
+    assert_eq!(events[0]["payload"]["note"], "a\u{9b}b\u{202e}c\u{7f}");
 }
 
 #[cfg(unix)]
@@ -687,10 +732,7 @@ fn unreadable_rows_are_listed_apart_and_shown_as_stored() {
 
     let (ok, out, _) = miniflow(&["pending", db_arg, "--json"]);
     assert!(!ok);
-    let lines: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_list(&out);
     assert_eq!(lines.len(), 3, "{out}");
     assert_eq!(lines[0]["command_id"], "trip-002:1:0");
     assert_eq!(lines[2]["unreadable"]["command_id"], "trip-001:1:2");
@@ -842,6 +884,7 @@ fn postgres_contents(database: &TestDatabase) -> Vec<String> {
         "outbox",
         "timers",
         "idempotency",
+        "kind_controls",
     ] {
         let exists: bool = client
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
@@ -879,10 +922,7 @@ fn operators_handle_dead_letters_in_a_postgres_database_as_in_a_file() {
     );
     let (ok, out, _) = miniflow(&["pending", &url, "--json"]);
     assert!(ok);
-    let rows: Vec<serde_json::Value> = out
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_list(&out);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["command_id"], "trip-001:1:2");
     let (ok, out, _) = miniflow(&["show", &url, "trip-001:1:1"]);
@@ -944,6 +984,20 @@ fn reading_a_postgres_database_changes_nothing_in_it() {
     assert!(ok && out.contains("422 no such hotel"), "{out}");
     let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s", "--dry-run"]);
     assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    let (ok, out, err) = miniflow(&["stats", &url]);
+    assert!(ok && out.contains("book_hotel"), "{out}{err}");
+    let (ok, out, err) = miniflow(&[
+        "retry",
+        &url,
+        "--kind",
+        "book_hotel",
+        "--all-dead",
+        "--dry-run",
+    ]);
+    assert!(
+        ok && out.contains("would retry 1 dead command"),
+        "{out}{err}"
+    );
     assert_eq!(
         postgres_contents(&database),
         before,
@@ -1086,4 +1140,564 @@ fn a_password_in_a_database_url_is_never_printed() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && !err.contains("s3cret"), "{err}");
+}
+
+// ------------------------------------------------------------------------------------------------
+// Operator controls: stats, pause, resume, limit, bulk actions, `--now`.
+
+/// Milliseconds of an RFC 3339 time (UTC), for comparing what the tool stamped.
+fn millis(rfc3339: &str) -> u64 {
+    let at = humantime::parse_rfc3339(rfc3339).unwrap();
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap();
+    u64::try_from(since.as_millis()).unwrap()
+}
+
+#[test]
+fn stats_show_depth_lag_and_controls_as_a_table_and_as_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let store = seeded(&db);
+    let db_arg = db.to_str().unwrap();
+
+    // trip-001:1:2 book_flight is due since 1 ms, trip-001:1:1 book_hotel dead.
+    let (ok, out, err) = miniflow(&["stats", db_arg, "--now", "10"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("at 1970-01-01T00:00:00.010Z: lag 9ms"),
+        "{out}"
+    );
+    let row = |kind: &str| {
+        out.lines()
+            .find(|l| l.starts_with(kind))
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .unwrap_or_else(|| panic!("no {kind} in {out}"))
+    };
+    assert_eq!(
+        row("book_flight"),
+        [
+            "book_flight",
+            "1",
+            "1",
+            "0",
+            "0",
+            "1970-01-01T00:00:00.001Z",
+            "-"
+        ]
+    );
+    assert_eq!(
+        row("book_hotel"),
+        ["book_hotel", "0", "0", "0", "1", "-", "-"]
+    );
+    assert_eq!(row("(total)"), ["(total)", "1", "1", "0", "1"]);
+    assert!(
+        !out.contains("lock_budget"),
+        "done commands are not counted: {out}"
+    );
+
+    let (ok, out, _) = miniflow(&["stats", db_arg, "--json", "--now", "1970-01-01T00:00:01Z"]);
+    assert!(ok);
+    let stats: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(stats["now"], 1_000);
+    assert_eq!(stats["lag_ms"], 999);
+    assert_eq!(
+        stats["totals"],
+        json!({ "pending": 1, "due": 1, "leased": 0, "dead": 1, "oldest_due": 1 })
+    );
+    assert_eq!(stats["kinds"][1]["kind"], "book_hotel");
+    assert_eq!(stats["kinds"][1]["dead"], 1);
+    assert_eq!(stats["controls"], json!([]));
+
+    // A control shows in both forms, with who made it and when.
+    drop(store);
+    let (ok, _, err) = miniflow(&[
+        "pause",
+        db_arg,
+        "book_hotel",
+        "--by",
+        "alice",
+        "--now",
+        "2025-01-01T08:00:00+08:00",
+    ]);
+    assert!(ok, "{err}");
+    let (ok, out, _) = miniflow(&["stats", db_arg, "--now", "2025-01-01T00:00:00Z"]);
+    assert!(ok);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("book_hotel") && l.ends_with("paused")),
+        "{out}"
+    );
+    assert!(
+        out.contains("controls:") && out.contains("by alice at 2025-01-01T00:00:00.000Z"),
+        "{out}"
+    );
+    let (ok, out, _) = miniflow(&["stats", db_arg, "--json"]);
+    assert!(ok);
+    let stats: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(stats["controls"][0]["changed_by"], "alice");
+    assert_eq!(
+        stats["controls"][0]["changed_at"],
+        millis("2025-01-01T00:00:00Z")
+    );
+
+    // An empty store: nothing due, no kinds.
+    let empty = dir.path().join("empty.db");
+    drop(SqliteStore::open(&empty).unwrap());
+    let (ok, out, _) = miniflow(&["stats", empty.to_str().unwrap(), "--now", "5"]);
+    assert!(ok && out.contains("lag 0s (nothing due)"), "{out}");
+    let (ok, out, _) = miniflow(&["stats", empty.to_str().unwrap(), "--json"]);
+    assert!(ok);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["kinds"],
+        json!([])
+    );
+}
+
+#[test]
+fn pause_resume_and_limit_are_stored_recorded_and_obeyed_by_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    drop(seeded(&db));
+    let db_arg = db.to_str().unwrap();
+    let at = |ms: u64| Timestamp::from_millis(ms);
+
+    let (ok, out, err) = miniflow(&[
+        "pause",
+        db_arg,
+        "book_flight",
+        "--by",
+        "alice",
+        "--now",
+        "20",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "book_flight: paused by alice at 1970-01-01T00:00:00.020Z; claims skip it until it is \
+         resumed\n"
+    );
+    let mut store = SqliteStore::open(&db).unwrap();
+    let controls = store.kind_controls().unwrap();
+    assert_eq!(
+        (
+            controls[0].paused,
+            controls[0].changed_by.as_str(),
+            controls[0].changed_at
+        ),
+        (true, "alice", at(20))
+    );
+    assert!(store
+        .claim(&ClaimRequest::new("w").limit(5), at(30))
+        .unwrap()
+        .is_empty());
+
+    let (ok, out, err) = miniflow(&[
+        "limit",
+        db_arg,
+        "book_flight",
+        "1",
+        "--by",
+        "bob",
+        "--json",
+        "--now",
+        "40",
+    ]);
+    assert!(ok, "{err}");
+    let control: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        control,
+        json!({ "kind": "book_flight", "paused": true, "concurrency_limit": 1,
+                "changed_by": "bob", "changed_at": 40 })
+    );
+    let (ok, _, err) = miniflow(&["resume", db_arg, "book_flight", "--now", "50"]);
+    assert!(ok, "{err}");
+    let claimed = store
+        .claim(&ClaimRequest::new("w").limit(5), at(60))
+        .unwrap();
+    assert_eq!(claimed.len(), 1, "resumed, at most one leased");
+    let (ok, out, _) = miniflow(&[
+        "limit",
+        db_arg,
+        "book_flight",
+        "none",
+        "--by",
+        "bob",
+        "--now",
+        "70",
+    ]);
+    assert!(
+        ok && out == "book_flight: limit removed by bob at 1970-01-01T00:00:00.070Z\n",
+        "{out}"
+    );
+    assert!(!store.kind_controls().unwrap()[0].is_active());
+
+    for (args, says) in [
+        (
+            vec!["limit", db_arg, "book_flight", "0"],
+            "must be at least 1; pause the kind",
+        ),
+        (
+            vec!["limit", db_arg, "book_flight", "many"],
+            "\"many\" is not a limit",
+        ),
+        (
+            vec!["pause", db_arg, ""],
+            "invalid kind \"\": must not be empty",
+        ),
+        (vec!["pause", db_arg, "k", "--by", ""], "invalid by \"\""),
+        (
+            vec!["pause", db_arg, "k", "--now", "yesterday"],
+            "\"yesterday\" is not a time",
+        ),
+        (
+            vec!["pause", db_arg, "k", "--now", "1970-01-01T00:30:00+01:00"],
+            "before 1970",
+        ),
+    ] {
+        let (ok, _, err) = miniflow(&args);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(
+        store.kind_controls().unwrap().len(),
+        1,
+        "nothing else was stored"
+    );
+}
+
+/// A store with the `book_hotel` of three trips dead, and the `lock_budget` of trip-001.
+fn dead_hotels(path: &Path) -> SqliteStore {
+    let mut store = SqliteStore::open(path).unwrap();
+    let now = Timestamp::from_millis(1);
+    for n in 1..=3 {
+        let decision = Decision::new()
+            .command(Command::new("lock_budget", json!({})))
+            .command(Command::new("book_hotel", json!({})));
+        let commit = Commit::new(
+            WorkflowId::new(format!("trip-00{n}")).unwrap(),
+            Seq::ZERO,
+            Event::new("trip_requested", json!({})),
+            decision,
+            now,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+    }
+    for d in store.claim(&ClaimRequest::new("w").limit(10), now).unwrap() {
+        if d.kind == "book_hotel" || d.command_id.to_string() == "trip-001:1:0" {
+            store
+                .fail(
+                    &d.command_id,
+                    d.token,
+                    &Failure::permanent("422"),
+                    &RetryPolicy::default(),
+                    now,
+                )
+                .unwrap();
+        } else {
+            store.complete(&d.command_id, d.token, None, now).unwrap();
+        }
+    }
+    store
+}
+
+#[test]
+fn bulk_retry_and_resolve_of_a_kind_list_first_and_refuse_reported_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let mut store = dead_hotels(&db);
+    let db_arg = db.to_str().unwrap();
+    let bulk = |extra: &[&str]| {
+        let mut args = vec!["retry", db_arg, "--kind", "book_hotel", "--all-dead"];
+        args.extend(extra);
+        miniflow(&args)
+    };
+
+    let stored = std::fs::read(&db).unwrap();
+    let (ok, out, err) = bulk(&["--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("trip-001:1:1")
+            && out.contains("trip-003:1:1")
+            && !out.contains("trip-001:1:0"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "would retry 3 dead commands of kind book_hotel; nothing was changed (dry run)"
+        ),
+        "{out}"
+    );
+    let (ok, out, _) = bulk(&["--dry-run", "--json"]);
+    assert!(ok);
+    assert_eq!(json_list(&out).len(), 3);
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        stored,
+        "a dry run wrote the store"
+    );
+
+    // The workflows hear of the failures: a retry now needs --force, the dry run says so.
+    let now = Timestamp::from_millis(2);
+    while deliver_feedback(&mut store, now) > 0 {}
+    let (ok, out, _) = bulk(&["--dry-run"]);
+    assert!(
+        ok && out.contains(
+            "3 already reported to their workflow as command_failed (retrying them needs --force)"
+        ),
+        "{out}"
+    );
+    let (ok, _, err) = bulk(&[]);
+    assert!(
+        !ok && err.contains("the workflows of 3 commands already received command_failed")
+            && err.contains("add --force"),
+        "{err}"
+    );
+    assert_eq!(
+        store.dead_letters_of_kind("book_hotel", 10).unwrap().len(),
+        3
+    );
+
+    let (ok, out, err) = bulk(&["--force", "--json", "--now", "100"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        json_list(&out),
+        [
+            json!("trip-001:1:1"),
+            json!("trip-002:1:1"),
+            json!("trip-003:1:1")
+        ]
+    );
+    let row = store
+        .command(&"trip-002:1:1".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.status, row.manual_retries, row.available_at),
+        (Status::Pending, 1, Timestamp::from_millis(100))
+    );
+    assert_eq!(
+        status_of(&store, "trip-001:1:0"),
+        Status::Dead,
+        "another kind"
+    );
+
+    let (ok, out, err) = miniflow(&[
+        "resolve",
+        db_arg,
+        "--kind",
+        "lock_budget",
+        "--all-dead",
+        "--note",
+        "refunded",
+        "--now",
+        "200",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("trip-001:1:0: resolved by hand")
+            && out.contains("1 dead command of kind lock_budget resolved by hand"),
+        "{out}"
+    );
+    let row = store
+        .command(&"trip-001:1:0".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.status, row.resolution.as_deref()),
+        (Status::Done, Some("refunded"))
+    );
+    let (ok, out, _) = miniflow(&[
+        "resolve",
+        db_arg,
+        "--kind",
+        "lock_budget",
+        "--all-dead",
+        "--note",
+        "x",
+        "--dry-run",
+        "--json",
+    ]);
+    assert!(ok && out.trim() == "[]", "{out}");
+    let (ok, _, err) = miniflow(&["retry", db_arg, "--kind", "book_hotel"]);
+    assert!(
+        !ok && err.contains("--all-dead"),
+        "a bulk action must be confirmed: {err}"
+    );
+    let (ok, _, err) = miniflow(&["retry", db_arg]);
+    assert!(!ok && err.contains("--kind KIND --all-dead"), "{err}");
+}
+
+fn status_of(store: &SqliteStore, id: &str) -> Status {
+    store.command(&id.parse().unwrap()).unwrap().unwrap().status
+}
+
+#[test]
+fn now_stamps_actions_and_show_prints_rfc_3339_times() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let store = seeded(&db);
+    let db_arg = db.to_str().unwrap();
+    let (ok, _, err) = miniflow(&[
+        "retry",
+        db_arg,
+        "trip-001:1:1",
+        "--now",
+        "2030-01-01T00:00:00.250+01:30",
+    ]);
+    assert!(ok, "{err}");
+    let row = store
+        .command(&"trip-001:1:1".parse().unwrap())
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        row.available_at.as_millis(),
+        millis("2029-12-31T22:30:00Z") + 250
+    );
+
+    let (ok, out, _) = miniflow(&["show", db_arg, "trip-001:1:1"]);
+    assert!(ok);
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["available_at"], "2029-12-31T22:30:00.250Z");
+    assert_eq!(shown["created_at"], "1970-01-01T00:00:00.001Z");
+    assert_eq!(shown["processed_at"], serde_json::Value::Null);
+    assert_eq!(shown["lease"]["expires_at"], "1970-01-01T00:00:30.002Z");
+    let (ok, out, _) = miniflow(&["show", db_arg, "trip-001:1:1", "--json"]);
+    assert!(ok);
+    let exact: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        exact["available_at"],
+        millis("2029-12-31T22:30:00Z") + 250,
+        "JSON keeps milliseconds"
+    );
+}
+
+#[test]
+fn empty_json_lists_are_brackets_and_a_cut_listing_says_so_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.db");
+    drop(SqliteStore::open(&empty).unwrap());
+    let empty_arg = empty.to_str().unwrap();
+    for args in [
+        vec!["pending", empty_arg, "--json"],
+        vec!["dead", empty_arg, "--json"],
+        vec!["events", empty_arg, "trip-001", "--json"],
+    ] {
+        let (ok, out, err) = miniflow(&args);
+        assert!(
+            ok && out == "[]\n" && err.is_empty(),
+            "{args:?}: {out:?} {err}"
+        );
+    }
+
+    let db = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&db).unwrap();
+    let decision: Decision = (0..3)
+        .map(|n| Command::new("mail", json!({ "n": n })))
+        .collect::<Vec<_>>()
+        .into();
+    let commit = Commit::new(
+        WorkflowId::new("w").unwrap(),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        decision,
+        Timestamp::from_millis(1),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let db_arg = db.to_str().unwrap();
+    let (ok, out, err) = miniflow(&["pending", db_arg, "--limit", "2", "--json"]);
+    assert!(ok);
+    assert_eq!(json_list(&out).len(), 2);
+    assert_eq!(
+        err,
+        "miniflow: showing the first 2 commands; there are more (raise --limit to see them)\n"
+    );
+    for limit in ["3", "4"] {
+        let (ok, out, err) = miniflow(&["pending", db_arg, "--limit", limit]);
+        assert!(
+            ok && out.contains("(3 commands)") && err.is_empty(),
+            "{limit}: {out}{err}"
+        );
+    }
+}
+
+/// The commands of the README's "Operator controls" session: `cargo run --example operate` builds
+/// the store, each `miniflow …` line runs the tool; comments after `#` and the alias line are left
+/// out. Quotes group words, as a shell's do.
+fn readme_session() -> Vec<Vec<String>> {
+    let readme = include_str!("../../README.md");
+    let section = readme
+        .split("### Operator controls")
+        .nth(1)
+        .expect("README has an Operator controls section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the section has a sh block");
+    block
+        .lines()
+        .map(|line| line.split(" #").next().unwrap_or_default().trim())
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .map(|line| {
+            let mut words = Vec::new();
+            let mut word = String::new();
+            let mut quoted = false;
+            for c in line.chars() {
+                match c {
+                    '"' => quoted = !quoted,
+                    ' ' if !quoted => {
+                        if !word.is_empty() {
+                            words.push(std::mem::take(&mut word));
+                        }
+                    }
+                    c => word.push(c),
+                }
+            }
+            if !word.is_empty() {
+                words.push(word);
+            }
+            words
+        })
+        .collect()
+}
+
+#[test]
+fn the_operator_controls_session_of_the_readme_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let session = readme_session();
+    assert!(session.len() >= 8, "{session:?}");
+    let mut outputs = Vec::new();
+    for words in &session {
+        match words
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            ["cargo", "run", "--example", name, "--", file] => {
+                let path = dir.path().join(file);
+                outputs.push(crate::examples::run_example(
+                    name,
+                    &[path.to_str().unwrap()],
+                ));
+            }
+            ["miniflow", args @ ..] => {
+                let (ok, out, err) = miniflow_in(Some(dir.path()), args);
+                assert!(ok, "miniflow {args:?} failed: {err}\n{out}");
+                outputs.push(out);
+            }
+            other => panic!("the README's session has a line the test cannot run: {other:?}"),
+        }
+    }
+    let all = outputs.join("\n");
+    for says in [
+        "book_hotel: paused by alice at 2025-01-01T00:01:00.000Z",
+        "send_confirmation: limited to 2 commands leased at once by alice at 2025-01-01T00:01:00.000Z",
+        "would retry 2 dead commands of kind book_hotel",
+        "2 dead commands of kind book_hotel back to pending",
+        "book_hotel: resumed by alice",
+        "send_confirmation: limit removed by alice",
+    ] {
+        assert!(all.contains(says), "the session did not print {says:?}:\n{all}");
+    }
 }

@@ -1,4 +1,5 @@
-//! The seeded differential test: random sequences of every [`Store`] operation run against a
+//! The seeded differential test: random sequences of every [`Store`] operation (the operators' too:
+//! controls of kinds, bulk actions, stats) run against a
 //! [`MemoryStore`] and a [`SqliteStore`] on a real file side by side (and, with the `postgres`
 //! feature, against a [`MemoryStore`] and a `PostgresStore`, so all three agree), with the clock moving forwards and
 //! backwards. Every answer must agree (values, and error kinds by [`Error::code`]), and so must the
@@ -15,10 +16,10 @@ use std::time::Duration;
 use miniflow::prelude::*;
 use miniflow::{
     canonical_json, json, Ack, ClaimOrder, ClaimRequest, Command, CommandId, Commit, Decision,
-    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Lease, MemoryStore,
-    Missed, OutboxRow, RetryPolicy, Schedule, Seq, Settled, SqliteOptions, SqliteStore, Status,
-    Synchronous, Timer, TimerId, TimerRow, TimerSource, TimerStatus, Timestamp, Workflow,
-    WorkflowId,
+    Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, KindChange,
+    KindControl, Lease, MemoryStore, Missed, OutboxRow, OutboxStats, RetryPolicy, Schedule, Seq,
+    Settled, SqliteOptions, SqliteStore, Status, Synchronous, Timer, TimerId, TimerRow,
+    TimerSource, TimerStatus, Timestamp, Workflow, WorkflowId,
 };
 
 /// The seeds CI runs.
@@ -149,7 +150,9 @@ impl<S: Store> Run<S> {
     }
 
     fn one_step(&mut self) {
-        match self.rng.u32(0..100) {
+        match self.rng.u32(0..110) {
+            100..=103 => self.control_kind(),
+            104..=106 => self.bulk(),
             0..=19 => self.append(),
             20..=34 => self.claim(),
             35..=43 => self.complete(),
@@ -164,7 +167,7 @@ impl<S: Store> Run<S> {
             76..=79 => self.claim_timers(),
             80..=86 => self.fire(),
             87..=95 => self.move_clock(),
-            _ => self.read(),
+            96..=99 | 107.. => self.read(),
         }
     }
 
@@ -262,6 +265,16 @@ impl<S: Store> Run<S> {
             self.memory.dead_letters(usize::MAX),
             self.other.dead_letters(usize::MAX),
         );
+        self.agree(
+            "after the step: kind_controls()",
+            self.memory.kind_controls(),
+            self.other.kind_controls(),
+        );
+        self.agree(
+            "after the step: stats(now)",
+            self.memory.stats(self.now),
+            self.other.stats(self.now),
+        );
     }
 
     // ------------------------------------------------------------------------------------------------
@@ -305,7 +318,8 @@ impl<S: Store> Run<S> {
         for i in 0..commands {
             let kind = KINDS[self.rng.usize(..KINDS.len())];
             let payload = self.payload(i);
-            let command = Command::new(kind, payload);
+            let priority = [-1, 0, 0, 0, 2, 5][self.rng.usize(..6)];
+            let command = Command::new(kind, payload).priority(priority);
             decision = decision.command(if self.rng.u8(..3) == 0 {
                 command.report_result()
             } else {
@@ -623,6 +637,47 @@ impl<S: Store> Run<S> {
         });
     }
 
+    /// An operator's change to the controls of a kind: mostly pauses and resumes and small limits,
+    /// now and then a bad one (both stores refuse it alike).
+    fn control_kind(&mut self) {
+        let kind = match self.rng.u8(..30) {
+            0 => "",
+            _ => KINDS[self.rng.usize(..KINDS.len())],
+        };
+        let change = match self.rng.u8(..20) {
+            0 => KindChange::Limit(0),
+            1..=5 => KindChange::Pause,
+            6..=12 => KindChange::Resume,
+            13..=16 => KindChange::Limit(self.rng.u32(1..=3)),
+            _ => KindChange::RemoveLimit,
+        };
+        let operation = format!("control_kind({kind:?}, {change:?})");
+        self.both(operation, |store, now| {
+            store.control_kind(kind, change, "operator", now)
+        });
+    }
+
+    /// A bulk retry or resolution of a kind's dead commands, now and then with a bad batch.
+    fn bulk(&mut self) {
+        let kind = KINDS[self.rng.usize(..KINDS.len())];
+        let batch = match self.rng.u8(..20) {
+            0 => 0,
+            _ => self.rng.usize(1..=3),
+        };
+        if self.rng.bool() {
+            let operation = format!("retry_dead_of_kind({kind:?}, batch {batch})");
+            self.both(operation, |store, now| {
+                store.retry_dead_of_kind(kind, batch, now)
+            });
+        } else {
+            let note = format!("settled in bulk at step {}", self.step);
+            let operation = format!("resolve_dead_of_kind({kind:?}, {note:?}, batch {batch})");
+            self.both(operation, |store, now| {
+                store.resolve_dead_of_kind(kind, &note, batch, now)
+            });
+        }
+    }
+
     fn claim_timers(&mut self) {
         let limit = self.rng.usize(0..=3);
         let ttl = ms(self.rng.u64(0..=2_000));
@@ -645,7 +700,23 @@ impl<S: Store> Run<S> {
     /// One of the reads, with a random limit or target.
     fn read(&mut self) {
         let limit = self.rng.usize(0..=5);
-        match self.rng.u8(..7) {
+        match self.rng.u8(..10) {
+            6 => {
+                let operation = "stats(now)".to_owned();
+                self.both(operation, |store, now| store.stats(now));
+            }
+            7 => {
+                let kind = KINDS[self.rng.usize(..KINDS.len())];
+                let operation = format!("dead_letters_of_kind({kind:?}, {limit})");
+                self.both(operation, |store, _| {
+                    store.dead_letters_of_kind(kind, limit)
+                });
+            }
+            8 => {
+                self.both("kind_controls()".to_owned(), |store, _| {
+                    store.kind_controls()
+                });
+            }
             0 => {
                 let operation = format!("pending({limit})");
                 self.both(operation, |store, _| store.pending(limit));
@@ -743,7 +814,17 @@ macro_rules! debug_line {
     };
 }
 
-debug_line!((), usize, Timestamp, Extended, Settled, Result<(), &'static str>, Option<Handled>);
+debug_line!(
+    (),
+    usize,
+    Timestamp,
+    Extended,
+    Settled,
+    Result<(), &'static str>,
+    CommandId,
+    KindControl,
+    Option<Handled>
+);
 
 /// A workflow whose decision on every event is the one it was made with.
 struct Decides(Decision);
@@ -755,6 +836,15 @@ impl Workflow for Decides {
 
     fn decide(&self, _: &(), _: &EventRecord) -> Decision {
         self.0.clone()
+    }
+}
+
+impl Lines for OutboxStats {
+    fn lines(&self) -> Vec<String> {
+        let mut lines = vec![format!("now {}", self.now)];
+        lines.extend(self.kinds.iter().map(|k| format!("{k:?}")));
+        lines.extend(self.controls.iter().map(|c| format!("{c:?}")));
+        lines
     }
 }
 

@@ -783,6 +783,35 @@ impl Operations for Flaky {
     fn kind_controls(&self) -> Result<Vec<miniflow::KindControl>, Error> {
         self.inner.kind_controls()
     }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: miniflow::KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<miniflow::KindControl, Error> {
+        self.inner.control_kind(kind, change, by, now)
+    }
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.inner.dead_letters_of_kind(kind, limit)
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.inner.retry_dead_of_kind(kind, batch, now)
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.inner.resolve_dead_of_kind(kind, note, batch, now)
+    }
 }
 
 /// An `on_error` hook that keeps what it is given, as text.

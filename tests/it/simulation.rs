@@ -393,6 +393,35 @@ impl Operations for FaultyStore {
     fn kind_controls(&self) -> Result<Vec<miniflow::KindControl>, Error> {
         self.read(|s| s.kind_controls())
     }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: miniflow::KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<miniflow::KindControl, Error> {
+        self.write(|s| s.control_kind(kind, change, by, now))
+    }
+    fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        self.read(|s| s.dead_letters_of_kind(kind, limit))
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.write(|s| s.retry_dead_of_kind(kind, batch, now))
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.write(|s| s.resolve_dead_of_kind(kind, note, batch, now))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -306,6 +306,100 @@ fn idle_polling_does_not_take_the_write_lock() {
             .len(),
         1
     );
+    // Due commands of a paused kind, or of a limited kind with no slot left, are nothing to take:
+    // idle polls pass them by without the lock too.
+    let commit = Commit::new(
+        wid("w"),
+        Seq::new(1).unwrap(),
+        Event::new("e", json!({})),
+        Decision::new()
+            .command(Command::new("paused", json!({})))
+            .command(Command::new("full", json!({}))),
+        Timestamp::from_millis(10_000),
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let now = Timestamp::from_millis(10_001);
+    store
+        .control_kind("paused", miniflow::KindChange::Pause, "test", now)
+        .unwrap();
+    store
+        .control_kind("full", miniflow::KindChange::Limit(1), "test", now)
+        .unwrap();
+    let one = miniflow::ClaimRequest::new("holder").limit(1);
+    assert_eq!(store.claim(&one, now).unwrap()[0].kind, "full");
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(poller.claim(&request, now).unwrap().is_empty());
+    holder.execute_batch("COMMIT").unwrap();
+}
+
+/// Six workers, each on its own connection to one file, claim a kind limited to 3 at once as fast as
+/// they can: a claim counts the kind's leases inside its `BEGIN IMMEDIATE` transaction, so no moment
+/// has more than 3 leased, and every command is still delivered.
+#[test]
+fn a_concurrency_limit_holds_across_connections_claiming_at_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limit.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let now = Timestamp::from_millis(1_000);
+    for w in 0..20 {
+        let decision: Decision = (0..3)
+            .map(|n| Command::new("deliver", json!({ "n": n })))
+            .collect::<Vec<_>>()
+            .into();
+        let commit = Commit::new(
+            WorkflowId::new(format!("w{w:02}")).unwrap(),
+            Seq::ZERO,
+            Event::new("start", json!({})),
+            decision,
+            now,
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+    }
+    store
+        .control_kind("deliver", miniflow::KindChange::Limit(3), "test", now)
+        .unwrap();
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<_> = (0..6)
+        .map(|n| {
+            let (path, in_flight, most) = (path.clone(), in_flight.clone(), most.clone());
+            std::thread::spawn(move || {
+                let mut store = SqliteStore::open(&path).unwrap();
+                let request = miniflow::ClaimRequest::new(format!("worker-{n}"))
+                    .limit(5)
+                    .lease_ttl(Duration::from_secs(60));
+                let mut delivered = 0;
+                loop {
+                    let batch = store.claim(&request, now).unwrap();
+                    if batch.is_empty() {
+                        if store.pending(1).unwrap().is_empty() {
+                            return delivered;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    let held = in_flight.fetch_add(batch.len(), Ordering::SeqCst) + batch.len();
+                    most.fetch_max(held, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(2));
+                    for delivery in &batch {
+                        // Counted out before the ack: the count never runs ahead of the leases.
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        store
+                            .complete(&delivery.command_id, delivery.token, None, now)
+                            .unwrap();
+                        delivered += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    let delivered: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    assert_eq!(delivered, 60, "every command was delivered");
+    let most = most.load(Ordering::SeqCst);
+    assert!((2..=3).contains(&most), "workers held {most} at once");
 }
 
 /// A stored trace context that no longer parses (a hand-edited row, a value from elsewhere) is

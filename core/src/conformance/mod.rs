@@ -413,6 +413,10 @@ macro_rules! store_conformance_tests {
             bad_schedules_are_refused_before_anything_is_written,
             stats_count_depth_by_kind_and_the_lag,
             trace_contexts_and_due_times_reach_every_delivery,
+            priorities_come_first_then_due_time,
+            paused_kinds_are_skipped_until_resumed,
+            a_concurrency_limit_caps_unexpired_leases_of_its_kind,
+            bulk_retry_and_resolve_dead_commands_of_a_kind,
             load_after_returns_the_events_after_a_seq,
             cached_states_decide_as_replay_does,
         );

@@ -229,6 +229,7 @@ impl AsyncDispatcher {
         let heartbeat = self.heartbeat(&held, &control);
         let finished = self.deliveries(held, control.clone(), true).run().await;
         control.stop();
+        control.stop_heartbeat();
         let heartbeat_errors = heartbeat.await.unwrap_or(0);
         drop(wakeups);
         let mut stats = finished.tally.stats;
@@ -319,7 +320,7 @@ impl AsyncDispatcher {
         let (ttl, on_error) = (self.config.lease_ttl, self.on_error.clone());
         ::tokio::spawn(async move {
             let mut errors = 0;
-            while control.pause(ttl / 4).await {
+            while control.heartbeat_pause(ttl / 4).await {
                 let now = store.clock().now();
                 for (id, token) in held.due_for_extension(now, ttl) {
                     let result = store.extend(&id, token, ttl).await;
@@ -364,6 +365,10 @@ struct Control {
     stopping: Notify,
     /// Until when in-flight deliveries may finish once stopping (none: as long as they take).
     deadline: Mutex<Option<::tokio::time::Instant>>,
+    /// The heartbeat is to stop: set once the deliveries in flight finished or were cut off, so
+    /// their leases are kept while they finish.
+    heartbeat_off: AtomicBool,
+    heartbeat_stopping: Notify,
 }
 
 impl Control {
@@ -373,26 +378,41 @@ impl Control {
         self.stopping.notify_waiters();
     }
 
+    fn stop_heartbeat(&self) {
+        self.heartbeat_off.store(true, Ordering::SeqCst);
+        self.heartbeat_stopping.notify_waiters();
+    }
+
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
 
     /// Waits `pause` unless stopping; says whether to go on.
     async fn pause(&self, pause: Duration) -> bool {
-        let stopping = self.stopping.notified();
-        ::tokio::pin!(stopping);
-        stopping.as_mut().enable();
-        if self.stopped() {
-            return false;
-        }
-        ::tokio::select! {
-            () = stopping => false,
-            () = ::tokio::time::sleep(pause) => !self.stopped(),
-        }
+        pause_unless(&self.stop, &self.stopping, pause).await
+    }
+
+    /// Waits `pause` unless the heartbeat is to stop; says whether to go on.
+    async fn heartbeat_pause(&self, pause: Duration) -> bool {
+        pause_unless(&self.heartbeat_off, &self.heartbeat_stopping, pause).await
     }
 
     fn deadline(&self) -> Option<::tokio::time::Instant> {
         *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Waits `pause` unless `flag` is set (`notify` tells when it is); says whether to go on.
+async fn pause_unless(flag: &AtomicBool, notify: &Notify, pause: Duration) -> bool {
+    let stopping = notify.notified();
+    ::tokio::pin!(stopping);
+    stopping.as_mut().enable();
+    if flag.load(Ordering::SeqCst) {
+        return false;
+    }
+    ::tokio::select! {
+        () = stopping => false,
+        () = ::tokio::time::sleep(pause) => !flag.load(Ordering::SeqCst),
     }
 }
 
@@ -740,8 +760,8 @@ pub struct RunningAsyncDispatcher {
 }
 
 impl RunningAsyncDispatcher {
-    /// Stops claiming, lets the deliveries in flight finish until `deadline` and acknowledges them,
-    /// then returns what the dispatcher did. Deliveries still running at the deadline are cut off
+    /// Stops claiming, lets the deliveries in flight finish until `deadline` (the heartbeat keeps
+    /// their leases meanwhile) and acknowledges them, then returns what the dispatcher did. Deliveries still running at the deadline are cut off
     /// (their futures dropped) and counted in [`Shutdown::unfinished_workers`]; their leases run out
     /// and another dispatcher delivers them again, with the same command ID. Nothing is lost.
     pub async fn shutdown(mut self, deadline: Duration) -> Shutdown {
@@ -769,6 +789,7 @@ impl RunningAsyncDispatcher {
                 )),
             }
         }
+        self.control.stop_heartbeat();
         if let Some(heartbeat) = self.heartbeat.take() {
             shutdown.stats.store_errors += heartbeat.await.unwrap_or(0);
         }
@@ -779,5 +800,6 @@ impl RunningAsyncDispatcher {
 impl Drop for RunningAsyncDispatcher {
     fn drop(&mut self) {
         self.control.stop();
+        self.control.stop_heartbeat();
     }
 }

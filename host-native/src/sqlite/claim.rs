@@ -57,6 +57,7 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
         command_id: read_command_id(row).ok()?,
         kind: row.get(col::KIND).unwrap_or_default(),
         payload: serde_json::Value::Null,
+        priority: row.get(col::PRIORITY).unwrap_or_default(),
         status: read_text(row, col::STATUS)
             .ok()
             .and_then(|status| status.parse().ok())
@@ -77,12 +78,15 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
 }
 
 /// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
-/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`]).
+/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`] and
+/// [`OutboxRow::claim_order`]), one priority at a time, and taking only what the operators' controls
+/// admit ([`Admission`]): kinds that are paused or out of slots are left out of each page, and a kind
+/// that runs out of slots within a page is skipped for the rest of it.
 ///
 /// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
 /// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
 /// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
-/// candidate it looked at.
+/// candidate it looked at, then at the next lower priority.
 ///
 /// Each delivery comes with its row's integer key, for the ack.
 pub(super) fn claim_in(
@@ -90,31 +94,44 @@ pub(super) fn claim_in(
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<(i64, Delivery)>, Error> {
-    let sql = match request.order {
-        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
-        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-    };
+    let strict = request.order == ClaimOrder::StrictPerWorkflow;
     let now_sql = to_sql_time("now", now)?;
-    let mut after = [
+    let mut admission = admission(tx, now)?;
+    const FIRST: [SqlValue; 4] = [
         SqlValue::Integer(i64::MIN),
         SqlValue::Text(String::new()),
         SqlValue::Integer(i64::MIN),
         SqlValue::Integer(i64::MIN),
     ];
+    let mut after = FIRST;
+    let mut priority = next_priority(tx, i64::MAX)?;
     // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
     // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
     // candidate when the claim began, so neither is taken now.
     let mut seen: HashSet<i64> = HashSet::new();
     let mut seen_workflows: HashSet<String> = HashSet::new();
     let mut deliveries = Vec::new();
-    while deliveries.len() < request.limit {
+    while let Some(level) = priority.filter(|_| deliveries.len() < request.limit) {
         let wanted = request.limit - deliveries.len();
         let mut page = Vec::with_capacity(wanted);
         let [a, w, s, i] = &after;
+        let wanted_sql = limit(wanted);
+        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&now_sql, &wanted_sql, a, w, s, i, &level];
+        let excluded = excluded(&admission);
+        let sql = match (&excluded, strict) {
+            (None, false) => CLAIM_DUE_FIRST,
+            (None, true) => CLAIM_STRICT,
+            (Some(_), false) => CLAIM_DUE_FIRST_EXCLUDING,
+            (Some(_), true) => CLAIM_STRICT_EXCLUDING,
+        };
+        if let Some((first, rest)) = &excluded {
+            args.push(first);
+            args.push(rest);
+        }
         each_row(
             tx,
             sql,
-            params![now_sql, limit(wanted), a, w, s, i],
+            args.as_slice(),
             Candidate::read,
             |_| String::new(),
             |candidate| {
@@ -123,6 +140,7 @@ pub(super) fn claim_in(
             },
         )?;
         let full_page = page.len() == wanted;
+        page.sort_by(|a, b| claim_key_order(&a.key, &b.key));
         for candidate in page {
             let first_look = match request.order {
                 ClaimOrder::DueFirst => seen.insert(candidate.id),
@@ -133,11 +151,14 @@ pub(super) fn claim_in(
                 continue;
             }
             match candidate.row {
+                // Its kind ran out of slots earlier in this page.
+                Ok(row) if !admission.admits(&row) => {}
                 Ok(row) => {
                     let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
                     match changed.value.take() {
                         Some(delivery) => {
                             write_lease(tx, candidate.id, &changed.row)?;
+                            admission.took(&delivery.kind);
                             deliveries.push((candidate.id, delivery));
                         }
                         None => write_change(tx, &changed)?,
@@ -147,10 +168,48 @@ pub(super) fn claim_in(
             }
         }
         if !full_page {
-            break;
+            priority = next_priority(tx, level)?;
+            after = FIRST;
         }
     }
     Ok(deliveries)
+}
+
+/// The order of two candidates' keys `(available_at, workflow_id, event_seq, idx)` as SQLite sorts
+/// them: column by column, NULL before numbers before text before blobs.
+fn claim_key_order(a: &[SqlValue; 4], b: &[SqlValue; 4]) -> std::cmp::Ordering {
+    fn rank(value: &SqlValue) -> u8 {
+        match value {
+            SqlValue::Null => 0,
+            SqlValue::Integer(_) | SqlValue::Real(_) => 1,
+            SqlValue::Text(_) => 2,
+            SqlValue::Blob(_) => 3,
+        }
+    }
+    let column = |a: &SqlValue, b: &SqlValue| match (a, b) {
+        (SqlValue::Integer(a), SqlValue::Integer(b)) => a.cmp(b),
+        (SqlValue::Real(a), SqlValue::Real(b)) => a.total_cmp(b),
+        (SqlValue::Integer(a), SqlValue::Real(b)) => (*a as f64).total_cmp(b),
+        (SqlValue::Real(a), SqlValue::Integer(b)) => a.total_cmp(&(*b as f64)),
+        (SqlValue::Text(a), SqlValue::Text(b)) => a.as_bytes().cmp(b.as_bytes()),
+        (SqlValue::Blob(a), SqlValue::Blob(b)) => a.cmp(b),
+        (a, b) => rank(a).cmp(&rank(b)),
+    };
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| column(a, b))
+        .find(|order| order.is_ne())
+        .unwrap_or(std::cmp::Ordering::Equal)
+}
+
+/// The highest priority of an unfinished command below `below`, if any.
+fn next_priority(tx: &Connection, below: i64) -> Result<Option<i64>, Error> {
+    let mut stmt = tx.prepare_cached(NEXT_PRIORITY).map_err(storage)?;
+    let mut rows = stmt.query([below]).map_err(storage)?;
+    match rows.next().map_err(storage)? {
+        Some(row) => row.get(0).map(Some).map_err(storage),
+        None => Ok(None),
+    }
 }
 
 /// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover, HistoryId,
-    KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId,
-    TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimOrder, ClaimRequest,
+    CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled,
+    Handover, HistoryId, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq,
+    Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -119,6 +119,9 @@ pub struct SqliteStore {
     /// The row keys of the commands this store claimed and has not settled: an ack reaches its row
     /// by its key.
     claimed: HashMap<CommandId, i64>,
+    /// The last claim came back full: the next one goes straight to claiming, without asking first
+    /// whether anything is claimable (there most likely is).
+    busy: bool,
     /// The history its events are, for the engine's state cache: one per store, never shared with
     /// another connection (a file can be replaced under its name).
     history: HistoryId,
@@ -176,6 +179,7 @@ impl SqliteStore {
             path,
             writer: Some(writer),
             claimed: HashMap::new(),
+            busy: false,
             history: HistoryId::unique(),
         })
     }
@@ -231,6 +235,7 @@ impl SqliteStore {
             path,
             writer: None,
             claimed: HashMap::new(),
+            busy: false,
             history: HistoryId::unique(),
         })
     }
@@ -286,6 +291,21 @@ impl SqliteStore {
         self.conn
             .prepare_cached(sql)
             .and_then(|mut stmt| stmt.query_row([now], |row| row.get(0)))
+            .map_err(storage)
+    }
+
+    /// Whether a claim at `now` may find anything: a due command of a kind the operators' controls
+    /// do not exclude. Idle workers poll with it outside any transaction, so they take the write
+    /// lock only when there is something to take.
+    fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
+        let admission = admission(&self.conn, now)?;
+        let Some((first, rest)) = excluded(&admission) else {
+            return self.any_due(ANY_COMMAND_DUE, now);
+        };
+        let now = to_sql_time("now", now)?;
+        self.conn
+            .prepare_cached(ANY_COMMAND_CLAIMABLE)
+            .and_then(|mut stmt| stmt.query_row(params![now, first, rest], |row| row.get(0)))
             .map_err(storage)
     }
 
@@ -467,11 +487,12 @@ impl Outbox for SqliteStore {
     }
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        if !self.any_due(ANY_COMMAND_DUE, now)? {
+        if !self.busy && !self.any_claimable(now)? {
             return Ok(Vec::new());
         }
-        let request = request.clone();
+        let (limit, request) = (request.limit, request.clone());
         let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        self.busy = claimed.len() == limit;
         Ok(self.remember(claimed))
     }
     fn extend(
@@ -525,11 +546,12 @@ impl Outbox for SqliteStore {
             });
         }
         request.validate()?;
-        let (acks, request) = (self.with_keys(acks), request.clone());
+        let (acks, limit, request) = (self.with_keys(acks), request.limit, request.clone());
         let (completed, claimed) = self.write(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
             Ok((completed, claim_in(tx, &request, now)?))
         })?;
+        self.busy = claimed.len() == limit;
         Ok(Handover {
             completed,
             claimed: Ok(self.remember(claimed)),
@@ -625,6 +647,43 @@ impl Operations for SqliteStore {
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         read_controls(&self.conn, SELECT_CONTROLS)
     }
+    fn control_kind(
+        &mut self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+        now: Timestamp,
+    ) -> Result<KindControl, Error> {
+        let (kind, by) = (kind.to_owned(), by.to_owned());
+        self.write(move |tx| control_kind_in(tx, &kind, change, &by, now))
+    }
+    /// Skips rows that cannot be read (DESIGN rule 13).
+    fn dead_letters_of_kind(&self, kind: &str, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        dead_of_kind(&self.conn, kind, limit_rows)
+    }
+    fn retry_dead_of_kind(
+        &mut self,
+        kind: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let kind = kind.to_owned();
+        self.write(move |tx| change_dead_of_kind(tx, &kind, batch, now, |row| row.retry(now)))
+    }
+    fn resolve_dead_of_kind(
+        &mut self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+        now: Timestamp,
+    ) -> Result<Vec<CommandId>, Error> {
+        check_bulk(kind, batch)?;
+        let (kind, note) = (kind.to_owned(), note.to_owned());
+        self.write(move |tx| {
+            change_dead_of_kind(tx, &kind, batch, now, |row| row.resolve(&note, now))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -684,8 +743,29 @@ mod tests {
         let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
         for (name, sql, index) in [
             ("pending", SELECT_PENDING, "outbox_unfinished"),
-            ("claim", CLAIM_DUE_FIRST, "outbox_due"),
-            ("strict claim", CLAIM_STRICT, "outbox_due"),
+            ("claim", CLAIM_DUE_FIRST, "COVERING INDEX outbox_claim"),
+            ("strict claim", CLAIM_STRICT, "COVERING INDEX outbox_claim"),
+            (
+                "claim leaving kinds out",
+                CLAIM_DUE_FIRST_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
+            (
+                "strict claim leaving kinds out",
+                CLAIM_STRICT_EXCLUDING,
+                "COVERING INDEX outbox_claim",
+            ),
+            ("next priority", NEXT_PRIORITY, "outbox_claim"),
+            (
+                "anything claimable",
+                ANY_COMMAND_CLAIMABLE,
+                "COVERING INDEX outbox_due",
+            ),
+            (
+                "leases of a kind",
+                COUNT_LEASES,
+                "COVERING INDEX outbox_leased",
+            ),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
             ("an ack", COMPLETE, "sqlite_autoindex_outbox_1"),

@@ -7,7 +7,8 @@ macro_rules! row_columns {
     () => {
         "workflow_id, event_seq, idx, kind, payload, status, attempts, last_error, available_at, \
          lease_owner, lease_expires_at, lease_token, created_at, processed_at, manual_retries, \
-         resolution, report_result, result, cancel_requested, traceparent, tracestate, id"
+         resolution, report_result, result, cancel_requested, traceparent, tracestate, priority, \
+         id"
     };
 }
 
@@ -30,22 +31,55 @@ pub(super) const SELECT_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 pub(super) const SELECT_DEAD: &str =
     select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
-/// A claim reads its candidates in pages, in claim order, each page after the key `(?3, ?4, ?5, ?6)` of
-/// the last candidate it looked at (see [`claim_in`]).
-pub(super) const CLAIM_DUE_FIRST: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 \
-     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
-);
+/// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
+/// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
+/// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by integer key.
+/// Reading the keys first keeps the walk past excluded kinds in the index, without a row read per
+/// step. The page comes in no promised order: [`claim_in`] sorts it by its keys.
+macro_rules! claim_page {
+    ($filter:expr, $strict:expr) => {
+        concat!(
+            "SELECT ",
+            row_columns!(),
+            " FROM (SELECT id FROM outbox c \
+             WHERE processed_at IS NULL AND priority = ?7 AND available_at <= ?1 \
+             AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) ",
+            $filter,
+            $strict,
+            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
+             JOIN outbox o USING (id)"
+        )
+    };
+}
+/// Leaves out the kinds the operators' controls exclude: `?8`, and those of the JSON array `?9`
+/// (one kind is the common case, and a plain comparison is cheaper than a lookup per row).
+macro_rules! excluding {
+    () => {
+        "AND kind <> ?8 AND kind NOT IN (SELECT value FROM json_each(?9)) "
+    };
+}
+macro_rules! strict {
+    () => {
+        "AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = c.workflow_id \
+         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (c.event_seq, c.idx)) "
+    };
+}
+/// A claim page when no control excludes a kind (the common case: no filter at all).
+pub(super) const CLAIM_DUE_FIRST: &str = claim_page!("", "");
+pub(super) const CLAIM_STRICT: &str = claim_page!("", strict!());
+/// A claim page leaving out excluded kinds.
+pub(super) const CLAIM_DUE_FIRST_EXCLUDING: &str = claim_page!(excluding!(), "");
+pub(super) const CLAIM_STRICT_EXCLUDING: &str = claim_page!(excluding!(), strict!());
+/// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
+pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
+     WHERE processed_at IS NULL AND priority < ?1 ORDER BY priority DESC LIMIT 1";
 pub(super) const ANY_COMMAND_DUE: &str =
     "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
-pub(super) const CLAIM_STRICT: &str = select_rows!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 \
-     AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) \
-     AND NOT EXISTS (SELECT 1 FROM outbox e WHERE e.workflow_id = o.workflow_id \
-         AND e.processed_at IS NULL AND (e.event_seq, e.idx) < (o.event_seq, o.idx)) \
-     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2"
-);
+/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, and those of the JSON
+/// array `?3`).
+pub(super) const ANY_COMMAND_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
+     WHERE processed_at IS NULL AND available_at <= ?1 \
+     AND kind <> ?2 AND kind NOT IN (SELECT value FROM json_each(?3)))";
 
 /// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
 /// wrote that this one cannot parse): its column, and why.
@@ -314,8 +348,9 @@ pub(super) mod col {
     pub const CANCEL_REQUESTED: usize = 18;
     pub const TRACEPARENT: usize = 19;
     pub const TRACESTATE: usize = 20;
+    pub const PRIORITY: usize = 21;
     /// The row's integer key (schema version 7).
-    pub const ID: usize = 21;
+    pub const ID: usize = 22;
 }
 
 pub(super) fn read_text<'r>(row: &'r Row<'_>, column: usize) -> rusqlite::Result<&'r str> {
@@ -388,6 +423,7 @@ pub(super) fn read_outbox_row(row: &Row<'_>) -> rusqlite::Result<OutboxRow> {
         command_id: read_command_id(row)?,
         kind: row.get(col::KIND)?,
         payload: read_json(row, col::PAYLOAD)?,
+        priority: row.get(col::PRIORITY)?,
         status: read_text(row, col::STATUS)?
             .parse()
             .map_err(|e| unreadable(row, col::STATUS, e))?,

@@ -297,8 +297,8 @@ pub(super) fn write_commit(
         let mut insert_command = tx
             .prepare_cached(
                 "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, \
-                 available_at, created_at, report_result, traceparent, tracestate) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8, ?9)",
+                 available_at, created_at, report_result, traceparent, tracestate, priority) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8, ?9, ?10)",
             )
             .map_err(storage)?;
         if let Some(timer_id) = commit.fires() {
@@ -320,6 +320,7 @@ pub(super) fn write_commit(
                     row.report_result,
                     traceparent,
                     tracestate,
+                    row.priority,
                 ])
                 .map_err(storage)?;
         }

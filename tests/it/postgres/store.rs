@@ -303,6 +303,88 @@ fn workers_on_many_connections_never_hold_the_same_command() {
     assert!(store.pending(10).unwrap().is_empty());
 }
 
+/// Six workers on their own connections claim a kind limited to 3 at once, as fast as they can:
+/// the claims lock the kind's control row (`FOR UPDATE SKIP LOCKED`) before they count its leases,
+/// so no moment ever has more than 3 leased, by the workers' own count or by the database's, and
+/// every command is still delivered.
+#[test]
+fn a_concurrency_limit_holds_across_connections_claiming_at_once() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    for workflow in 0..20 {
+        append(&mut store, &format!("w{workflow:02}"), 3, T0);
+    }
+    store
+        .control_kind("deliver", miniflow::KindChange::Limit(3), "test", T0)
+        .unwrap();
+    let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let (mut client, done) = (database.client(), done.clone());
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            while !done.load(Ordering::SeqCst) {
+                let leased: i64 = client
+                    .query_one(
+                        "SELECT count(*) FROM outbox WHERE kind = 'deliver' AND status = 'leased'",
+                        &[],
+                    )
+                    .unwrap()
+                    .get(0);
+                seen = seen.max(leased);
+            }
+            seen
+        })
+    };
+    let workers: Vec<_> = (0..6)
+        .map(|n| {
+            let (mut store, in_flight, most) = (store.clone(), in_flight.clone(), most.clone());
+            std::thread::spawn(move || {
+                let request = ClaimRequest::new(format!("worker-{n}"))
+                    .limit(5)
+                    .lease_ttl(Duration::from_secs(60));
+                let mut delivered = 0;
+                loop {
+                    let batch = store.claim(&request, T0).unwrap();
+                    if batch.is_empty() {
+                        if store.pending(1).unwrap().is_empty() {
+                            return delivered;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                        continue;
+                    }
+                    let now = in_flight.fetch_add(batch.len(), Ordering::SeqCst) + batch.len();
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(2));
+                    for delivery in &batch {
+                        // Counted out before the ack: the count never runs ahead of the leases.
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        store
+                            .complete(&delivery.command_id, delivery.token, None, T0)
+                            .unwrap();
+                        delivered += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    let delivered: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    done.store(true, Ordering::SeqCst);
+    let seen_by_database = watcher.join().unwrap();
+    assert_eq!(delivered, 60, "every command was delivered");
+    assert!(
+        most.load(Ordering::SeqCst) <= 3,
+        "workers held {} at once",
+        most.load(Ordering::SeqCst)
+    );
+    assert!(
+        seen_by_database <= 3,
+        "the database had {seen_by_database} leased"
+    );
+    assert!(most.load(Ordering::SeqCst) >= 2, "the workers did overlap");
+}
+
 struct Counter;
 
 impl Workflow for Counter {
@@ -924,8 +1006,8 @@ fn hot_queries_use_their_indexes_among_many_done_rows() {
     let database = TestDatabase::new();
     drop(PostgresStore::connect(&database.url()).unwrap());
     let mut client = database.client();
-    // 20,000 commands, most done, a backlog of 2,000 pending and 500 dead, and 2,000 timers, most
-    // fired, with statistics: a plan that walks done rows or sorts the backlog shows here.
+    // 20,000 commands, most done, a backlog of 2,000 pending (in three priorities) and 500 dead, and
+    // 2,000 timers, most fired, with statistics: a plan that walks done rows or sorts the backlog shows here.
     client
         .batch_execute(
             "INSERT INTO events SELECT 'w' || (n / 10), n % 10 + 1, 'e', '{}', 0
@@ -937,6 +1019,7 @@ fn hot_queries_use_their_indexes_among_many_done_rows() {
              UPDATE outbox SET status = 'pending', processed_at = NULL, available_at = event_seq
                  WHERE processed_at < 2000;
              UPDATE outbox SET status = 'dead' WHERE processed_at BETWEEN 2000 AND 2499;
+             UPDATE outbox SET priority = event_seq % 3 WHERE processed_at IS NULL;
              INSERT INTO timers SELECT 'w' || n, 'w' || n || ':1:t0', 't', 'timer_fired', '{}', 0, n,
                      CASE WHEN n < 200 THEN 'scheduled' ELSE 'fired' END, 0,
                      CASE WHEN n < 200 THEN NULL ELSE 1 END
