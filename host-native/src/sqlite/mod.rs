@@ -157,6 +157,10 @@ impl SqliteStore {
     /// a URI: `file:flow.db` is the file of that name. To look at a store without changing it, use
     /// [`SqliteStore::open_read_only`].
     ///
+    /// A store of an older schema is upgraded first. A file written before schema version 7 is also
+    /// rebuilt once (`VACUUM`), so that it gives the pages retention frees back to the file system:
+    /// that holds the write lock for as long as the copy takes and needs free disk space for it.
+    ///
     /// # Errors
     ///
     /// [`Error::UnsupportedSchema`] when the file was written by a newer miniflow (it is left as it is);
