@@ -83,15 +83,20 @@ pub struct JsEngine {
 }
 
 impl JsEngine {
-    /// Runs `call`, then rethrows a callback's exception if one was thrown.
+    /// Runs `call`, then rethrows a callback's exception if one was thrown. A state folded while a
+    /// callback threw is not the workflow's state: the engine's cached states are dropped then.
     fn guarded<T>(
         &self,
         call: impl FnOnce(&Engine<JsWorkflow>) -> Result<T, JsValue>,
     ) -> Result<T, JsValue> {
         self.engine.workflow().thrown.borrow_mut().take();
         let result = call(&self.engine);
-        match self.engine.workflow().thrown.borrow_mut().take() {
-            Some(thrown) => Err(thrown),
+        let thrown = self.engine.workflow().thrown.borrow_mut().take();
+        match thrown {
+            Some(thrown) => {
+                self.engine.clear_state_cache();
+                Err(thrown)
+            }
             None => result,
         }
     }

@@ -168,6 +168,8 @@ export interface Handled { seq: number; command_ids: string[]; timer_ids: string
 /** A workflow's state rebuilt from its events. */
 export interface Replayed<S> { state: S; last_seq: number }
 /** A workflow written in JS: `evolve` folds events into state, `decide` answers an incoming event.
+ * Both are deterministic, and `decide` leaves `state` as it is: the engine keeps each workflow's state
+ * between calls and folds only newer events into it.
  * `E` is the union of the events it sees, its own and miniflow's (`BuiltInEvent`), so that a test of
  * `event.kind` narrows `event.payload`; by default any kind with a JSON payload. */
 export interface Workflow<S, E extends EventShape = AnyEvent> {
