@@ -12,6 +12,11 @@ pub use miniflow_native::{
     SCHEMA_VERSION,
 };
 
+/// The async API for tokio services (feature `tokio`): `AsyncStore`, `AsyncDispatcher`,
+/// `AsyncIdempotencyStore`.
+#[cfg(feature = "tokio")]
+pub use miniflow_native::tokio;
+
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::rusqlite;

@@ -85,8 +85,9 @@ pub struct JsEngine {
 }
 
 impl JsEngine {
-    /// Runs `call`, then rethrows a callback's exception if one was thrown. A call from inside one of
-    /// the workflow's callbacks is `REENTRANT_CALL`.
+    /// Runs `call`, then rethrows a callback's exception if one was thrown. A state folded while a
+    /// callback threw is not the workflow's state: the engine's cached states are dropped then. A
+    /// call from inside one of the workflow's callbacks is `REENTRANT_CALL`.
     fn guarded<T>(
         &self,
         call: impl FnOnce(&Engine<JsWorkflow>) -> Result<T, JsValue>,
@@ -97,8 +98,12 @@ impl JsEngine {
         self.engine.workflow().thrown.borrow_mut().take();
         let result = call(&self.engine);
         self.busy.set(false);
-        match self.engine.workflow().thrown.borrow_mut().take() {
-            Some(thrown) => Err(thrown),
+        let thrown = self.engine.workflow().thrown.borrow_mut().take();
+        match thrown {
+            Some(thrown) => {
+                self.engine.clear_state_cache();
+                Err(thrown)
+            }
             None => result,
         }
     }

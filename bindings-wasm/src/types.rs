@@ -192,7 +192,9 @@ export interface Replayed<S> { state: S; last_seq: number }
 /** A workflow written in JS: `init` gives the state before any event, `evolve` folds events into
  * state, `decide` answers an incoming event. `S` is its state, the same type for all three (so they
  * must agree); `E` is the union of the events it sees, its own and miniflow's (`BuiltInEvent`), so
- * that a test of `event.kind` narrows `event.payload`; by default any kind with a JSON payload. */
+ * that a test of `event.kind` narrows `event.payload`; by default any kind with a JSON payload. All
+ * three are deterministic, and `decide` leaves `state` as it is: the engine keeps each workflow's
+ * state between calls and folds only newer events into it. */
 export interface Workflow<S, E extends EventShape = AnyEvent> {
   init(): S;
   evolve(state: S, event: EventRecord<E>): S;

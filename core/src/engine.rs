@@ -1,11 +1,14 @@
 //! Workflows and the engine that runs them: replay → decide → commit.
 
+use std::fmt;
+
+use crate::cache::{Entry, Key, StateCache, StateCacheStats};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
 use crate::schedule::Firing;
-use crate::store::{Commit, EventLog, Timers};
+use crate::store::{Commit, EventLog, HistoryId, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
 use crate::trace::TraceContext;
@@ -14,7 +17,9 @@ use crate::trace::TraceContext;
 ///
 /// Both functions must be deterministic (no clock, no randomness, no I/O): replay runs `evolve` over the
 /// recorded events again and again and must reach the same state each time. Time is in the event
-/// record (`recorded_at`).
+/// record (`recorded_at`). The engine keeps folded states between calls ([`Engine::state_cache`]) and
+/// folds only the newer events into them, so folding the events one call at a time must reach the
+/// same state as folding them all at once — which a deterministic `evolve` does.
 ///
 /// ```
 /// use miniflow_core::{Command, Decision, EventRecord, Workflow};
@@ -77,7 +82,17 @@ pub fn replay<W: Workflow + ?Sized>(
     events: &[EventRecord],
 ) -> Result<ReplayResult<W::State>, Error> {
     let mut state = W::State::default();
-    let mut last_seq = Seq::ZERO;
+    let last_seq = fold(workflow, &mut state, Seq::ZERO, events)?;
+    Ok(ReplayResult { state, last_seq })
+}
+
+/// Folds `events`, which must follow `last_seq` without a gap, into `state`; returns the new last seq.
+fn fold<W: Workflow + ?Sized>(
+    workflow: &W,
+    state: &mut W::State,
+    mut last_seq: Seq,
+    events: &[EventRecord],
+) -> Result<Seq, Error> {
     for event in events {
         if event.seq.get() != last_seq.get() + 1 {
             return Err(Error::Corrupt(format!(
@@ -85,10 +100,58 @@ pub fn replay<W: Workflow + ?Sized>(
                 event.workflow_id, event.seq, last_seq
             )));
         }
-        workflow.evolve(&mut state, event);
+        workflow.evolve(state, event);
         last_seq = event.seq;
     }
-    Ok(ReplayResult { state, last_seq })
+    Ok(last_seq)
+}
+
+/// A workflow's state folded for one call, with where it may be cached afterwards.
+struct Folded<S> {
+    state: S,
+    last_seq: Seq,
+    /// The cache key, when the log names its history and the cache is on.
+    key: Option<Key>,
+    /// The last event folded (none for a new workflow).
+    last: Option<EventRecord>,
+}
+
+impl<S> Folded<S> {
+    fn into_entry(self) -> Option<(Key, Entry<S>)> {
+        let (key, last) = (self.key?, self.last?);
+        Some((
+            key,
+            Entry {
+                last,
+                state: self.state,
+            },
+        ))
+    }
+}
+
+/// A commit planned by [`Engine::plan_in`], with the state it was decided on: write
+/// [`Planned::commit`], and once the transaction it was read and written in has committed, hand it
+/// back with [`Engine::remember`] so the next call on the workflow folds only newer events. Dropping
+/// it instead is always safe: the workflow is then replayed from its first event next time.
+pub struct Planned<S> {
+    commit: Commit,
+    folded: Option<(Key, Entry<S>)>,
+}
+
+impl<S> Planned<S> {
+    /// The commit to write.
+    pub fn commit(&self) -> &Commit {
+        &self.commit
+    }
+}
+
+impl<S> fmt::Debug for Planned<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Planned")
+            .field("commit", &self.commit)
+            .field("keeps_state", &self.folded.is_some())
+            .finish()
+    }
 }
 
 /// What [`Engine::handle`] committed.
@@ -150,21 +213,86 @@ impl Handled {
 /// assert_eq!(store.pending(10)?.len(), 1);
 /// # Ok::<(), miniflow_core::Error>(())
 /// ```
-#[derive(Debug, Clone)]
-pub struct Engine<W> {
+///
+/// # The state cache
+///
+/// The engine keeps the states it folded, for up to [`Engine::DEFAULT_STATE_CACHE`] workflows by
+/// default ([`Engine::state_cache`]), least recently used first out. A call on a cached workflow reads
+/// from its store only the events after the cached state ([`EventLog::load_after`]), so the cost of
+/// [`Engine::handle`] does not grow with the workflow's history. Replay from the first event stays the
+/// definition: a state is cached only once the events it was folded from are committed, it is used
+/// only with the history it was folded from ([`EventLog::history_id`]), and only after the store is
+/// found to hold, unchanged, the last event it was folded from; newer events (a rival's commits too)
+/// are folded into it. Otherwise (another store, events removed) it is dropped unused and the workflow
+/// replayed from its first event.
+///
+/// The engine may be shared between threads (`&Engine` is all a call needs; the cache is behind a
+/// lock held only to take or put a state, never while the workflow's code runs). Then `W::State`
+/// must be `Send`.
+pub struct Engine<W: Workflow> {
     workflow: W,
     max_conflict_retries: u32,
     limits: JsonLimits,
+    states: StateCache<W::State>,
+}
+
+impl<W: Workflow + fmt::Debug> fmt::Debug for Engine<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("workflow", &self.workflow)
+            .field("max_conflict_retries", &self.max_conflict_retries)
+            .field("limits", &self.limits)
+            .field("state_cache", &self.states.capacity())
+            .finish()
+    }
+}
+
+/// A clone starts with an empty state cache of the same capacity.
+impl<W: Workflow + Clone> Clone for Engine<W> {
+    fn clone(&self) -> Self {
+        Self {
+            workflow: self.workflow.clone(),
+            max_conflict_retries: self.max_conflict_retries,
+            limits: self.limits,
+            states: StateCache::new(self.states.capacity()),
+        }
+    }
 }
 
 impl<W: Workflow> Engine<W> {
-    /// An engine for `workflow` that retries a conflicting commit up to 8 times.
+    /// How many workflows' states an engine keeps unless told otherwise ([`Engine::state_cache`]).
+    pub const DEFAULT_STATE_CACHE: usize = 1024;
+
+    /// An engine for `workflow` that retries a conflicting commit up to 8 times and keeps the states of
+    /// up to [`Engine::DEFAULT_STATE_CACHE`] workflows.
     pub fn new(workflow: W) -> Self {
         Self {
             workflow,
             max_conflict_retries: 8,
             limits: JsonLimits::default(),
+            states: StateCache::new(Self::DEFAULT_STATE_CACHE),
         }
+    }
+
+    /// Sets how many workflows' states the engine keeps between calls (least recently used out first);
+    /// 0 keeps none, so every call replays its workflow from the first event. The cache starts empty.
+    /// Size it to the workflows that receive events often: each entry holds one state and the last
+    /// event it folded.
+    #[must_use]
+    pub fn state_cache(mut self, capacity: usize) -> Self {
+        self.states = StateCache::new(capacity);
+        self
+    }
+
+    /// How the state cache has done since the engine was built (hits, misses, stale states dropped,
+    /// evictions, size).
+    pub fn state_cache_stats(&self) -> StateCacheStats {
+        self.states.stats()
+    }
+
+    /// Drops every cached state, e.g. after the workflow's code changed how it folds events.
+    pub fn clear_state_cache(&self) {
+        self.states.clear();
     }
 
     /// Sets the limits the payloads of events, commands and timers are checked against (default
@@ -269,6 +397,130 @@ impl<W: Workflow> Engine<W> {
         )
     }
 
+    /// [`Engine::plan`] with the state cache, for a host that writes the commit inside a transaction
+    /// of its own: folds the cached state of `workflow_id` in `history` with the events
+    /// `load_after(seq)` returns after it (or, without a usable cached state, every event from
+    /// `load_after(Seq::ZERO)`), decides on `event`, and returns the commit with the state.
+    ///
+    /// `load_after` reads the workflow's events after a seq, in seq order, as
+    /// [`EventLog::load_after`] does, from the transaction the commit will be written in. Once that
+    /// transaction has committed, give the result to [`Engine::remember`]; if it rolled back, drop it
+    /// (the events it read may have been the transaction's own). A host that runs many plans in one
+    /// transaction may remember each at once, so the next plan on the workflow folds on from it, and
+    /// then must [`Engine::forget`] the workflow if the transaction fails.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::plan`], and `load_after`'s errors.
+    pub fn plan_in(
+        &self,
+        history: HistoryId,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+        load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
+    ) -> Result<Planned<W::State>, Error> {
+        let (commit, folded) =
+            self.plan_cached(Some(history), workflow_id, event, now, load_after)?;
+        Ok(Planned {
+            commit: commit?,
+            folded: folded.into_entry(),
+        })
+    }
+
+    /// Keeps the state a [`Planned`] was decided on, for the next call on its workflow: once the
+    /// transaction its events were read in has committed; or at once, for later plans in the same
+    /// transaction to fold on from it, if the host calls [`Engine::forget`] for the workflow when that
+    /// transaction fails.
+    pub fn remember(&self, planned: Planned<W::State>) {
+        if let Some((key, entry)) = planned.folded {
+            self.states.put(key, entry);
+        }
+    }
+
+    /// Drops the cached state of `workflow_id` in `history`, if any: for a host that remembered a
+    /// state folded in a transaction that then failed.
+    pub fn forget(&self, history: HistoryId, workflow_id: &WorkflowId) {
+        drop(self.states.take(&(history, workflow_id.clone())));
+    }
+
+    /// Folds the workflow (from its cached state when there is a usable one), decides on `event`, and
+    /// returns the commit (or why there is none) beside the folded state.
+    #[allow(clippy::type_complexity)]
+    fn plan_cached(
+        &self,
+        history: Option<HistoryId>,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+        load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
+    ) -> Result<(Result<Commit, Error>, Folded<W::State>), Error> {
+        if let Err(e) = self.limits.check("event.payload", &event.payload) {
+            crate::limits::drop_deep(event.payload);
+            return Err(e);
+        }
+        let folded = self.fold_cached(history, workflow_id, load_after)?;
+        let record = EventRecord {
+            workflow_id: workflow_id.clone(),
+            seq: folded.last_seq.next()?,
+            kind: event.kind.clone(),
+            payload: event.payload.clone(),
+            recorded_at: now,
+        };
+        let decision = self.workflow.decide(&folded.state, &record);
+        let commit = Commit::with_limits(
+            workflow_id.clone(),
+            folded.last_seq,
+            event,
+            decision,
+            now,
+            self.limits,
+        );
+        Ok((commit, folded))
+    }
+
+    /// The state of `workflow_id`: its cached state with the newer events folded in, when the store
+    /// still holds the cached state's last event unchanged; else replayed from the first event.
+    fn fold_cached(
+        &self,
+        history: Option<HistoryId>,
+        workflow_id: &WorkflowId,
+        mut load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
+    ) -> Result<Folded<W::State>, Error> {
+        let key = history
+            .filter(|_| self.states.capacity() > 0)
+            .map(|history| (history, workflow_id.clone()));
+        if let Some(key) = &key {
+            let cached = self.states.take(key);
+            if let Some(entry) = cached {
+                // Read from the cached last event on, to find it again as it was.
+                let events = load_after(Seq::new(entry.last.seq.get() - 1)?)?;
+                let found = events.first() == Some(&entry.last);
+                self.states.count(Some(found));
+                if found {
+                    let mut state = entry.state;
+                    let last_seq = fold(&self.workflow, &mut state, entry.last.seq, &events[1..])?;
+                    return Ok(Folded {
+                        state,
+                        last_seq,
+                        key: Some(key.clone()),
+                        last: events.into_iter().last(),
+                    });
+                }
+            } else {
+                self.states.count(None);
+            }
+        }
+        let events = load_after(Seq::ZERO)?;
+        let replayed = replay(&self.workflow, &events)?;
+        Ok(Folded {
+            state: replayed.state,
+            last_seq: replayed.last_seq,
+            key,
+            last: events.into_iter().last(),
+        })
+    }
+
     /// Fires a due `timer` (from [`Timers::claim_timers`]): commits its event into its workflow through
     /// replay → decide → commit, marking the timer fired in the same transaction (DESIGN rule 11).
     /// Returns `None` when it is no longer scheduled: another firer won, or a decision cancelled it.
@@ -316,6 +568,26 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
+    /// Plans the commit of `event` from `store`'s events with the state cache. The store's reads are
+    /// committed ([`EventLog::history_id`]), so the folded state is kept at once, whatever becomes of
+    /// the commit.
+    fn plan_from<S: EventLog + ?Sized>(
+        &self,
+        store: &S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Commit, Error> {
+        let (commit, folded) =
+            self.plan_cached(store.history_id(), workflow_id, event, now, |after| {
+                store.load_after(workflow_id, after)
+            })?;
+        if let Some((key, entry)) = folded.into_entry() {
+            self.states.put(key, entry);
+        }
+        commit
+    }
+
     fn commit_event<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
@@ -333,8 +605,7 @@ impl<W: Workflow> Engine<W> {
         }
         let mut conflicts = 0;
         loop {
-            let events = store.load(workflow_id)?;
-            let mut commit = self.plan(&events, workflow_id, event.clone(), now)?;
+            let mut commit = self.plan_from(store, workflow_id, event.clone(), now)?;
             if let Some(firing) = fires {
                 commit = firing.apply(commit)?;
             }

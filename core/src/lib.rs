@@ -72,6 +72,7 @@
 #![warn(missing_docs)]
 
 mod builtin;
+mod cache;
 mod control;
 mod engine;
 mod error;
@@ -98,8 +99,9 @@ pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
     COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
 };
+pub use cache::StateCacheStats;
 pub use control::{check_bulk, Admission, KindChange, KindControl, MAX_BULK_BATCH};
-pub use engine::{replay, Engine, Handled, ReplayResult, Workflow};
+pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
 pub use idempotency::{
@@ -121,7 +123,7 @@ pub use retention::{
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
-pub use store::{Ack, Commit, EventLog, Handover, Operations, Outbox, Store, Timers};
+pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};

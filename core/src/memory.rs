@@ -19,7 +19,7 @@ use crate::outbox::{
 };
 use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
-use crate::store::{Commit, EventLog, Operations, Outbox, Timers};
+use crate::store::{Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
 use crate::timer::feedback;
 use crate::timer::{TimerId, TimerRow};
@@ -59,6 +59,24 @@ pub struct MemoryStore {
     /// a map's code).
     controls: Vec<KindControl>,
     poisoned_kinds: Vec<String>,
+    history: OwnHistory,
+}
+
+/// The [`HistoryId`] of one store: a clone goes its own way from the moment it is made, so it gets
+/// an ID of its own.
+#[derive(Debug)]
+struct OwnHistory(HistoryId);
+
+impl Default for OwnHistory {
+    fn default() -> Self {
+        Self(HistoryId::unique())
+    }
+}
+
+impl Clone for OwnHistory {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 impl MemoryStore {
@@ -408,6 +426,15 @@ fn abbreviate(text: &str) -> String {
 impl EventLog for MemoryStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         Ok(self.events.get(workflow_id).cloned().unwrap_or_default())
+    }
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        // Events are kept gapless from seq 1, so event `n` is at index `n - 1`.
+        let events = self.events.get(workflow_id).map_or(&[][..], Vec::as_slice);
+        let from = usize::try_from(after.get()).unwrap_or(usize::MAX);
+        Ok(events.get(from..).map(<[_]>::to_vec).unwrap_or_default())
+    }
+    fn history_id(&self) -> Option<HistoryId> {
+        Some(self.history.0)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         let staged = self.stage(commit)?;

@@ -417,12 +417,55 @@ pub struct Handover {
     pub claimed: Result<Vec<Delivery>, Error>,
 }
 
+/// Which event history an [`EventLog`] reads, for the engine's state cache
+/// ([`crate::Engine::state_cache`]): a state folded from one log's events is used again only with a
+/// log of the same `HistoryId`, and only after the event it was folded up to is found again, unchanged,
+/// at its seq.
+///
+/// An ID names one history in this process: a store instance (and its clones, when they share their
+/// data), never a file name or URL, which a new store could take over. Two IDs from
+/// [`HistoryId::unique`] are never equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct HistoryId(u64);
+
+impl HistoryId {
+    /// An ID no other call in this process returns.
+    pub fn unique() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
 /// The event log of every workflow: all that [`crate::Engine::handle`] needs.
 ///
 /// A store is synchronous and row-shaped: it stores JSON payloads and knows nothing of workflow types.
 pub trait EventLog {
     /// The events of `workflow_id` in seq order (empty for a new workflow).
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error>;
+
+    /// The events of `workflow_id` after `after`, in seq order: `load` without the first `after`
+    /// events (empty when the workflow has none past it). [`crate::Engine::handle`] reads only what
+    /// its cached state has not folded yet. A store should override this with a query that reads only
+    /// those rows; the default loads every event and drops the first ones.
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        let mut events = self.load(workflow_id)?;
+        events.retain(|event| event.seq > after);
+        Ok(events)
+    }
+
+    /// The history this log reads, when the engine may keep states folded from it between calls;
+    /// `None` (the default) makes the engine replay every workflow from its first event each time.
+    ///
+    /// A store returns `Some` only when every read of [`EventLog::load_after`] sees committed events
+    /// alone (never a transaction's own uncommitted writes) and the ID is its own (see
+    /// [`HistoryId`]). Even then the engine trusts a cached state only after finding the event it was
+    /// folded up to again, unchanged, at its seq. What that cannot see, and what miniflow never does,
+    /// is a history whose events are replaced by others and then grow back to an equal event at that
+    /// seq: events are appended, never rewritten, and a workflow ID is never used for a second workflow.
+    fn history_id(&self) -> Option<HistoryId> {
+        None
+    }
 
     /// Writes `commit` atomically, in one transaction, if and only if the workflow's last seq is still
     /// `commit.expected_seq()` (DESIGN rule 3): its events, the workflow's unfinished commands it

@@ -156,7 +156,7 @@ fn write(conn: &Connection, record: &IdempotencyRecord) -> Result<(), Error> {
     Ok(())
 }
 
-fn begin_on(
+pub(crate) fn begin_on(
     conn: &Connection,
     policy: &IdempotencyPolicy,
     key: &IdempotencyKey,
@@ -171,7 +171,7 @@ fn begin_on(
     Ok(answer)
 }
 
-fn finish_on(
+pub(crate) fn finish_on(
     conn: &Connection,
     key: &IdempotencyKey,
     token: u64,
@@ -185,7 +185,7 @@ fn finish_on(
     write(conn, &record)
 }
 
-fn abandon_on(conn: &Connection, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
+pub(crate) fn abandon_on(conn: &Connection, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
     if let Some(mut record) = select(conn, key)? {
         record.abandon(token)?;
         write(conn, &record)?;

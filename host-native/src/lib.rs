@@ -40,6 +40,8 @@ mod dispatcher;
 mod idempotency;
 mod sqlite;
 mod telemetry;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod writer;
 
 pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};

@@ -5,7 +5,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use miniflow_core::{Error, Timestamp};
+use miniflow_core::{Error, HistoryId, Timestamp};
 use postgres::error::SqlState;
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Client, Config, GenericClient, NoTls, Socket};
@@ -303,6 +303,8 @@ pub(crate) struct Shared {
     connections: Arc<dyn Connections>,
     notifier: Arc<Notifier>,
     pub(crate) options: PostgresOptions,
+    /// The history the store's events are, for the engine's state cache: one per pool.
+    pub(crate) history: HistoryId,
 }
 
 impl std::fmt::Debug for Shared {
@@ -381,6 +383,7 @@ impl Shared {
             notifier: Arc::new(Notifier::new(connections.clone())),
             connections,
             options: options.clone(),
+            history: HistoryId::unique(),
         };
         // The checks on a connection of their own: a server that cannot be reached fails the
         // connect at once with what went wrong, where the pool would retry until its timeout.

@@ -315,10 +315,22 @@ pub(crate) fn load_events(
     db: &mut Db<'_, impl GenericClient>,
     workflow_id: &WorkflowId,
 ) -> Result<Vec<EventRecord>, Error> {
+    load_events_after(db, workflow_id, Seq::ZERO)
+}
+
+/// The events of `workflow_id` after seq `after`, in seq order.
+pub(crate) fn load_events_after(
+    db: &mut Db<'_, impl GenericClient>,
+    workflow_id: &WorkflowId,
+    after: Seq,
+) -> Result<Vec<EventRecord>, Error> {
+    // A seq is below 2^53, so it fits a bigint.
+    let after = i64::try_from(after.get()).unwrap_or(i64::MAX);
     let rows = db
         .query(
-            "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = $1 ORDER BY seq",
-            &[&workflow_id.as_str()],
+            "SELECT seq, kind, payload, recorded_at FROM events \
+             WHERE workflow_id = $1 AND seq > $2 ORDER BY seq",
+            &[&workflow_id.as_str(), &after],
         )
         .map_err(storage)?;
     rows.iter()

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, check_bulk, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId,
-    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, KindChange,
-    KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow,
-    Timestamp, TraceContext, Workflow, WorkflowId,
+    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId,
+    KindChange, KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId,
+    TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Row, Socket, Transaction};
@@ -19,9 +19,9 @@ use crate::connect::{
 };
 use crate::db::{Db, Statements};
 use crate::rows::{
-    col, id_params, insert_timer, load_events, query_rows, query_timers, raw_command_id,
-    read_outbox_row, read_timer, salvage, select_rows, select_timers, text, timer_exists,
-    to_sql_time, token_param, write_row, Column, Params, Unreadable,
+    col, id_params, insert_timer, load_events, load_events_after, query_rows, query_timers,
+    raw_command_id, read_outbox_row, read_timer, salvage, select_rows, select_timers, text,
+    timer_exists, to_sql_time, token_param, write_row, Column, Params, Unreadable,
 };
 use crate::wakeup::Wakeups;
 
@@ -1256,6 +1256,13 @@ fn settled_outward(settled: Settled, clock: &Clock) -> Settled {
 impl EventLog for PostgresStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&mut self.shared.connection()?.db(), workflow_id)
+    }
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        load_events_after(&mut self.shared.connection()?.db(), workflow_id, after)
+    }
+    /// One ID for a store and its clones: they share one pool on one database.
+    fn history_id(&self) -> Option<HistoryId> {
+        Some(self.shared.history)
     }
     /// A commit without timers or cancellations, on the caller's clock, is one statement in a
     /// transaction of its own; any other is one transaction of several.

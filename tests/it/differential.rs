@@ -700,7 +700,7 @@ impl<S: Store> Run<S> {
     /// One of the reads, with a random limit or target.
     fn read(&mut self) {
         let limit = self.rng.usize(0..=5);
-        match self.rng.u8(..9) {
+        match self.rng.u8(..10) {
             6 => {
                 let operation = "stats(now)".to_owned();
                 self.both(operation, |store, now| store.stats(now));
@@ -739,6 +739,14 @@ impl<S: Store> Run<S> {
                 let w = self.workflow();
                 let operation = format!("timers({w})");
                 self.both(operation, |store, _| store.timers(&w));
+            }
+            5 => {
+                let w = self.workflow();
+                // Mostly inside the history, sometimes at or past its end.
+                let after = self.rng.u64(0..=self.last_seq(&w).get() + 2);
+                let after = Seq::new(after).expect("a seq");
+                let operation = format!("load_after({w}, {after})");
+                self.both(operation, |store, _| store.load_after(&w, after));
             }
             _ => {
                 let w = self.workflow();

@@ -607,3 +607,68 @@ fn metrics_example_serves_a_valid_prometheus_exposition_of_the_workload() {
         );
     }
 }
+
+/// `cargo run -p miniflow-example-axum`: two axum services on 127.0.0.1, orders written with their
+/// event and command in one transaction, delivered by the async dispatcher with `Idempotency-Key`.
+#[cfg(feature = "tokio")]
+#[test]
+fn axum_example_reserves_once_per_order_despite_a_duplicate_and_a_lost_answer() {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "miniflow-example-axum",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .output()
+        .expect("run cargo");
+    assert!(
+        output.status.success(),
+        "the axum example failed: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out = String::from_utf8(output.stdout).expect("UTF-8 output");
+    let line = |needle: &str| {
+        out.lines()
+            .find(|l| l.starts_with(needle))
+            .unwrap_or_else(|| panic!("no line starting with {needle:?} in:\n{out}"))
+            .to_owned()
+    };
+    assert_eq!(line("orders placed:"), "orders placed: 5");
+    assert_eq!(line("the same order again:"), "the same order again: 409");
+    // Five orders, one sent twice at once, one whose answer was lost and delivered again: seven
+    // requests, two of them answered from the idempotency record, one reservation per order.
+    assert_eq!(
+        line("warehouse requests:"),
+        "warehouse requests: 7, replayed answers: 2"
+    );
+    assert_eq!(
+        line("reservations at the warehouse:"),
+        "reservations at the warehouse: 5"
+    );
+    assert_eq!(
+        line("reservations per order:"),
+        "reservations per order: order-001=1 order-002=1 order-003=1 order-004=1 order-005=1"
+    );
+    assert_eq!(
+        line("deliveries:"),
+        "deliveries: 5 completed, 1 retried, 0 dead"
+    );
+    assert_eq!(line("commands pending:"), "commands pending: 0");
+    // Each reservation came back into its order's workflow, and no two orders share one.
+    let mut reservations: Vec<String> = (1..=5)
+        .map(|n| {
+            let reserved = line(&format!("order-{n:03}: reserved "));
+            let reservation = reserved.rsplit(' ').next().unwrap().to_owned();
+            assert!(reservation.starts_with("RSV-"), "{reserved}");
+            reservation
+        })
+        .collect();
+    reservations.sort();
+    reservations.dedup();
+    assert_eq!(reservations.len(), 5, "{out}");
+}

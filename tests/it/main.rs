@@ -1,6 +1,8 @@
 //! miniflow's integration tests, in one binary: the conformance suite on every store, the SQLite
 //! host's own guarantees, and the examples.
 
+#[cfg(feature = "tokio")]
+mod asynchronous;
 mod child;
 mod cli;
 mod conformance;

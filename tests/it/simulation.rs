@@ -45,11 +45,11 @@ use std::time::{Duration, Instant};
 use miniflow::prelude::*;
 use miniflow::{
     check_retention, json, Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit,
-    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure,
+    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure, HistoryId,
     IdempotencyKey, IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore,
-    OutboxRow, RecordState, RetryPolicy, Settled, Status, Timer, TimerId, TimerRow, TimerSource,
-    TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED, COMMAND_FAILED,
-    TIMER_FIRED,
+    OutboxRow, RecordState, RetryPolicy, Seq, Settled, Status, Timer, TimerId, TimerRow,
+    TimerSource, TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED,
+    COMMAND_FAILED, TIMER_FIRED,
 };
 
 /// Seeds CI runs when no seed is given: 1 to `CI_RUNS`.
@@ -282,6 +282,14 @@ fn is_injected(error: &Error) -> bool {
 impl EventLog for FaultyStore {
     fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         self.read(|s| s.load(id))
+    }
+    fn load_after(&self, id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        self.read(|s| s.load_after(id, after))
+    }
+    /// The engine keeps states folded from this store: reads that fail and replies that are lost
+    /// must not lead it astray.
+    fn history_id(&self) -> Option<HistoryId> {
+        self.inner.history_id()
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         self.write(|s| s.append_with_commands(commit))

@@ -283,6 +283,7 @@ impl Workflow for Counter {
     }
 }
 
+mod cached;
 mod commit;
 mod controls;
 mod edges;
@@ -293,6 +294,7 @@ mod schedules;
 mod timers;
 mod trace;
 
+pub use self::cached::*;
 pub use self::commit::*;
 pub use self::controls::*;
 pub use self::edges::*;
@@ -415,6 +417,8 @@ macro_rules! store_conformance_tests {
             paused_kinds_are_skipped_until_resumed,
             a_concurrency_limit_caps_unexpired_leases_of_its_kind,
             bulk_retry_and_resolve_dead_commands_of_a_kind,
+            load_after_returns_the_events_after_a_seq,
+            cached_states_decide_as_replay_does,
         );
     };
     (@cases $harness:expr; $test:meta; $($case:ident),* $(,)?) => {

@@ -47,6 +47,41 @@ impl HeldLeases {
     pub(super) fn is_cancel_requested(&self, id: &CommandId) -> bool {
         self.lock().get(id).is_some_and(|h| h.cancel_requested)
     }
+
+    /// The leases past half their TTL at `now`: the ones a heartbeat extends.
+    pub(super) fn due_for_extension(&self, now: Timestamp, ttl: Duration) -> Vec<(CommandId, u64)> {
+        self.lock()
+            .iter()
+            .filter(|(_, h)| !h.lost && h.expires_at < now + ttl / 2)
+            .map(|(id, h)| (id.clone(), h.token))
+            .collect()
+    }
+
+    /// Records what extending the lease `token` of `id` gave: a new expiry and whether the workflow
+    /// cancelled the command, or a lost lease. Returns the error to report when the store failed (the
+    /// lease is still held until it expires: try again next tick).
+    pub(super) fn extended(
+        &self,
+        id: &CommandId,
+        token: u64,
+        result: Result<Extended, Error>,
+    ) -> Option<Error> {
+        if let Err(error) = &result {
+            if !matches!(error, Error::StaleLease { .. }) {
+                return result.err();
+            }
+        }
+        let mut held = self.lock();
+        let h = held.get_mut(id).filter(|h| h.token == token)?;
+        match result {
+            Ok(extended) => {
+                h.expires_at = extended.expires_at;
+                h.cancel_requested = extended.cancel_requested;
+            }
+            Err(_) => h.lost = true, // stale: another worker took it over
+        }
+        None
+    }
 }
 
 thread_local! {
@@ -121,32 +156,10 @@ impl<S: Store> Heartbeat<S> {
         while !self.stop.load(Ordering::SeqCst) {
             sleep_unless(&self.stop, tick);
             let now = self.clock.now();
-            let due: Vec<(CommandId, u64)> = self
-                .held
-                .lock()
-                .iter()
-                .filter(|(_, h)| !h.lost && h.expires_at < now + self.lease_ttl / 2)
-                .map(|(id, h)| (id.clone(), h.token))
-                .collect();
-            for (id, token) in due {
+            for (id, token) in self.held.due_for_extension(now, self.lease_ttl) {
                 let result = store.extend(&id, token, self.lease_ttl, now);
-                if let Err(error) = &result {
-                    if !matches!(error, Error::StaleLease { .. }) {
-                        // Try again next tick: the lease is still ours until it expires.
-                        self.failed(error);
-                        continue;
-                    }
-                }
-                let mut held = self.held.lock();
-                let Some(h) = held.get_mut(&id).filter(|h| h.token == token) else {
-                    continue;
-                };
-                match result {
-                    Ok(extended) => {
-                        h.expires_at = extended.expires_at;
-                        h.cancel_requested = extended.cancel_requested;
-                    }
-                    Err(_) => h.lost = true, // stale: another worker took it over
+                if let Some(error) = self.held.extended(&id, token, result) {
+                    self.failed(&error);
                 }
             }
         }

@@ -22,14 +22,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use miniflow_core::{
-    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Failure, Handled,
-    RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
+    Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Extended, Failure,
+    Handled, Handover, RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
 };
 
 use serde_json::Value;
 
 use crate::{telemetry, SqliteStore, SystemClock};
 
+#[cfg(feature = "tokio")]
+pub(crate) mod asynchronous;
 mod idle;
 mod leases;
 mod worker;
@@ -69,6 +71,24 @@ impl Outcome {
     pub fn permanent(error: impl std::fmt::Display) -> Self {
         Outcome::Permanent(error.to_string())
     }
+
+    /// What settling this outcome takes: an ack (with the result), or a failure.
+    fn verdict(self) -> Verdict {
+        match self {
+            Outcome::Done => Verdict::Done(None),
+            Outcome::DoneWith(result) => Verdict::Done(Some(result)),
+            Outcome::Retry(error) => Verdict::Failed(Failure::retryable(error)),
+            Outcome::Permanent(error) => Verdict::Failed(Failure::permanent(error)),
+        }
+    }
+}
+
+/// How an [`Outcome`] is settled.
+enum Verdict {
+    /// Acknowledged, with the handler's result if any.
+    Done(Option<Value>),
+    /// Failed: retried later or dead, by the retry policy.
+    Failed(Failure),
 }
 
 /// Delivers one command to the outside world. Plain functions and closures are handlers.
@@ -224,7 +244,11 @@ trait Firer<S>: Send + Sync {
     ) -> Result<Option<Handled>, Error>;
 }
 
-impl<S: Store, W: Workflow + Send + Sync> Firer<S> for Engine<W> {
+impl<S: Store, W> Firer<S> for Engine<W>
+where
+    W: Workflow + Send + Sync,
+    W::State: Send,
+{
     fn fire(
         &self,
         store: &mut S,
@@ -383,9 +407,14 @@ impl<S: Store + 'static> Dispatcher<S> {
 
     /// Also fires due timers and failure feedback (`command_failed`, `command_resolved`) into their
     /// workflows through `engine`: replay → decide → commit, each timer exactly once (DESIGN rules
-    /// 11–12). Without it, timers wait for a dispatcher that has one.
+    /// 11–12). Without it, timers wait for a dispatcher that has one. The workers share `engine` and
+    /// its state cache, so the workflow's state must be `Send`.
     #[must_use]
-    pub fn workflow<W: Workflow + Send + Sync + 'static>(mut self, engine: Engine<W>) -> Self {
+    pub fn workflow<W>(mut self, engine: Engine<W>) -> Self
+    where
+        W: Workflow + Send + Sync + 'static,
+        W::State: Send,
+    {
         self.firer = Some(Arc::new(engine));
         self
     }

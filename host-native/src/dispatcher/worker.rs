@@ -131,9 +131,21 @@ impl<S: Store> Worker<S> {
             let _settle = (!acks.is_empty()).then(|| settle.enter());
             store.complete_all_and_claim(acks, request, self.clock.now())
         };
+        self.handed_over(&settle, done, handover, tally)
+    }
+
+    /// Reports the acks of `done` (in `settle`, their span) and returns the claimed batch as
+    /// `handover` says; `None` when the store failed (reported).
+    pub(super) fn handed_over(
+        &self,
+        settle: &tracing::Span,
+        done: &mut Vec<Done>,
+        handover: Result<Handover, Error>,
+        tally: &mut Tally,
+    ) -> Option<Vec<Delivery>> {
         match handover {
             Ok(handover) => {
-                self.settled(&settle, done, Ok(handover.completed), tally);
+                self.settled(settle, done, Ok(handover.completed), tally);
                 match handover.claimed {
                     Ok(batch) => {
                         tally.store_answered();
@@ -145,12 +157,12 @@ impl<S: Store> Worker<S> {
                     }
                 }
             }
+            Err(error) if done.is_empty() => {
+                self.store_failed(error, tally);
+                None
+            }
             Err(error) => {
-                if done.is_empty() {
-                    self.store_failed(error, tally);
-                } else {
-                    self.settled(&settle, done, Err(error), tally);
-                }
+                self.settled(settle, done, Err(error), tally);
                 None
             }
         }
@@ -321,37 +333,44 @@ impl<S: Store> Worker<S> {
         let process = telemetry::process_span(&delivery);
         let _process = process.enter();
         let started = Instant::now();
-        let mut panicked = false;
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
             self.handler.handle(&delivery)
-        }))
-        .unwrap_or_else(|panic| {
+        }));
+        telemetry::delivered(
+            &process,
+            &delivery,
+            outcome_name(&outcome),
+            started.elapsed(),
+        );
+        match self.judge(&process, &delivery, outcome, tally) {
+            Some(Verdict::Done(result)) => done.push((delivery, result)),
+            Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
+            None => {}
+        }
+    }
+
+    /// How to settle a delivery whose handler returned `outcome` (a panic is a retryable failure,
+    /// counted); `None` when its lease was lost meanwhile (reported, and recorded in `process`, its
+    /// span: the result is dropped).
+    pub(super) fn judge(
+        &self,
+        process: &tracing::Span,
+        delivery: &Delivery,
+        outcome: std::thread::Result<Outcome>,
+        tally: &mut Tally,
+    ) -> Option<Verdict> {
+        let outcome = outcome.unwrap_or_else(|panic| {
             tally.stats.panics += 1;
-            panicked = true;
             Outcome::Retry(format!("handler panicked: {}", panic_message(&*panic)))
         });
-        let how = match &outcome {
-            _ if panicked => "panic",
-            Outcome::Done | Outcome::DoneWith(_) => "done",
-            Outcome::Retry(_) => "retry",
-            Outcome::Permanent(_) => "permanent",
-        };
-        telemetry::delivered(&process, &delivery, how, started.elapsed());
         if self.held.is_lost(&delivery.command_id) {
             self.held.drop_lease(&delivery.command_id);
             process.record("error.type", "lease_lost");
-            self.report(&delivery, Settlement::LeaseLost, tally);
-            return;
+            self.report(delivery, Settlement::LeaseLost, tally);
+            return None;
         }
-        match outcome {
-            Outcome::Done => done.push((delivery, None)),
-            Outcome::DoneWith(result) => done.push((delivery, Some(result))),
-            Outcome::Retry(error) => self.fail(store, &delivery, Failure::retryable(error), tally),
-            Outcome::Permanent(error) => {
-                self.fail(store, &delivery, Failure::permanent(error), tally)
-            }
-        }
+        Some(outcome.verdict())
     }
 
     /// Completes `done` in one durable transaction, then reports them.
@@ -432,6 +451,18 @@ impl<S: Store> Worker<S> {
             &self.config.policy,
             self.clock.now(),
         );
+        self.failed(&settle, delivery, failure, result, tally);
+    }
+
+    /// Reports how the store settled a failed delivery (in `settle`, its span).
+    pub(super) fn failed(
+        &self,
+        settle: &tracing::Span,
+        delivery: &Delivery,
+        failure: Failure,
+        result: Result<Settled, Error>,
+        tally: &mut Tally,
+    ) {
         self.held.drop_lease(&delivery.command_id);
         let settlement = match result {
             Ok(Settled::RetryAt { at, backoff }) => Settlement::RetryAt {
@@ -447,7 +478,7 @@ impl<S: Store> Worker<S> {
             },
             Err(Error::StaleLease { .. }) => Settlement::LeaseLost,
             Err(error) => {
-                telemetry::failed(&settle, &error);
+                telemetry::failed(settle, &error);
                 return self.store_failed(error, tally);
             }
         };
@@ -465,12 +496,23 @@ impl<S: Store> Worker<S> {
         let settle = telemetry::settle_span("release", rest.iter());
         let _settle = settle.enter();
         for delivery in rest {
-            self.held.drop_lease(&delivery.command_id);
-            match store.release(&delivery.command_id, delivery.token, self.clock.now()) {
-                Ok(()) => self.report(delivery, Settlement::Released, tally),
-                Err(Error::StaleLease { .. }) => {}
-                Err(error) => self.store_failed(error, tally),
-            }
+            let result = store.release(&delivery.command_id, delivery.token, self.clock.now());
+            self.released(delivery, result, tally);
+        }
+    }
+
+    /// Reports how the store took back an undelivered command.
+    pub(super) fn released(
+        &self,
+        delivery: &Delivery,
+        result: Result<(), Error>,
+        tally: &mut Tally,
+    ) {
+        self.held.drop_lease(&delivery.command_id);
+        match result {
+            Ok(()) => self.report(delivery, Settlement::Released, tally),
+            Err(Error::StaleLease { .. }) => {}
+            Err(error) => self.store_failed(error, tally),
         }
     }
 
@@ -491,8 +533,18 @@ impl<S: Store> Worker<S> {
     }
 }
 
+/// What a handler's call came to, as the delivery metrics name it.
+pub(super) fn outcome_name(outcome: &std::thread::Result<Outcome>) -> &'static str {
+    match outcome {
+        Err(_) => "panic",
+        Ok(Outcome::Done | Outcome::DoneWith(_)) => "done",
+        Ok(Outcome::Retry(_)) => "retry",
+        Ok(Outcome::Permanent(_)) => "permanent",
+    }
+}
+
 /// The acks of `done`, in order, taking the handlers' results.
-fn take_acks(done: &mut [Done]) -> Vec<Ack> {
+pub(super) fn take_acks(done: &mut [Done]) -> Vec<Ack> {
     done.iter_mut()
         .map(|(delivery, result)| Ack {
             command_id: delivery.command_id.clone(),

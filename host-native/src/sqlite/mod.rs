@@ -10,8 +10,8 @@ use miniflow_core::prelude::*;
 use miniflow_core::{
     canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimOrder, ClaimRequest,
     CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled,
-    Handover, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled,
-    Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    Handover, HistoryId, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq,
+    Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -39,8 +39,8 @@ pub use self::rows::{Listing, UnreadableCommand};
 pub(crate) use self::schema::open_connection;
 use self::schema::*;
 use self::timers::*;
-pub(crate) use self::writes::in_savepoint;
 use self::writes::*;
+pub(crate) use self::writes::{in_savepoint, load_events_after};
 
 /// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
 const MIGRATIONS: &[&str] = &[
@@ -122,6 +122,9 @@ pub struct SqliteStore {
     /// The last claim came back full: the next one goes straight to claiming, without asking first
     /// whether anything is claimable (there most likely is).
     busy: bool,
+    /// The history its events are, for the engine's state cache: one per store, never shared with
+    /// another connection (a file can be replaced under its name).
+    history: HistoryId,
 }
 
 /// The most row keys a store remembers: past it, it forgets them (acks then look rows up by
@@ -181,6 +184,7 @@ impl SqliteStore {
             writer: Some(writer),
             claimed: HashMap::new(),
             busy: false,
+            history: HistoryId::unique(),
         })
     }
 
@@ -236,6 +240,7 @@ impl SqliteStore {
             writer: None,
             claimed: HashMap::new(),
             busy: false,
+            history: HistoryId::unique(),
         })
     }
 
@@ -261,6 +266,14 @@ impl SqliteStore {
     /// The file this store lives in.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The same store, naming `history` as the history of its events (see
+    /// [`EventLog::history_id`]): for stores that read one file on behalf of one owner, whose
+    /// engines' cached states they then share.
+    pub(crate) fn with_history(mut self, history: HistoryId) -> Self {
+        self.history = history;
+        self
     }
 
     /// The connection the store reads on, for diagnostics and tests. Writing through it bypasses
@@ -432,6 +445,12 @@ impl SqliteStore {
 impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
+    }
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        load_events_after(&self.conn, workflow_id, after)
+    }
+    fn history_id(&self) -> Option<HistoryId> {
+        Some(self.history)
     }
     /// The payloads are written out on the caller's thread, and the commit goes back to it to be
     /// dropped there: the writer thread, which every caller waits for, does only the SQL.

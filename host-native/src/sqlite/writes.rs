@@ -169,6 +169,17 @@ pub(super) fn load_events(
     conn: &Connection,
     workflow_id: &WorkflowId,
 ) -> Result<Vec<EventRecord>, Error> {
+    load_events_after(conn, workflow_id, Seq::ZERO)
+}
+
+/// The events of `workflow_id` after seq `after`, in seq order.
+pub(crate) fn load_events_after(
+    conn: &Connection,
+    workflow_id: &WorkflowId,
+    after: Seq,
+) -> Result<Vec<EventRecord>, Error> {
+    // A seq is below 2^53, so it fits an INTEGER.
+    let after = i64::try_from(after.get()).unwrap_or(i64::MAX);
     let read = |row: &Row<'_>| {
         let seq: i64 = row.get(0)?;
         Ok(EventRecord {
@@ -185,8 +196,9 @@ pub(super) fn load_events(
     let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
     read_all(
         conn,
-        "SELECT seq, kind, payload, recorded_at FROM events WHERE workflow_id = ?1 ORDER BY seq",
-        [workflow_id.as_str()],
+        "SELECT seq, kind, payload, recorded_at FROM events \
+         WHERE workflow_id = ?1 AND seq > ?2 ORDER BY seq",
+        params![workflow_id.as_str(), after],
         read,
         name,
     )
