@@ -24,6 +24,7 @@ mod engine;
 mod error;
 mod ids;
 mod receiver;
+mod snapshot;
 mod store;
 mod types;
 

@@ -62,7 +62,7 @@ function note(text) {
 }
 
 function claim(limit) {
-  return app.store.claim({ worker: "browser", limit, lease_ttl_ms: LEASE_MS }, app.clock);
+  return app.store.claim({ worker: "browser", limit, leaseTtlMs: LEASE_MS }, app.clock);
 }
 
 const actions = {

@@ -1,10 +1,10 @@
 // The trip booking saga of examples/trip_saga.rs, in the browser, carried further: durable timers,
 // compensation, results that flow back and commands that are withdrawn. Bookings ask for their result
-// (`report_result`): the supplier's reference comes back as a `command_completed` event, the trip keeps
+// (`reportResult`): the supplier's reference comes back as a `command_completed` event, the trip keeps
 // it, and `cancel_flight` carries it. trip-001's hotel refuses for good, so its dead booking feeds
 // `command_failed` back and the trip is compensated; trip-002's hotel keeps answering 503, so its
 // 30-minute deadline fires while the booking is still retrying, and the trip withdraws it
-// (`cancel_kinds`) instead of letting it be booked later; trip-003's hotel books on its second attempt,
+// (`cancelKinds`) instead of letting it be booked later; trip-003's hotel books on its second attempt,
 // in time. Time is a virtual clock.
 import { Engine, MemoryStore, parseCommandId, timerWorkflowId } from "./pkg/miniflow.js";
 
@@ -21,9 +21,9 @@ function compensate(trip, failed, reason, tripId) {
     .filter(([kind]) => trip[REFERENCE[kind]] !== null)
     .map(([kind, undoKind]) => ({ kind: undoKind, payload: { trip_id: tripId, reference: trip[REFERENCE[kind]], reason } }));
   return {
-    cancel_timers: [HOTEL_DEADLINE],
+    cancelTimers: [HOTEL_DEADLINE],
     // A pending booking is never sent; one being delivered still reports how it ended (below).
-    cancel_kinds: underWay,
+    cancelKinds: underWay,
     commands: [...(failed.includes("lock_budget") ? [] : [{ kind: "release_budget", payload: { trip_id: tripId, reason } }]), ...undo],
   };
 }
@@ -60,10 +60,10 @@ export const sagaWorkflow = {
         return {
           commands: [
             { kind: "lock_budget", payload: { trip_id: tripId, amount: 3000 } },
-            { kind: "book_flight", payload: booking, report_result: true },
-            { kind: "book_hotel", payload: booking, report_result: true },
+            { kind: "book_flight", payload: booking, reportResult: true },
+            { kind: "book_hotel", payload: booking, reportResult: true },
           ],
-          timers: [{ name: HOTEL_DEADLINE, after_ms: 30 * 60_000, payload: { trip_id: tripId } }],
+          timers: [{ name: HOTEL_DEADLINE, afterMs: 30 * 60_000, payload: { trip_id: tripId } }],
         };
       }
       case "command_completed": {
@@ -72,7 +72,7 @@ export const sagaWorkflow = {
           // Booked while the trip was being cancelled: undo it too.
           return [{ kind: UNDO[kind], payload: { trip_id: tripId, reference: result.reference, reason: "booked after the trip was cancelled" } }];
         }
-        return kind === "book_hotel" ? { cancel_timers: [HOTEL_DEADLINE] } : [];
+        return kind === "book_hotel" ? { cancelTimers: [HOTEL_DEADLINE] } : [];
       }
       case "command_failed":
         return trip.cancelled === null ? compensate(trip, [...trip.failed, event.payload.kind], "a booking failed", tripId) : [];
@@ -110,7 +110,7 @@ export function runSaga() {
   const store = new MemoryStore();
   const engine = new Engine(sagaWorkflow);
   const trips = [["trip-001", "成都"], ["trip-002", "西安"], ["trip-003", "杭州"]];
-  const policy = { initial_delay_ms: 60_000, multiplier: 2, max_delay_ms: 10 * 60_000, max_attempts: 20, jitter: 0 };
+  const policy = { initialDelayMs: 60_000, multiplier: 2, maxDelayMs: 10 * 60_000, maxAttempts: 20, jitter: 0 };
   const lines = [];
   const minutes = () => `${((clock - start) / 60_000).toFixed(1).padStart(5)} min`;
   const reference = (payload) => (payload?.reference ? ` ${payload.reference}` : "");
@@ -134,7 +134,7 @@ export function runSaga() {
         reportWithdrawn(timerWorkflowId(timer.timer_id));
       }
     }
-    const due = store.claim({ worker: "saga", limit: 50, lease_ttl_ms: 30_000 }, clock);
+    const due = store.claim({ worker: "saga", limit: 50, leaseTtlMs: 30_000 }, clock);
     for (const d of due) {
       const answer = supplier(d);
       const what = `${d.command_id} ${d.kind}${reference(d.payload)} attempt ${d.attempt}`;

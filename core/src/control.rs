@@ -22,8 +22,6 @@
 //! row read); a paused kind with a large due backlog makes every claim walk it (see
 //! `benches/controls.rs`).
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
@@ -198,9 +196,53 @@ fn check_operator(by: &str) -> Result<(), Error> {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Admission {
-    paused: BTreeSet<String>,
+    paused: ByKind<()>,
     /// The slots left for each limited kind: its limit less its unexpired leases.
-    slots: BTreeMap<String, u32>,
+    slots: ByKind<u32>,
+}
+
+/// Values by kind in a vector sorted by kind: few kinds carry controls, and a vector spares the
+/// WebAssembly module two more B-tree instances (and a sort).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ByKind<T>(Vec<(String, T)>);
+
+impl<T> Default for ByKind<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<T> ByKind<T> {
+    fn find(&self, kind: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(kind))
+    }
+
+    fn insert(&mut self, kind: &str, value: T) {
+        match self.find(kind) {
+            Ok(index) => self.0[index].1 = value,
+            Err(index) => self.0.insert(index, (kind.to_owned(), value)),
+        }
+    }
+
+    fn get(&self, kind: &str) -> Option<&T> {
+        self.find(kind).ok().map(|index| &self.0[index].1)
+    }
+
+    fn get_mut(&mut self, kind: &str) -> Option<&mut T> {
+        self.find(kind).ok().map(|index| &mut self.0[index].1)
+    }
+
+    fn contains(&self, kind: &str) -> bool {
+        self.find(kind).is_ok()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, &T)> {
+        self.0.iter().map(|(kind, value)| (kind, value))
+    }
 }
 
 impl Admission {
@@ -210,9 +252,9 @@ impl Admission {
         let mut admission = Self::default();
         for control in controls {
             if control.paused {
-                admission.paused.insert(control.kind.clone());
+                admission.paused.insert(&control.kind, ());
             } else if let Some(limit) = control.concurrency_limit {
-                admission.slots.insert(control.kind.clone(), limit);
+                admission.slots.insert(&control.kind, limit);
             }
         }
         admission
@@ -225,7 +267,7 @@ impl Admission {
 
     /// The limited kinds (not paused) whose unexpired leases the store must count, by kind.
     pub fn limited_kinds(&self) -> impl Iterator<Item = &str> {
-        self.slots.keys().map(String::as_str)
+        self.slots.iter().map(|(kind, _)| kind.as_str())
     }
 
     /// `kind` holds `leases` unexpired leases: its slots shrink by as many.
@@ -267,7 +309,8 @@ impl Admission {
             .iter()
             .filter(|(_, slots)| **slots == 0)
             .map(|(kind, _)| kind);
-        let mut kinds: Vec<&str> = self.paused.iter().chain(full).map(String::as_str).collect();
+        let paused = self.paused.iter().map(|(kind, _)| kind);
+        let mut kinds: Vec<&str> = paused.chain(full).map(String::as_str).collect();
         kinds.sort_unstable();
         kinds
     }

@@ -135,17 +135,18 @@ impl Digest {
         // Written as the canonical text of `{ field: value, … }` without copying the values, so a
         // field of any depth is hashed without recursion.
         let null = Value::Null;
-        let intent: std::collections::BTreeMap<&str, &Value> = fields
-            .iter()
-            .map(|field| {
+        // Sorted by name, each name once (the same name names the same value).
+        let mut intent: Vec<(&str, &Value)> = Vec::with_capacity(fields.len());
+        for field in fields {
+            if let Err(at) = intent.binary_search_by(|(name, _)| (*name).cmp(field)) {
                 let value = if field.starts_with('/') {
                     request.pointer(field)
                 } else {
                     request.get(field)
                 };
-                (*field, value.unwrap_or(&null))
-            })
-            .collect();
+                intent.insert(at, (field, value.unwrap_or(&null)));
+            }
+        }
         let mut text = String::from("{");
         for (i, (field, value)) in intent.into_iter().enumerate() {
             if i > 0 {

@@ -5,7 +5,7 @@ mod index;
 mod index_tests;
 
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use index::{ClaimIndex, ClaimKey, TimerIndex, TimerKey};
@@ -53,10 +53,11 @@ pub struct MemoryStore {
     unfinished: ClaimIndex,
     /// Every timer, by the text of its ID (the order timer IDs sort in).
     timers: BTreeMap<TimerKey, TimerRow>,
-    /// The scheduled timers, in due order and by workflow.
+    /// The scheduled timers, in due order.
     scheduled: TimerIndex,
-    /// The operators' controls, by kind.
-    controls: BTreeMap<String, KindControl>,
+    /// The operators' controls, sorted by kind (few kinds have one; a vector spares the web module
+    /// a map's code).
+    controls: Vec<KindControl>,
     poisoned_kinds: Vec<String>,
     history: OwnHistory,
 }
@@ -93,7 +94,7 @@ impl MemoryStore {
             events: self.events.values().flatten().collect(),
             outbox: self.outbox.values().collect(),
             timers: self.timers.values().collect(),
-            controls: self.controls.values().collect(),
+            controls: self.controls.iter().collect(),
         };
         serde_json::to_string(&snapshot).unwrap_or_default()
     }
@@ -116,46 +117,99 @@ impl MemoryStore {
         let invalid = |reason: String| Error::invalid("snapshot", abbreviate(text), reason);
         let header: SnapshotHeader = serde_json::from_str(text)
             .map_err(|e| invalid(format!("is not a miniflow snapshot: {e}")))?;
-        if header.format != SNAPSHOT_FORMAT {
-            return Err(invalid(format!(
-                "has format {:?}, expected {SNAPSHOT_FORMAT:?}",
-                header.format
-            )));
-        }
-        if header.version > SNAPSHOT_VERSION {
-            return Err(invalid(format!(
-                "has version {}, newer than this miniflow reads ({SNAPSHOT_VERSION}): upgrade miniflow",
-                header.version
-            )));
-        }
+        Self::check_snapshot_header(&header.format, u64::from(header.version)).map_err(invalid)?;
         let snapshot: Snapshot =
             serde_json::from_str(text).map_err(|e| invalid(format!("is malformed: {e}")))?;
+        Self::from_rows(
+            snapshot.events,
+            snapshot.outbox,
+            snapshot.timers,
+            snapshot.controls,
+        )
+        .map_err(invalid)
+    }
+
+    /// Why a snapshot with this `format` and `version` cannot be read, if it cannot: for a host that
+    /// reads a snapshot's JSON itself (the JS package, with `JSON.parse`) before
+    /// [`MemoryStore::from_snapshot_rows`].
+    ///
+    /// # Errors
+    ///
+    /// The reason, for an `InvalidInput` error naming the snapshot: another format, or a version newer
+    /// than this miniflow reads.
+    pub fn check_snapshot_header(format: &str, version: u64) -> Result<(), String> {
+        if format != SNAPSHOT_FORMAT {
+            return Err(format!(
+                "has format {format:?}, expected {SNAPSHOT_FORMAT:?}"
+            ));
+        }
+        if version > u64::from(SNAPSHOT_VERSION) {
+            return Err(format!(
+                "has version {version}, newer than this miniflow reads ({SNAPSHOT_VERSION}): upgrade miniflow"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A store from the rows and the operators' controls of a snapshot a host read itself (after
+    /// [`MemoryStore::check_snapshot_header`]; a version 1 snapshot has no controls), checked as
+    /// [`MemoryStore::from_snapshot`] checks them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] (field `snapshot`) when the rows break an invariant (a seq gap, a
+    /// command without its event).
+    pub fn from_snapshot_rows(
+        events: Vec<EventRecord>,
+        outbox: Vec<OutboxRow>,
+        timers: Vec<TimerRow>,
+        controls: Vec<KindControl>,
+    ) -> Result<Self, Error> {
+        Self::from_rows(events, outbox, timers, controls)
+            .map_err(|reason| Error::invalid("snapshot", "(rows)", reason))
+    }
+
+    fn from_rows(
+        events: Vec<EventRecord>,
+        outbox: Vec<OutboxRow>,
+        timers: Vec<TimerRow>,
+        controls: Vec<KindControl>,
+    ) -> Result<Self, String> {
         let mut store = MemoryStore::new();
-        for event in snapshot.events {
-            let events = store.events.entry(event.workflow_id.clone()).or_default();
-            if event.seq.get() != events.len() as u64 + 1 {
-                return Err(invalid(format!(
+        for event in events {
+            if event.seq.get() != store.last_seq(&event.workflow_id).get() + 1 {
+                return Err(format!(
                     "event {} of {} is out of order",
                     event.seq, event.workflow_id
-                )));
+                ));
             }
-            events.push(event);
+            match store.events.get_mut(&event.workflow_id) {
+                Some(events) => events.push(event),
+                None => {
+                    store.events.insert(event.workflow_id.clone(), vec![event]);
+                }
+            }
         }
-        for row in snapshot.outbox {
+        for row in outbox {
             let id = &row.command_id;
             if store.last_seq(id.workflow_id()) < id.event_seq() {
-                return Err(invalid(format!("command {id} has no event")));
+                return Err(format!("command {id} has no event"));
             }
             store.unfinished.put(&row);
             store.outbox.insert(id.clone(), row);
         }
-        for timer in snapshot.timers {
+        for timer in timers {
             store.put_timer(timer);
         }
-        for control in snapshot.controls {
-            store.controls.insert(control.kind.clone(), control);
+        for control in controls {
+            store.put_control(control);
         }
         Ok(store)
+    }
+
+    /// The timer `timer_id`, if this store has it.
+    pub fn timer(&self, timer_id: &TimerId) -> Option<&TimerRow> {
+        self.timers.get(timer_id.to_string().as_str())
     }
 
     /// Fault injection for tests: every later commit that carries a command of `kind` fails after its
@@ -232,12 +286,17 @@ impl MemoryStore {
         }
         if !commit.cancel_timers().is_empty() {
             // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
+            // Every timer ID of a workflow starts with `{workflow_id}:` (some of another workflow
+            // whose ID starts so too: the filter drops them).
+            let prefix: TimerKey = format!("{}:", commit.workflow_id()).into();
             let cancelled = self
-                .scheduled
-                .of_workflow(commit.workflow_id())
-                .filter_map(|key| self.timers.get(key))
+                .timers
+                .range(prefix.clone()..)
+                .take_while(|(key, _)| key.starts_with(&*prefix))
+                .map(|(_, timer)| timer)
                 .filter(|timer| {
-                    commit.fires() != Some(&timer.timer_id)
+                    timer.timer_id.workflow_id() == commit.workflow_id()
+                        && commit.fires() != Some(&timer.timer_id)
                         && commit.cancel_timers().contains(&timer.name)
                 });
             for timer in cancelled {
@@ -278,23 +337,40 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Where the control of `kind` is in `controls`, or where it would go.
+    fn control_index(&self, kind: &str) -> Result<usize, usize> {
+        self.controls
+            .binary_search_by(|control| control.kind.as_str().cmp(kind))
+    }
+
+    /// Writes a control, replacing the kind's earlier one.
+    fn put_control(&mut self, control: KindControl) {
+        match self.control_index(&control.kind) {
+            Ok(index) => self.controls[index] = control,
+            Err(index) => self.controls.insert(index, control),
+        }
+    }
+
     /// What the operators' controls let a claim at `now` take: the active controls, with the
     /// unexpired leases of each limited kind counted ([`OutboxRow::holds_lease`]). Counting reads
     /// the unfinished rows, only when a kind is limited.
     fn admission(&self, now: Timestamp) -> Admission {
-        let mut admission = Admission::new(self.controls.values());
+        let mut admission = Admission::new(&self.controls);
         if admission.limited_kinds().next().is_none() {
             return admission;
         }
-        let limited: BTreeSet<String> = admission.limited_kinds().map(str::to_owned).collect();
-        let mut leases: BTreeMap<&str, u64> = BTreeMap::new();
+        // Inserted one by one: collecting would sort, and bring a sort routine into the wasm module.
+        let mut leases: BTreeMap<String, u64> = BTreeMap::new();
+        for kind in admission.limited_kinds() {
+            leases.insert(kind.to_owned(), 0);
+        }
         for row in self.unfinished.ids().filter_map(|id| self.outbox.get(id)) {
-            if limited.contains(&row.kind) && row.holds_lease(now) {
-                *leases.entry(&row.kind).or_default() += 1;
+            if let Some(count) = leases.get_mut(&row.kind) {
+                *count += u64::from(row.holds_lease(now));
             }
         }
-        for (kind, count) in leases {
-            admission.leased(kind, count);
+        for (kind, count) in &leases {
+            admission.leased(kind, *count);
         }
         admission
     }
@@ -361,12 +437,44 @@ impl EventLog for MemoryStore {
         Some(self.history.0)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        let staged = self.stage(commit)?;
+        self.apply(
+            staged,
+            commit.workflow_id(),
+            commit.events().to_vec(),
+            commit.commands().to_vec(),
+        );
+        Ok(())
+    }
+}
+
+/// What a commit changes besides its own events and commands, staged before anything is written.
+struct Staged {
+    timers: Vec<TimerRow>,
+    cancels: Vec<OutboxRow>,
+}
+
+impl MemoryStore {
+    /// Writes `commit` as [`EventLog::append_with_commands`] does, moving its rows into the store
+    /// instead of copying them (payloads and all).
+    ///
+    /// # Errors
+    ///
+    /// As [`EventLog::append_with_commands`]; nothing is written.
+    pub fn append(&mut self, commit: Commit) -> Result<(), Error> {
+        let staged = self.stage(&commit)?;
+        let (workflow_id, events, commands) = commit.into_rows();
+        self.apply(staged, &workflow_id, events, commands);
+        Ok(())
+    }
+
+    /// Checks `commit` against the store and stages what it changes besides its own rows; the
+    /// store changes only once nothing can fail any more.
+    fn stage(&self, commit: &Commit) -> Result<Staged, Error> {
         let actual = self.last_seq(commit.workflow_id());
         if actual != commit.expected_seq() {
             return Err(commit.conflict(actual));
         }
-        // Stage everything first; the store changes only once nothing can fail any more.
-        let mut staged_rows = Vec::with_capacity(commit.commands().len());
         for row in commit.commands() {
             if self.poisoned_kinds.contains(&row.kind) {
                 return Err(Error::Storage(
@@ -379,22 +487,34 @@ impl EventLog for MemoryStore {
                     row.command_id
                 )));
             }
-            staged_rows.push(row.clone());
         }
-        let staged_timers = self.stage_timers(commit)?;
-        let staged_cancels = self.stage_cancels(commit);
-        self.events
-            .entry(commit.workflow_id().clone())
-            .or_default()
-            .extend_from_slice(commit.events());
-        for row in staged_cancels.into_iter().chain(staged_rows) {
+        Ok(Staged {
+            timers: self.stage_timers(commit)?,
+            cancels: self.stage_cancels(commit),
+        })
+    }
+
+    /// Writes a staged commit: its events, its commands, the rows it cancels, its timers.
+    fn apply(
+        &mut self,
+        staged: Staged,
+        workflow_id: &WorkflowId,
+        events: Vec<EventRecord>,
+        commands: Vec<OutboxRow>,
+    ) {
+        match self.events.get_mut(workflow_id) {
+            Some(log) => log.extend(events),
+            None => {
+                self.events.insert(workflow_id.clone(), events);
+            }
+        }
+        for row in staged.cancels.into_iter().chain(commands) {
             self.unfinished.put(&row);
             self.outbox.insert(row.command_id.clone(), row);
         }
-        for timer in staged_timers {
+        for timer in staged.timers {
             self.put_timer(timer);
         }
-        Ok(())
     }
 }
 
@@ -434,15 +554,20 @@ impl Outbox for MemoryStore {
         let mut admission = self.admission(now);
         let mut deliveries = Vec::new();
         let mut after: Option<ClaimKey> = None;
-        let mut seen_workflows = BTreeSet::new();
+        // Strict order: the workflows looked at, sorted (at most `limit` plus the buried).
+        let mut seen_workflows: Vec<WorkflowId> = Vec::new();
         while deliveries.len() < request.limit {
             let Some(key) = self.unfinished.next(request.order, after.as_ref(), now) else {
                 break;
             };
-            let strict = request.order == ClaimOrder::StrictPerWorkflow;
-            if strict && !seen_workflows.insert(key.2.workflow_id().clone()) {
-                after = Some(key);
-                continue;
+            if request.order == ClaimOrder::StrictPerWorkflow {
+                match seen_workflows.binary_search(key.2.workflow_id()) {
+                    Ok(_) => {
+                        after = Some(key);
+                        continue;
+                    }
+                    Err(at) => seen_workflows.insert(at, key.2.workflow_id().clone()),
+                }
             }
             let admitted = self
                 .outbox
@@ -547,17 +672,21 @@ impl Operations for MemoryStore {
         batch: usize,
     ) -> Result<usize, Error> {
         // The oldest first, then by command ID: the order a store indexed on `processed_at` reads.
-        let mut purgeable: Vec<&OutboxRow> = self
-            .outbox
-            .values()
-            .filter(|row| row.is_purgeable(older_than, now))
-            .collect();
-        purgeable.sort_by(|a, b| a.purge_order().cmp(&b.purge_order()));
-        let purgeable: Vec<CommandId> = purgeable
-            .into_iter()
-            .take(batch)
-            .map(|row| row.command_id.clone())
-            .collect();
+        // Only the first `batch` in that order are kept, sorted, as the rows go by.
+        let mut oldest: Vec<(Option<Timestamp>, &CommandId)> = Vec::new();
+        for row in self.outbox.values() {
+            if !row.is_purgeable(older_than, now) {
+                continue;
+            }
+            let key = row.purge_order();
+            if oldest.len() == batch && oldest.last().is_none_or(|last| key >= *last) {
+                continue;
+            }
+            let at = oldest.binary_search(&key).unwrap_or_else(|at| at);
+            oldest.insert(at, key);
+            oldest.truncate(batch);
+        }
+        let purgeable: Vec<CommandId> = oldest.into_iter().map(|(_, id)| id.clone()).collect();
         for id in &purgeable {
             self.outbox.remove(id);
         }
@@ -588,10 +717,10 @@ impl Operations for MemoryStore {
         for row in unfinished.chain(dead) {
             stats.count(row);
         }
-        Ok(stats.with_controls(self.controls.values().cloned()))
+        Ok(stats.with_controls(self.controls.iter().cloned()))
     }
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
-        Ok(self.controls.values().cloned().collect())
+        Ok(self.controls.clone())
     }
     fn control_kind(
         &mut self,
@@ -600,8 +729,9 @@ impl Operations for MemoryStore {
         by: &str,
         now: Timestamp,
     ) -> Result<KindControl, Error> {
-        let control = KindControl::change(self.controls.get(kind), kind, change, by, now)?;
-        self.controls.insert(control.kind.clone(), control.clone());
+        let current = self.control_index(kind).ok().map(|i| &self.controls[i]);
+        let control = KindControl::change(current, kind, change, by, now)?;
+        self.put_control(control.clone());
         Ok(control)
     }
     fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {

@@ -299,8 +299,13 @@ fn write_canonical(value: &Value, out: &mut String) {
                 out.push(':');
             }
             Step::Value(Value::Object(map)) => {
-                let mut entries: Vec<_> = map.iter().collect();
-                entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                // A map without `preserve_order` iterates in byte order already; any other order
+                // is sorted by insertion (no sort routine for this one case).
+                let mut entries: Vec<(&String, &Value)> = Vec::with_capacity(map.len());
+                for (key, item) in map {
+                    let at = entries.partition_point(|(k, _)| k.as_bytes() < key.as_bytes());
+                    entries.insert(at, (key, item));
+                }
                 out.push('{');
                 steps.push(Step::Text("}"));
                 for (i, (key, item)) in entries.into_iter().enumerate().rev() {

@@ -133,14 +133,14 @@ impl RetryPolicy {
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {
             return Err(Error::invalid(
                 "retry_policy.multiplier",
-                self.multiplier,
+                number_text(self.multiplier),
                 "must be a finite number of at least 1",
             ));
         }
         if !(0.0..=1.0).contains(&self.jitter) {
             return Err(Error::invalid(
                 "retry_policy.jitter",
-                self.jitter,
+                number_text(self.jitter),
                 "must be a fraction from 0 to 1",
             ));
         }
@@ -207,6 +207,17 @@ fn jitter_unit(command_id: &CommandId, attempt: u32) -> f64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     (hash >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// `number` as JSON writes it (`1.5`, `0.25`), or `NaN`, `inf`, `-inf`: without `core::fmt`'s float
+/// formatting, which the WebAssembly build leaves out (it is a tenth of the module).
+pub(crate) fn number_text(number: f64) -> String {
+    match serde_json::Number::from_f64(number) {
+        Some(number) => number.to_string(),
+        None if number.is_nan() => "NaN".to_owned(),
+        None if number > 0.0 => "inf".to_owned(),
+        None => "-inf".to_owned(),
+    }
 }
 
 #[cfg(test)]

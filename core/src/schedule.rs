@@ -426,8 +426,7 @@ impl Firing {
             };
             return Ok((event, firing));
         };
-        let armed = ScheduleFired::deserialize(&timer.event_payload)
-            .ok()
+        let armed = read_armed(&timer.event_payload)
             .filter(|_| timer.event_kind == SCHEDULE_FIRED)
             .ok_or_else(|| {
                 Error::Corrupt(format!(
@@ -471,6 +470,42 @@ impl Firing {
         }
         Ok(commit)
     }
+}
+
+/// The [`ScheduleFired`] an occurrence's timer carries, read field by field as its `Deserialize`
+/// reads it: a firer then needs no deserializer of JSON values (which, with the error messages it
+/// formats, is a tenth of the web module). `None` when a field is missing or of another shape.
+fn read_armed(payload: &Value) -> Option<ScheduleFired> {
+    let time = |value: &Value| value.as_u64().map(Timestamp::from_millis);
+    let recurrence = payload.get("recurrence")?;
+    let recurrence = match (recurrence.get("every_ms"), recurrence.get("cron")) {
+        (Some(ms), None) => Recurrence::Every(Duration::from_millis(ms.as_u64()?)),
+        (None, Some(expression)) => Recurrence::Cron(expression.as_str()?.to_owned()),
+        _ => return None,
+    };
+    let on_missed = match payload.get("on_missed")? {
+        Value::String(policy) if policy == "fire_once" => Missed::FireOnce,
+        policy => {
+            let max = policy.get("fire_all")?.get("max")?.as_u64()?;
+            Missed::FireAll {
+                max: u32::try_from(max).ok()?,
+            }
+        }
+    };
+    let next_at = match payload.get("next_at")? {
+        Value::Null => None,
+        next => Some(time(next)?),
+    };
+    Some(ScheduleFired {
+        timer_id: payload.get("timer_id")?.as_str()?.to_owned(),
+        name: payload.get("name")?.as_str()?.to_owned(),
+        payload: payload.get("payload")?.clone(),
+        scheduled_at: time(payload.get("scheduled_at")?)?,
+        missed: payload.get("missed")?.as_u64()?,
+        next_at,
+        recurrence,
+        on_missed,
+    })
 }
 
 /// Cron expressions, through `croner`, on whole seconds in UTC.
@@ -598,6 +633,72 @@ mod tests {
 
     fn every(secs: u64) -> Rule {
         Recurrence::Every(Duration::from_secs(secs)).rule().unwrap()
+    }
+
+    #[test]
+    fn an_armed_occurrence_reads_back_as_serde_reads_it() {
+        for (recurrence, on_missed, next_at) in [
+            (
+                Recurrence::Every(Duration::from_secs(60)),
+                Missed::FireOnce,
+                Some(at(120 * SECOND)),
+            ),
+            (
+                Recurrence::Cron("0 9 * * *".into()),
+                Missed::FireAll { max: 7 },
+                None,
+            ),
+        ] {
+            let fired = ScheduleFired {
+                timer_id: "w:1:s0@60000".into(),
+                name: "reading".into(),
+                payload: serde_json::json!({ "unit": "kWh", "n": [1, 2.5] }),
+                scheduled_at: at(60 * SECOND),
+                missed: 3,
+                next_at,
+                recurrence,
+                on_missed,
+            };
+            let payload = to_payload(&fired);
+            assert_eq!(read_armed(&payload), Some(fired.clone()));
+            assert_eq!(
+                read_armed(&payload),
+                ScheduleFired::deserialize(&payload).ok()
+            );
+        }
+        let good = to_payload(&ScheduleFired {
+            timer_id: "w:1:s0@60000".into(),
+            name: "reading".into(),
+            payload: Value::Null,
+            scheduled_at: at(60 * SECOND),
+            missed: 0,
+            next_at: None,
+            recurrence: Recurrence::Every(Duration::from_secs(60)),
+            on_missed: Missed::FireOnce,
+        });
+        for (field, bad) in [
+            (
+                "recurrence",
+                serde_json::json!({ "every_ms": 1, "cron": "@daily" }),
+            ),
+            ("recurrence", serde_json::json!({ "every_ms": -1 })),
+            ("on_missed", serde_json::json!("fire_twice")),
+            (
+                "on_missed",
+                serde_json::json!({ "fire_all": { "max": 5_000_000_000_u64 } }),
+            ),
+            ("next_at", serde_json::json!("soon")),
+            ("missed", serde_json::json!(1.5)),
+            ("timer_id", Value::Null),
+        ] {
+            let mut payload = good.clone();
+            payload[field] = bad;
+            assert_eq!(read_armed(&payload), None, "{field}: {}", payload[field]);
+            assert!(ScheduleFired::deserialize(&payload).is_err(), "{field}");
+        }
+        let mut missing = good;
+        missing.as_object_mut().unwrap().remove("scheduled_at");
+        assert_eq!(read_armed(&missing), None);
     }
 
     fn caught(fire_at: u64, missed: u64, next: Option<u64>) -> CatchUp {

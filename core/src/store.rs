@@ -287,6 +287,11 @@ impl Commit {
         self.trace_context.as_ref()
     }
 
+    /// The workflow, events and commands, for a store that moves them instead of copying them.
+    pub(crate) fn into_rows(self) -> (WorkflowId, Vec<EventRecord>, Vec<OutboxRow>) {
+        (self.workflow_id, self.events, self.commands)
+    }
+
     /// The workflow written to.
     pub fn workflow_id(&self) -> &WorkflowId {
         &self.workflow_id

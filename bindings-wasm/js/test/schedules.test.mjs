@@ -1,6 +1,6 @@
-// Recurring schedules through the JS API: every_ms and cron schedules in a decision, one
+// Recurring schedules through the JS API: everyMs and cron schedules in a decision, one
 // schedule_fired event per occurrence, the next armed in the same commit, the missed-occurrence
-// policy, cancel_schedules, and bad schedules thrown as INVALID_INPUT before anything is written.
+// policy (onMissed), cancelSchedules, and bad schedules thrown as INVALID_INPUT before anything is written.
 import test from "node:test";
 import assert from "node:assert/strict";
 import { miniflow, throwsCode } from "./miniflow.mjs";
@@ -16,7 +16,7 @@ const meterWorkflow = {
       case "start":
         return { schedules: [{ name: "reading", payload: { unit: "kWh" }, ...event.payload }] };
       case "stop":
-        return { cancel_schedules: ["reading"] };
+        return { cancelSchedules: ["reading"] };
       case "schedule_fired": {
         const { scheduled_at, missed } = event.payload;
         return [{ kind: "read", payload: { scheduled_at, missed } }];
@@ -44,10 +44,10 @@ const occurrences = (store, workflow) =>
     .filter((event) => event.kind === "schedule_fired")
     .map(({ payload }) => [payload.scheduled_at - T0, payload.missed, payload.next_at === null ? null : payload.next_at - T0]);
 
-test("an every_ms schedule fires each occurrence once and arms the next in the same commit", () => {
+test("an everyMs schedule fires each occurrence once and arms the next in the same commit", () => {
   const store = new MemoryStore();
   const engine = new Engine(meterWorkflow);
-  const started = engine.handle(store, "meter-7", { kind: "start", payload: { every_ms: 60_000 } }, T0);
+  const started = engine.handle(store, "meter-7", { kind: "start", payload: { everyMs: 60_000 } }, T0);
   assert.deepEqual(started.timer_ids, [`meter-7:1:s0@${T0 + 60_000}`]);
   assert.equal(fireDue(store, engine, T0 + 59_999), 0);
   const [due] = store.claimTimers(10, 100, T0 + 60_000);
@@ -83,7 +83,7 @@ test("a cron schedule fires at its matches in UTC; fire_all catches up one event
   // T0 is 2023-11-14T22:13:20Z; every day at 09:00 UTC, catching up at most 2 missed days.
   const nineOClock = Date.UTC(2023, 10, 15, 9, 0, 0);
   const day = 86_400_000;
-  const payload = { cron: "0 9 * * *", on_missed: { fire_all: { max: 2 } } };
+  const payload = { cron: "0 9 * * *", onMissed: { fire_all: { max: 2 } } };
   const started = engine.handle(store, "daily", { kind: "start", payload }, T0);
   assert.deepEqual(started.timer_ids, [`daily:1:s0@${nineOClock}`]);
   assert.equal(fireDue(store, engine, nineOClock + 3 * day + 1), 2);
@@ -97,12 +97,17 @@ test("bad schedules throw INVALID_INPUT naming the value, and nothing is written
   const store = new MemoryStore();
   const engine = new Engine(meterWorkflow);
   const start = (payload) => () => engine.handle(store, "bad", { kind: "start", payload }, T0);
-  throwsCode(assert, start({ every_ms: 0 }), "INVALID_INPUT", "0ns");
-  throwsCode(assert, start({ every_ms: 999 }), "INVALID_INPUT", "999ms");
+  throwsCode(assert, start({ everyMs: 0 }), "INVALID_INPUT", "0ns");
+  throwsCode(assert, start({ everyMs: 999 }), "INVALID_INPUT", "999ms");
   throwsCode(assert, start({ cron: "61 * * * *" }), "INVALID_INPUT", "61 * * * *");
-  throwsCode(assert, start({ every_ms: 1_000, on_missed: { fire_all: { max: 0 } } }), "INVALID_INPUT", "max: 0");
-  throwsCode(assert, start({ every_ms: 1_000, cron: "@daily" }), "INVALID_INPUT", "exactly one of every_ms and cron");
-  throwsCode(assert, start({}), "INVALID_INPUT", "exactly one of every_ms and cron");
+  throwsCode(assert, start({ everyMs: 1_000, onMissed: { fire_all: { max: 0 } } }), "INVALID_INPUT", "max: 0");
+  throwsCode(assert, start({ everyMs: 1_000, cron: "@daily" }), "INVALID_INPUT", "exactly one of everyMs and cron");
+  throwsCode(assert, start({}), "INVALID_INPUT", "exactly one of everyMs and cron");
+  throwsCode(assert, start({ every_ms: 1_000 }), "INVALID_INPUT", "its name is `everyMs`");
+  throwsCode(assert, start({ everyMs: 1_000, on_missed: "fire_once" }), "INVALID_INPUT", "its name is `onMissed`");
+  throwsCode(assert, start({ everyMs: 1_000, onMissed: "fire_twice" }), "INVALID_INPUT", '"fire_twice"');
+  throwsCode(assert, start({ everyMs: 1_000, onMissed: { fire_all: {} } }), "INVALID_INPUT", "fire_all.max");
+  throwsCode(assert, start({ everyMs: 1.5 }), "INVALID_INPUT", "everyMs");
   assert.deepEqual(store.load("bad"), []);
   assert.deepEqual(store.timers("bad"), []);
 });

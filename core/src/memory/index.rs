@@ -29,20 +29,35 @@ pub(super) type ClaimKey = (Reverse<i32>, Timestamp, CommandId);
 /// One priority's keys in due order.
 type Bucket = BTreeSet<(Timestamp, CommandId)>;
 
-/// Keys in claim order: a bucket per priority, the highest first. Empty buckets are removed.
+/// Keys in claim order: a bucket per priority, the highest first, in a vector sorted by priority
+/// (a store holds few distinct priorities; a vector spares the module a map's code). Empty buckets
+/// are removed.
 #[derive(Debug, Clone, Default)]
-struct Buckets(BTreeMap<Reverse<i32>, Bucket>);
+struct Buckets(Vec<(Reverse<i32>, Bucket)>);
 
 impl Buckets {
+    /// Where `priority`'s bucket is, or where it would go.
+    fn find(&self, priority: Reverse<i32>) -> Result<usize, usize> {
+        self.0.binary_search_by(|(p, _)| p.cmp(&priority))
+    }
+
     fn insert(&mut self, (priority, at, id): ClaimKey) {
-        self.0.entry(priority).or_default().insert((at, id));
+        let at_index = match self.find(priority) {
+            Ok(index) => index,
+            Err(index) => {
+                self.0.insert(index, (priority, Bucket::new()));
+                index
+            }
+        };
+        self.0[at_index].1.insert((at, id));
     }
 
     fn remove(&mut self, (priority, at, id): &ClaimKey) {
-        if let Some(bucket) = self.0.get_mut(priority) {
+        if let Ok(index) = self.find(*priority) {
+            let bucket = &mut self.0[index].1;
             bucket.remove(&(*at, id.clone()));
             if bucket.is_empty() {
-                self.0.remove(priority);
+                self.0.remove(index);
             }
         }
     }
@@ -50,10 +65,10 @@ impl Buckets {
     /// The first key after `after` (from the start when `None`) that is due at `now`: in each
     /// priority from `after`'s, the first key after it, if it is due.
     fn next(&self, after: Option<&ClaimKey>, now: Timestamp) -> Option<ClaimKey> {
-        let start = after.map_or(Bound::Unbounded, |(priority, _, _)| {
-            Bound::Included(*priority)
+        let start = after.map_or(0, |(priority, _, _)| {
+            self.find(*priority).unwrap_or_else(|index| index)
         });
-        for (priority, bucket) in self.0.range((start, Bound::Unbounded)) {
+        for (priority, bucket) in &self.0[start..] {
             let from = match after {
                 Some((p, at, id)) if p == priority => Bound::Excluded((*at, id.clone())),
                 _ => Bound::Unbounded,
@@ -81,10 +96,9 @@ impl Buckets {
 /// The unfinished outbox rows, for claims, `pending` and cancellations.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ClaimIndex {
-    /// Every unfinished row by command ID with its priority and `available_at`: `pending` reads it in
-    /// order, a decision's cancellations read one workflow's range, and the first of a workflow is
-    /// its head.
-    by_id: BTreeMap<CommandId, (Reverse<i32>, Timestamp)>,
+    /// Every unfinished row by command ID: `pending` reads it in order, a decision's cancellations
+    /// read one workflow's range, and the first of a workflow is its head.
+    by_id: BTreeMap<CommandId, Entry>,
     /// Every unfinished row in claim order: the candidates of a [`ClaimOrder::DueFirst`] claim.
     due: Buckets,
     /// The first unfinished row of each workflow in claim order: the candidates of a
@@ -92,34 +106,106 @@ pub(super) struct ClaimIndex {
     heads: Buckets,
 }
 
+/// What the index knows of an unfinished row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Entry {
+    /// Its priority, the first part of its claim key (the highest first).
+    priority: Reverse<i32>,
+    /// Its `available_at`, the second part of its claim key.
+    at: Timestamp,
+    /// Whether it is the first unfinished row of its workflow (and so in `heads`).
+    head: bool,
+}
+
+impl Entry {
+    /// The claim key of the row `id` with this entry.
+    fn key(&self, id: &CommandId) -> ClaimKey {
+        (self.priority, self.at, id.clone())
+    }
+}
+
 impl ClaimIndex {
-    /// Records `row` as it now stands (new, changed or finished). O(log n).
+    /// Records `row` as it now stands (new, changed or finished): a handful of O(log n) steps.
     pub(super) fn put(&mut self, row: &OutboxRow) {
         let id = &row.command_id;
         let (priority, at, _) = row.claim_order();
-        let now_at = row.status.is_unfinished().then_some((priority, at));
-        let was_at = self.by_id.get(id).copied();
-        if was_at == now_at {
-            return;
-        }
-        let workflow = id.workflow_id();
-        let head_before = self.head(workflow);
-        if let Some((priority, at)) = was_at {
-            self.by_id.remove(id);
-            self.due.remove(&(priority, at, id.clone()));
-        }
-        if let Some((priority, at)) = now_at {
-            self.by_id.insert(id.clone(), (priority, at));
-            self.due.insert((priority, at, id.clone()));
-        }
-        let head_after = self.head(workflow);
-        if head_before != head_after {
-            if let Some(key) = head_before {
-                self.heads.remove(&key);
+        let unfinished = row.status.is_unfinished();
+        match (self.by_id.get_mut(id), unfinished) {
+            (None, false) => {}
+            (Some(entry), true) => {
+                if (entry.priority, entry.at) != (priority, at) {
+                    let was = entry.key(id);
+                    entry.priority = priority;
+                    entry.at = at;
+                    let now = entry.key(id);
+                    let head = entry.head;
+                    self.move_key(&was, now, head);
+                }
             }
-            if let Some(key) = head_after {
-                self.heads.insert(key);
+            (Some(&mut entry), false) => {
+                self.by_id.remove(id);
+                let key = entry.key(id);
+                self.due.remove(&key);
+                if entry.head {
+                    self.heads.remove(&key);
+                    self.promote_after(id);
+                }
             }
+            (None, true) => {
+                let head = !self.has_unfinished_before(id);
+                let entry = Entry { priority, at, head };
+                if head {
+                    // It comes before the workflow's old head, if there is one (a retried dead row).
+                    self.demote_after(id);
+                    self.heads.insert(entry.key(id));
+                }
+                self.due.insert(entry.key(id));
+                self.by_id.insert(id.clone(), entry);
+            }
+        }
+    }
+
+    /// Moves the key `was` to `now` in the claim order (and in the heads, for a head).
+    fn move_key(&mut self, was: &ClaimKey, now: ClaimKey, head: bool) {
+        self.due.remove(was);
+        if head {
+            self.heads.remove(was);
+            self.heads.insert(now.clone());
+        }
+        self.due.insert(now);
+    }
+
+    /// Whether an unfinished row of `id`'s workflow comes before `id`.
+    fn has_unfinished_before(&self, id: &CommandId) -> bool {
+        self.by_id
+            .range(..id)
+            .next_back()
+            .is_some_and(|(before, _)| before.workflow_id() == id.workflow_id())
+    }
+
+    /// The next unfinished row of `id`'s workflow after `id`, with its entry.
+    fn next_of_workflow(&mut self, id: &CommandId) -> Option<(&CommandId, &mut Entry)> {
+        self.by_id
+            .range_mut((Bound::Excluded(id), Bound::Unbounded))
+            .next()
+            .filter(|(next, _)| next.workflow_id() == id.workflow_id())
+    }
+
+    /// Makes the row after `id` in its workflow (if any) the head: `id` left the index.
+    fn promote_after(&mut self, id: &CommandId) {
+        if let Some((next, entry)) = self.next_of_workflow(id) {
+            entry.head = true;
+            let key = entry.key(next);
+            self.heads.insert(key);
+        }
+    }
+
+    /// The row after `id` in its workflow (if any) is no longer the head: `id` came back before it.
+    fn demote_after(&mut self, id: &CommandId) {
+        if let Some((next, entry)) = self.next_of_workflow(id) {
+            entry.head = false;
+            let key = entry.key(next);
+            self.heads.remove(&key);
         }
     }
 
@@ -154,14 +240,6 @@ impl ClaimIndex {
             .take_while(move |id| id.workflow_id() == workflow)
     }
 
-    /// The key of the first unfinished command of `workflow`.
-    fn head(&self, workflow: &WorkflowId) -> Option<ClaimKey> {
-        self.of_workflow(workflow).next().map(|id| {
-            let (priority, at) = self.by_id[id];
-            (priority, at, id.clone())
-        })
-    }
-
     /// Every key, each set in its order, for the tests' comparison with the rules.
     #[cfg(test)]
     pub(super) fn keys(&self, order: ClaimOrder) -> Vec<ClaimKey> {
@@ -176,31 +254,28 @@ impl ClaimIndex {
 /// made once per timer instead of once per comparison.
 pub(super) type TimerKey = Arc<str>;
 
-/// The scheduled timers, for firers and for cancellations.
+/// The scheduled timers, for firers. (A decision's cancellations read the timers whose ID starts
+/// with the workflow's, a range of the timers by ID.)
 #[derive(Debug, Clone, Default)]
 pub(super) struct TimerIndex {
     /// In due order ([`TimerRow::due_order`]).
     due: BTreeSet<(Timestamp, TimerKey)>,
-    /// By workflow, for a decision that cancels its timers by name.
-    by_workflow: BTreeSet<(WorkflowId, TimerKey)>,
 }
 
 impl TimerIndex {
     /// Records that the timer under `key` went from `before` (absent when new) to `after`. O(log n).
     pub(super) fn put(&mut self, key: &TimerKey, before: Option<&TimerRow>, after: &TimerRow) {
         let scheduled = |timer: &TimerRow| timer.status == TimerStatus::Scheduled;
-        if let Some(before) = before.filter(|t| scheduled(t)) {
-            if scheduled(after) && before.available_at == after.available_at {
-                return;
-            }
-            self.due.remove(&(before.available_at, key.clone()));
-            self.by_workflow
-                .remove(&(before.timer_id.workflow_id().clone(), key.clone()));
+        let was = before.filter(|t| scheduled(t)).map(|t| t.available_at);
+        let now = scheduled(after).then_some(after.available_at);
+        if was == now {
+            return;
         }
-        if scheduled(after) {
-            self.due.insert((after.available_at, key.clone()));
-            self.by_workflow
-                .insert((after.timer_id.workflow_id().clone(), key.clone()));
+        if let Some(at) = was {
+            self.due.remove(&(at, key.clone()));
+        }
+        if let Some(at) = now {
+            self.due.insert((at, key.clone()));
         }
     }
 
@@ -212,17 +287,6 @@ impl TimerIndex {
             .take(limit)
             .map(|(_, key)| key.clone())
             .collect()
-    }
-
-    /// The scheduled timers of `workflow`.
-    pub(super) fn of_workflow<'a>(
-        &'a self,
-        workflow: &'a WorkflowId,
-    ) -> impl Iterator<Item = &'a TimerKey> + 'a {
-        self.by_workflow
-            .range((workflow.clone(), TimerKey::from(""))..)
-            .take_while(move |(of, _)| of == workflow)
-            .map(|(_, key)| key)
     }
 
     /// Every key in due order, for the tests' comparison with the rules.

@@ -3,6 +3,7 @@
 //! out what a claim that scans and sorts every row by those rules hands out. A failure names the seed;
 //! `MINIFLOW_INDEX_SEED=n` replays it.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::json;
