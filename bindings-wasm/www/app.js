@@ -389,7 +389,11 @@ function renderTimeTravel() {
   slider.value = String(cursor);
   slider.disabled = history.length < 2;
   const entry = history[cursor];
-  fill("time-travel-label", h("b", {}, `${cursor} / ${history.length - 1}`), ` · ${clockTime(entry.clock)} · after `, entry.label === "start" ? "nothing yet (start)" : entry.label);
+  if (history.length < 2) {
+    fill("time-travel-label", "Every action adds a point here: drag back to see the state right after any of them.");
+  } else {
+    fill("time-travel-label", h("b", {}, `${cursor} / ${history.length - 1}`), ` · ${clockTime(entry.clock)} · after `, entry.label === "start" ? "nothing yet (start)" : entry.label);
+  }
   const past = cursor < history.length - 1;
   const banner = document.getElementById("time-travel-past");
   banner.hidden = !past;
