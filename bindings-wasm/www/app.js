@@ -11,7 +11,7 @@ const STORAGE_KEY = "miniflow-playground-v2";
 const LEASE_MS = 30_000;
 const START = Date.UTC(2026, 0, 1, 9, 0, 0);
 const CITIES = ["成都", "西安", "杭州", "大理", "青岛"];
-const HISTORY_LIMIT = 100;
+const HISTORY_LIMIT = 60;
 /** The four parties of the sequence view, left to right. */
 const LANES = ["workflow", "outbox", "worker", "supplier"];
 
@@ -33,7 +33,9 @@ function freshState() {
     failNext: false,
     /** The supplier ignores the idempotency key: every delivery is a new effect. */
     noIdempotency: false,
-    supplier: { results: {}, effects: [], calls: [] },
+    /** Every call the supplier received, and every side effect it made (append-only, like `trace`). */
+    calls: [],
+    effects: [],
     /** The sequence view: one group of messages per action. */
     trace: [],
     /** Milestones of the guided first run. */
@@ -58,26 +60,61 @@ const liveLease = (row) => row.status === "leased" && row.lease.expiresAt > stat
 // ---------------------------------------------------------------------------------------------
 // Saving, restoring, time travel
 
-const serialize = () => JSON.stringify({ ...state, snapshot: store.snapshot() });
+/** The parts of the state that only grow: the sequence view, the supplier's calls and effects. */
+const LOGS = ["trace", "calls", "effects"];
+/**
+ * The logs of the latest state. History is linear (acting in the past drops the later states), so
+ * every state's logs are prefixes of these: a saved state keeps only their lengths.
+ */
+let logs = { trace: [], calls: [], effects: [] };
+
+function serialize() {
+  const saved = { ...state, lengths: {}, snapshot: store.snapshot() };
+  for (const log of LOGS) {
+    saved.lengths[log] = state[log].length;
+    delete saved[log];
+  }
+  return JSON.stringify(saved);
+}
 
 function restore(text) {
-  const { snapshot, ...rest } = JSON.parse(text);
+  const { snapshot, lengths, ...rest } = JSON.parse(text);
   const next = Store.fromSnapshot(snapshot);
   store?.free();
   store = next;
   state = { ...freshState(), ...rest };
+  for (const log of LOGS) state[log] = logs[log].slice(0, lengths[log]);
 }
 
+let saving = null;
+
+/** Saves soon (the page stays quick however long the history), and at the latest when it is left. */
 function persist() {
-  localStorage.setItem(STORAGE_KEY, JSON.stringify({ history, cursor }));
+  clearTimeout(saving);
+  saving = setTimeout(save, 250);
+}
+
+function save() {
+  clearTimeout(saving);
+  saving = null;
+  try {
+    localStorage.setItem(STORAGE_KEY, JSON.stringify({ history, cursor, logs }));
+  } catch (error) {
+    // Over the browser's quota: keep the start and the latest steps.
+    if (history.length <= 2) return console.warn("the playground's state is not saved:", error);
+    const dropped = history.length - Math.max(2, Math.floor(history.length / 2));
+    history.splice(1, dropped);
+    cursor = Math.max(0, cursor - dropped);
+    save();
+  }
 }
 
 function loadSaved() {
+  localStorage.removeItem("miniflow-playground-v1");
   try {
     const saved = JSON.parse(localStorage.getItem(STORAGE_KEY) ?? "null");
-    if (saved && Array.isArray(saved.history) && saved.history[saved.cursor]) {
-      history = saved.history;
-      cursor = saved.cursor;
+    if (saved && Array.isArray(saved.history) && saved.history[saved.cursor] && LOGS.every((log) => Array.isArray(saved.logs?.[log]))) {
+      ({ history, cursor, logs } = saved);
       restore(history[cursor].state);
       return;
     }
@@ -91,6 +128,7 @@ function startOver() {
   store?.free();
   store = new Store();
   state = freshState();
+  logs = { trace: [], calls: [], effects: [] };
   history = [{ label: "start", clock: state.clock, state: serialize() }];
   cursor = 0;
 }
@@ -98,6 +136,7 @@ function startOver() {
 /** Records the state after an action; acting in the past drops the later states first. */
 function remember(label) {
   state.label = label;
+  logs = Object.fromEntries(LOGS.map((log) => [log, state[log].slice()]));
   history = history.slice(0, cursor + 1);
   history.push({ label, clock: state.clock, state: serialize() });
   if (history.length > HISTORY_LIMIT) history.splice(1, history.length - HISTORY_LIMIT);
@@ -119,19 +158,16 @@ function travel(to) {
  * answer back and changes nothing. Without idempotency, every call is a new effect.
  */
 function supply(delivery) {
-  const { supplier } = state;
-  const known = supplier.results[delivery.commandId];
+  const known = state.effects.find((e) => e.commandId === delivery.commandId)?.reference;
   if (known && !state.noIdempotency) return { reference: known, outcome: "duplicate" };
-  const reference = `REF-${supplier.effects.length + 1}`;
-  supplier.results[delivery.commandId] ??= reference;
-  supplier.effects.push({ reference, commandId: delivery.commandId, at: state.clock });
+  const reference = `REF-${state.effects.length + 1}`;
+  state.effects.push({ reference, commandId: delivery.commandId, at: state.clock });
   return { reference, outcome: known ? "second" : "effect" };
 }
 
 /** One delivery through the worker to the supplier; `crash` loses the ack. Returns what it tells. */
 function deliverOne(d, group, crash) {
-  const { supplier } = state;
-  const n = supplier.calls.length + 1;
+  const n = state.calls.length + 1;
   const id = d.commandId;
   const again = d.attempt > 1;
   group.title += `${group.deliveries ? "," : " ·"} delivery ${n}${again ? " (redelivery)" : ""}`;
@@ -142,14 +178,14 @@ function deliverOne(d, group, crash) {
   if (state.failNext) {
     state.failNext = false;
     const error = "422 refused by the supplier";
-    supplier.calls.push({ ...call, outcome: "refused", error });
+    state.calls.push({ ...call, outcome: "refused", error });
     group.rows.push({ from: "supplier", to: "worker", text: error, tone: "bad" });
     const settled = store.fail(d, { error, retryable: false }, undefined, state.clock);
     group.rows.push({ from: "worker", to: "outbox", text: `fail: refused for good → ${settled.outcome}`, tone: "bad" });
     return `${id} was refused for good and is now ${settled.outcome}: no retry will help, a person decides (Retry dead commands).`;
   }
   const { reference, outcome } = supply(d);
-  supplier.calls.push({ ...call, reference, outcome });
+  state.calls.push({ ...call, reference, outcome });
   if (outcome === "duplicate") {
     state.tour.duplicateDropped = true;
     group.rows.push({ from: "supplier", to: "worker", text: `same key ${id} → ${reference}, duplicate dropped`, tone: "dup", testid: "duplicate" });
@@ -312,12 +348,11 @@ const STEPS = [
 ];
 
 /** The step to suggest now, from the state: `{ step, action }`, or `null` once the tour is done. */
-function nextStep() {
+function nextStep(rows) {
   const { tour } = state;
   if (tour.contrast) return null;
   const contrast = tour.duplicateDropped;
   if (contrast && !state.noIdempotency) return { step: 5, action: "idempotency" };
-  const rows = allRows();
   const pick = (step, action) => ({ step: contrast ? 5 : step, action });
   if (rows.some((r) => r.status === "leased" && !liveLease(r))) return pick(4, "deliver");
   if (rows.some(liveLease)) return tour.nothingDue ? pick(3, "advance") : pick(2, "deliver");
@@ -334,8 +369,8 @@ const HINTS = {
   idempotency: "Switch on “supplier without idempotency”, then request, crash, advance and deliver again.",
 };
 
-function renderTour() {
-  const next = nextStep();
+function renderTour(rows) {
+  const next = nextStep(rows);
   fill(
     "tour",
     STEPS.map((s, i) => {
@@ -361,7 +396,7 @@ function renderTour() {
 // Views
 
 function renderCounters() {
-  const { calls, effects } = state.supplier;
+  const { calls, effects } = state;
   const set = (id, value) => (document.querySelector(`[data-testid=${id}]`).textContent = String(value));
   set("deliveries", calls.length);
   set("side-effects", effects.length);
@@ -436,6 +471,14 @@ function sequenceRow(row) {
   );
 }
 
+const sequenceGroup = (g) =>
+  h(
+    "section",
+    { class: `seq-group action-${g.action}`, "data-testid": "seq-group" },
+    h("div", { class: "seq-step" }, h("time", {}, clockTime(g.time)), " ", h("b", {}, g.title)),
+    g.rows.map(sequenceRow),
+  );
+
 function renderSequence() {
   const groups = state.trace;
   const body = document.getElementById("sequence");
@@ -443,27 +486,24 @@ function renderSequence() {
     body.replaceChildren(empty("Nothing has happened yet. Press ", h("b", {}, "① Request a trip"), ": the workflow commits its event and command to the outbox, drawn here as an arrow."));
     return;
   }
-  body.replaceChildren(
-    ...LANES.map((lane, i) => h("div", { class: `seq-lifeline lane-${lane}`, style: { "--lane": i } })),
-    ...groups.map((g) =>
-      h(
-        "section",
-        { class: `seq-group action-${g.action}`, "data-testid": "seq-group" },
-        h("div", { class: "seq-step" }, h("time", {}, clockTime(g.time)), " ", h("b", {}, g.title)),
-        g.rows.map(sequenceRow),
-      ),
-    ),
-  );
+  // History is linear: one group more than shown is the next one, appended; anything else is redrawn.
+  const shown = body.querySelectorAll(":scope > .seq-group").length;
+  if (shown > 0 && shown === groups.length - 1) {
+    body.append(sequenceGroup(groups[shown]));
+    return;
+  }
+  if (shown === groups.length && shown > 0) return;
+  body.replaceChildren(...LANES.map((lane, i) => h("div", { class: `seq-lifeline lane-${lane}`, style: { "--lane": i } })), ...groups.map(sequenceGroup));
 }
 
-function renderTransactions() {
+function renderTransactions(rows) {
   const events = allTrips().flatMap((trip) => store.events(trip));
   if (events.length === 0) {
     fill("transactions", empty("No transaction yet. Each one will show an event and the commands committed with it, in one box."));
     return;
   }
   const byEvent = new Map();
-  for (const row of allRows()) {
+  for (const row of rows) {
     const [, workflow, seq] = /^(.+):(\d+):\d+$/.exec(row.commandId);
     const key = `${workflow}#${seq}`;
     byEvent.set(key, [...(byEvent.get(key) ?? []), row]);
@@ -502,7 +542,7 @@ function payloadText(payload) {
 }
 
 function renderSupplier() {
-  const { calls, effects } = state.supplier;
+  const { calls, effects } = state;
   fill(
     "calls",
     calls.length === 0
@@ -546,8 +586,7 @@ function renderSupplier() {
   );
 }
 
-function renderOutbox() {
-  const rows = allRows();
+function renderOutbox(rows) {
   const table = document.getElementById("outbox-table");
   table.hidden = rows.length === 0;
   document.getElementById("outbox-empty").hidden = rows.length > 0;
@@ -574,14 +613,15 @@ function renderOutbox() {
 }
 
 function render() {
-  renderTour();
+  const rows = allRows();
+  renderTour(rows);
   renderControls();
   renderCounters();
   renderTimeTravel();
   renderSequence();
-  renderTransactions();
+  renderTransactions(rows);
   renderSupplier();
-  renderOutbox();
+  renderOutbox(rows);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -598,6 +638,7 @@ document.getElementById("time-travel").addEventListener("input", (e) => travel(N
 document.getElementById("time-travel-latest").addEventListener("click", () => travel(history.length - 1));
 document.getElementById("run-saga").addEventListener("click", () => renderSaga(document.getElementById("saga")));
 linkCommandIds();
+addEventListener("pagehide", () => saving !== null && save());
 render();
 const status = document.getElementById("status");
 status.textContent = "ready";

@@ -271,6 +271,9 @@ test("the time-travel slider restores the state after any past action; acting th
   await page.focus(slider);
   await page.keyboard.press("ArrowLeft");
   assert.deepEqual(await counters(), { deliveries: 0, sideEffects: 0, duplicates: 0, pending: 1, dead: 0, clock: "09:00:00" }, "the restored past after a reload");
+  assert.deepEqual(await page.$$eval("[data-testid=seq-group]", (groups) => groups.map((g) => g.querySelector(".seq-step b").textContent)), ["Request trip-001 (成都)"]);
+  await page.keyboard.press("ArrowRight");
+  assert.deepEqual(await page.$$eval("[data-testid=seq-group]", (groups) => groups.map((g) => g.querySelector(".seq-step b").textContent)), ["Request trip-001 (成都)", "Deliver · delivery 1"]);
   noProblems();
 });
 
