@@ -216,8 +216,8 @@ function whyNothingIsDue() {
   const rows = allRows();
   const leased = rows.filter(liveLease).sort((a, b) => a.lease.expiresAt - b.lease.expiresAt)[0];
   if (leased) {
-    state.tour.nothingDue = true;
     return {
+      leased: true,
       short: `nothing due: ${leased.commandId} is leased until ${clockTime(leased.lease.expiresAt)}`,
       long: `Nothing is due: ${leased.commandId} is leased until ${clockTime(leased.lease.expiresAt)} (it is ${clockTime(state.clock)}). The outbox cannot tell a crashed worker from a slow one, so it waits for the lease to run out.`,
     };
@@ -234,6 +234,7 @@ function whyNothingIsDue() {
 
 function nothingDue(group) {
   const why = whyNothingIsDue();
+  if (why.leased) state.tour.nothingDue = true;
   group.rows.push({ lane: "outbox", text: why.short, tone: "wait", testid: "nothing-due" });
   return why.long;
 }
@@ -315,13 +316,12 @@ const LABELS = {
 
 function act(name) {
   const group = { time: state.clock, action: name, title: "", rows: [] };
-  let tone = "info";
   try {
-    state.explain = { text: actions[name](group), tone };
+    state.explain = { text: actions[name](group), tone: "info" };
   } catch (error) {
-    tone = "bad";
-    state.explain = { text: `Error ${error.code ?? ""}: ${error.message}`, tone };
-    group.rows.push({ lane: "outbox", text: `error ${error.code ?? ""}: ${error.message}`, tone: "bad" });
+    const text = `error ${error.code ?? ""}: ${error.message}`;
+    state.explain = { text, tone: "bad" };
+    group.rows.push({ lane: "outbox", text, tone: "bad" });
   }
   state.trace.push(group);
   remember(group.title || LABELS[name]);
@@ -515,7 +515,7 @@ function renderTransactions(rows) {
       h(
         "article",
         { class: "tx", "data-testid": `tx-${e.workflowId}-${e.seq}` },
-        h("header", {}, h("span", {}, `Transaction ${i + 1}`), h("time", {}, clockTime(e.recordedAt))),
+        h("header", {}, h("span", {}, `Transaction ${i + 1} · all or nothing`), h("time", {}, clockTime(e.recordedAt))),
         h(
           "div",
           { class: "tx-event" },

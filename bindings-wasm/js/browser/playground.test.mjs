@@ -410,7 +410,7 @@ test("the favicon is served, and CJK city names and the page's symbols draw as g
       return canvas.toDataURL();
     };
     const missing = ink("\u0378");
-    return { font, city: element.textContent, glyphs: Object.fromEntries([..."成都✕↩◷⊘●→✓"].map((c) => [c, ink(c) !== missing])), distinct: ink("成") !== ink("都") };
+    return { font, city: element.textContent, glyphs: Object.fromEntries([..."成都✕↩◷⊘●→✓①"].map((c) => [c, ink(c) !== missing])), distinct: ink("成") !== ink("都") };
   });
   assert.match(drawn.city, /成都/);
   assert.match(drawn.font, /WenQuanYi Micro Hei/, "the font stack names a CJK fallback");
