@@ -1,10 +1,14 @@
-//! Values across the boundary: JSON-shaped JS values in and out, numbers checked, time from JS.
+//! Values across the boundary. In: JSON-shaped JS values read directly (no `JSON.stringify`, which
+//! turns `NaN` into `null` and drops what it cannot write), every number checked, option objects read
+//! field by field with their camelCase names. Out: miniflow's JSON, parsed by `JSON.parse`. Time from
+//! JS.
 
 use std::time::Duration;
 
+use js_sys::{Array, Function, Object, Reflect};
 use miniflow_core::{CommandId, Timestamp, WorkflowId};
-use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::{Map, Number, Value};
 use wasm_bindgen::{JsCast, JsValue};
 
 use crate::error::{from_core, invalid, js_error};
@@ -12,15 +16,9 @@ use crate::error::{from_core, invalid, js_error};
 /// The largest integer JavaScript represents exactly: 2^53 − 1.
 const MAX_SAFE_INTEGER: f64 = 9_007_199_254_740_991.0;
 
-/// A JSON-shaped JS value as `T`.
-pub fn from_js<T: DeserializeOwned>(field: &str, value: &JsValue) -> Result<T, JsValue> {
-    let text = js_sys::JSON::stringify(value)
-        .map_err(|e| invalid(field, format!("is not JSON ({})", describe(&e))))?;
-    let text = text
-        .as_string()
-        .ok_or_else(|| invalid(field, "is not JSON (undefined or a function)"))?;
-    serde_json::from_str(&text).map_err(|e| invalid(field, format!("{e} in {}", abbreviate(&text))))
-}
+/// How deep a JS value may nest before it is refused outright (the stored limit, 64 levels by
+/// default, is checked by the core; this bound only keeps a self-referencing object from running on).
+const MAX_WALK_DEPTH: usize = 128;
 
 /// `value` as a plain JS value (objects, arrays, numbers, strings).
 pub fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsValue> {
@@ -29,26 +27,156 @@ pub fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsValue> {
     js_sys::JSON::parse(&text)
 }
 
-fn describe(error: &JsValue) -> String {
-    error
-        .dyn_ref::<js_sys::Error>()
-        .map(|e| String::from(e.message()))
-        .unwrap_or_else(|| format!("{error:?}"))
-}
-
-fn abbreviate(text: &str) -> String {
-    match text.char_indices().nth(80) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_owned(),
-    }
-}
-
 /// What kind of JS value `value` is, for error messages.
 fn type_of(value: &JsValue) -> String {
+    if value.is_null() {
+        return "null".into();
+    }
+    if Array::is_array(value) {
+        return "an array".into();
+    }
     value
         .js_typeof()
         .as_string()
         .unwrap_or_else(|| "unknown".into())
+}
+
+/// A JS number as a JSON number: finite, and within ±(2^53 − 1), where JS numbers are exact.
+fn json_number(number: f64) -> Result<Number, String> {
+    if !number.is_finite() {
+        return Err(format!(
+            "is {}, which JSON cannot hold (NaN and ±Infinity are not numbers there)",
+            js_number(number)
+        ));
+    }
+    if number.abs() > MAX_SAFE_INTEGER {
+        return Err(format!(
+            "is {number}, past ±(2^53 − 1): JavaScript does not hold such numbers exactly; send it as a string"
+        ));
+    }
+    if number.fract() == 0.0 {
+        // Whole and within ±2^53: exact as an integer, written without a fraction, like JSON.stringify.
+        return Ok(Number::from(number as i64));
+    }
+    Number::from_f64(number).ok_or_else(|| format!("is {number}, not a JSON number"))
+}
+
+/// A non-finite number as JS writes it.
+fn js_number(number: f64) -> &'static str {
+    if number.is_nan() {
+        "NaN"
+    } else if number > 0.0 {
+        "Infinity"
+    } else {
+        "-Infinity"
+    }
+}
+
+/// Where a value went wrong: the path below the field (built while unwinding), and why.
+struct Fault {
+    path: Vec<String>,
+    reason: String,
+}
+
+impl Fault {
+    fn new(reason: impl Into<String>) -> Self {
+        Self {
+            path: Vec::new(),
+            reason: reason.into(),
+        }
+    }
+
+    fn at(mut self, segment: String) -> Self {
+        self.path.push(segment);
+        self
+    }
+
+    fn into_error(self, field: &str) -> JsValue {
+        let path: String = self.path.into_iter().rev().collect();
+        invalid(&format!("{field}{path}"), self.reason)
+    }
+}
+
+/// A JSON-shaped JS value (`null`, booleans, finite numbers, strings, arrays, plain objects, and
+/// objects with `toJSON` such as dates) as JSON. `undefined` object members are left out, as
+/// `JSON.stringify` does; anything JSON cannot hold is refused naming its path (`event.payload.items[2]`).
+pub fn json(field: &str, value: &JsValue) -> Result<Value, JsValue> {
+    walk(value, 0).map_err(|fault| fault.into_error(field))
+}
+
+fn walk(value: &JsValue, depth: usize) -> Result<Value, Fault> {
+    if value.is_null() {
+        return Ok(Value::Null);
+    }
+    if let Some(flag) = value.as_bool() {
+        return Ok(Value::Bool(flag));
+    }
+    if let Some(number) = value.as_f64() {
+        return json_number(number).map(Value::Number).map_err(Fault::new);
+    }
+    if let Some(text) = value.as_string() {
+        return Ok(Value::String(text));
+    }
+    if !value.is_object() {
+        return Err(Fault::new(format!("is {}, not JSON", type_of(value))));
+    }
+    if depth >= MAX_WALK_DEPTH {
+        return Err(Fault::new(format!(
+            "nests deeper than {MAX_WALK_DEPTH} levels (or contains itself)"
+        )));
+    }
+    if Array::is_array(value) {
+        let array: &Array = value.unchecked_ref();
+        let mut items = Vec::with_capacity(array.length() as usize);
+        for (i, item) in array.iter().enumerate() {
+            if item.is_undefined() {
+                return Err(Fault::new("is undefined, not JSON").at(format!("[{i}]")));
+            }
+            items.push(walk(&item, depth + 1).map_err(|f| f.at(format!("[{i}]")))?);
+        }
+        return Ok(Value::Array(items));
+    }
+    if let Ok(to_json) = Reflect::get(value, &"toJSON".into()) {
+        if let Some(to_json) = to_json.dyn_ref::<Function>() {
+            let converted = to_json
+                .call0(value)
+                .map_err(|e| Fault::new(format!("threw in toJSON: {}", describe(&e))))?;
+            return walk(&converted, depth + 1);
+        }
+    }
+    let mut map = Map::new();
+    for key in Object::keys(value.unchecked_ref::<Object>()).iter() {
+        let name = key.as_string().unwrap_or_default();
+        let member = Reflect::get(value, &key).unwrap_or(JsValue::UNDEFINED);
+        if member.is_undefined() {
+            continue;
+        }
+        let item = walk(&member, depth + 1).map_err(|f| f.at(member_path(&name)))?;
+        map.insert(name, item);
+    }
+    Ok(Value::Object(map))
+}
+
+/// `.name`, or `["name"]` for a name that is not an identifier.
+fn member_path(name: &str) -> String {
+    let identifier = !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name
+            .chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '$');
+    if identifier {
+        format!(".{name}")
+    } else {
+        format!("[{name:?}]")
+    }
+}
+
+/// A thrown JS value as text.
+pub fn describe(error: &JsValue) -> String {
+    match error.dyn_ref::<js_sys::Error>() {
+        Some(e) => String::from(e.message()),
+        None => error.as_string().unwrap_or_else(|| type_of(error)),
+    }
 }
 
 /// A string argument.
@@ -63,7 +191,13 @@ pub fn whole(field: &str, value: &JsValue) -> Result<u64, JsValue> {
     let number = value
         .as_f64()
         .ok_or_else(|| invalid(field, format!("expected a number, got {}", type_of(value))))?;
-    if !number.is_finite() || number.fract() != 0.0 || number < 0.0 {
+    if !number.is_finite() {
+        return Err(invalid(
+            field,
+            format!("is {}: expected a whole number ≥ 0", js_number(number)),
+        ));
+    }
+    if number.fract() != 0.0 || number < 0.0 {
         return Err(invalid(
             field,
             format!("{number} is not a whole number ≥ 0"),
@@ -78,9 +212,9 @@ pub fn whole(field: &str, value: &JsValue) -> Result<u64, JsValue> {
     Ok(number as u64)
 }
 
-/// An optional integer argument: `undefined` or `null` is `None`.
+/// An optional integer argument: `undefined` is `None`.
 pub fn optional_whole(field: &str, value: &JsValue) -> Result<Option<u64>, JsValue> {
-    if value.is_undefined() || value.is_null() {
+    if value.is_undefined() {
         return Ok(None);
     }
     whole(field, value).map(Some)
@@ -113,4 +247,156 @@ pub fn workflow_id(value: &JsValue) -> Result<WorkflowId, JsValue> {
 /// A command ID argument.
 pub fn command_id(value: &JsValue) -> Result<CommandId, JsValue> {
     string("commandId", value)?.parse().map_err(from_core)
+}
+
+/// An options or input object, read field by field: each field is named by its path in errors
+/// (`request.leaseTtlMs`), and a field the object may not have is refused, with the camelCase name
+/// when it was written in snake_case.
+pub struct Fields<'a> {
+    object: &'a JsValue,
+    path: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    /// `value` as an object with fields among `allowed`.
+    pub fn of(path: &'a str, value: &'a JsValue, allowed: &[&str]) -> Result<Self, JsValue> {
+        if !value.is_object() || Array::is_array(value) {
+            return Err(invalid(
+                path,
+                format!("expected an object, got {}", type_of(value)),
+            ));
+        }
+        for key in Object::keys(value.unchecked_ref::<Object>()).iter() {
+            let key = key.as_string().unwrap_or_default();
+            if allowed.contains(&key.as_str()) {
+                continue;
+            }
+            let camel = camel_case(&key);
+            let hint = if allowed.contains(&camel.as_str()) {
+                format!("; its name is `{camel}`")
+            } else {
+                format!("; expected {}", allowed.join(", "))
+            };
+            return Err(invalid(path, format!("has an unknown field `{key}`{hint}")));
+        }
+        Ok(Self {
+            object: value,
+            path,
+        })
+    }
+
+    /// The path of field `name`, for errors.
+    pub fn path(&self, name: &str) -> String {
+        format!("{}.{name}", self.path)
+    }
+
+    /// Field `name`, `undefined` when absent.
+    pub fn get(&self, name: &str) -> JsValue {
+        Reflect::get(self.object, &name.into()).unwrap_or(JsValue::UNDEFINED)
+    }
+
+    /// A required string field.
+    pub fn string(&self, name: &str) -> Result<String, JsValue> {
+        let value = self.get(name);
+        if value.is_undefined() {
+            return Err(invalid(&self.path(name), "is missing"));
+        }
+        string(&self.path(name), &value)
+    }
+
+    /// An optional string field.
+    pub fn optional_string(&self, name: &str) -> Result<Option<String>, JsValue> {
+        let value = self.get(name);
+        if value.is_undefined() {
+            return Ok(None);
+        }
+        string(&self.path(name), &value).map(Some)
+    }
+
+    /// An optional whole number field (≥ 0, exact in JS).
+    pub fn optional_whole(&self, name: &str) -> Result<Option<u64>, JsValue> {
+        optional_whole(&self.path(name), &self.get(name))
+    }
+
+    /// An optional finite number field.
+    pub fn optional_number(&self, name: &str) -> Result<Option<f64>, JsValue> {
+        let value = self.get(name);
+        if value.is_undefined() {
+            return Ok(None);
+        }
+        let field = self.path(name);
+        let number = value.as_f64().ok_or_else(|| {
+            invalid(
+                &field,
+                format!("expected a number, got {}", type_of(&value)),
+            )
+        })?;
+        json_number(number)
+            .map(|_| Some(number))
+            .map_err(|reason| invalid(&field, reason))
+    }
+
+    /// A boolean field, `default` when absent.
+    pub fn boolean(&self, name: &str, default: Option<bool>) -> Result<bool, JsValue> {
+        let value = self.get(name);
+        match (value.as_bool(), default) {
+            (Some(flag), _) => Ok(flag),
+            (None, Some(default)) if value.is_undefined() => Ok(default),
+            (None, None) if value.is_undefined() => Err(invalid(&self.path(name), "is missing")),
+            (None, _) => Err(invalid(
+                &self.path(name),
+                format!("expected a boolean, got {}", type_of(&value)),
+            )),
+        }
+    }
+
+    /// A JSON field (`payload`), `null` when absent.
+    pub fn json(&self, name: &str) -> Result<Value, JsValue> {
+        match self.get(name) {
+            value if value.is_undefined() => Ok(Value::Null),
+            value => json(&self.path(name), &value),
+        }
+    }
+
+    /// An optional array field, its items with their paths (`decision.timers[1]`).
+    pub fn array(&self, name: &str) -> Result<Vec<(String, JsValue)>, JsValue> {
+        let value = self.get(name);
+        if value.is_undefined() {
+            return Ok(Vec::new());
+        }
+        items(&self.path(name), &value)
+    }
+}
+
+/// The items of an array argument with their paths (`commands[1]`).
+pub fn items(path: &str, value: &JsValue) -> Result<Vec<(String, JsValue)>, JsValue> {
+    if !Array::is_array(value) {
+        return Err(invalid(
+            path,
+            format!("expected an array, got {}", type_of(value)),
+        ));
+    }
+    let array: &Array = value.unchecked_ref();
+    Ok(array
+        .iter()
+        .enumerate()
+        .map(|(i, item)| (format!("{path}[{i}]"), item))
+        .collect())
+}
+
+/// `lease_ttl_ms` → `leaseTtlMs`.
+fn camel_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut upper = false;
+    for c in name.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }

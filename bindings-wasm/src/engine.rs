@@ -1,16 +1,16 @@
 //! `Engine` for JS: workflows written in JS, run by the core's engine (replay → decide → commit).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use js_sys::Function;
-use miniflow_core::{Decision, Engine, Event, EventRecord, TimerRow, Workflow};
+use miniflow_core::{Decision, Engine, EventRecord, TimerId, Workflow};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
-use crate::convert::{from_js, now, to_js, workflow_id};
-use crate::error::{invalid, IntoJs};
+use crate::convert::{now, string, to_js, workflow_id};
+use crate::error::{invalid, reentrant, IntoJs};
 use crate::store::JsMemoryStore;
-use crate::types::{DecisionInput, EventInput, HandledOutput};
+use crate::types::{self, HandledOutput};
 
 /// A JS workflow definition: `{ init?, evolve, decide }`.
 struct JsWorkflow {
@@ -64,9 +64,9 @@ impl Workflow for JsWorkflow {
         let current = self.state(state);
         let decided = to_js(event)
             .and_then(|event| self.decide.call2(&self.this, &current, &event))
-            .and_then(|decision| from_js::<DecisionInput>("decision", &decision));
+            .and_then(|decision| types::decision(&decision));
         match decided {
-            Ok(decision) => decision.into(),
+            Ok(decision) => decision,
             Err(e) => {
                 self.remember(e);
                 Decision::reject("the workflow threw")
@@ -80,16 +80,23 @@ impl Workflow for JsWorkflow {
 #[wasm_bindgen(js_name = Engine)]
 pub struct JsEngine {
     engine: Engine<JsWorkflow>,
+    /// A call is running (its callbacks may call back into JS, and JS back into the engine).
+    busy: Cell<bool>,
 }
 
 impl JsEngine {
-    /// Runs `call`, then rethrows a callback's exception if one was thrown.
+    /// Runs `call`, then rethrows a callback's exception if one was thrown. A call from inside one of
+    /// the workflow's callbacks is `REENTRANT_CALL`.
     fn guarded<T>(
         &self,
         call: impl FnOnce(&Engine<JsWorkflow>) -> Result<T, JsValue>,
     ) -> Result<T, JsValue> {
+        if self.busy.replace(true) {
+            return Err(reentrant("Engine"));
+        }
         self.engine.workflow().thrown.borrow_mut().take();
         let result = call(&self.engine);
+        self.busy.set(false);
         match self.engine.workflow().thrown.borrow_mut().take() {
             Some(thrown) => Err(thrown),
             None => result,
@@ -102,7 +109,7 @@ impl JsEngine {
     /// An engine for `workflow` (`{ init?, evolve, decide }`).
     #[wasm_bindgen(constructor)]
     pub fn new(
-        #[wasm_bindgen(unchecked_param_type = "Workflow<unknown, EventShape>")] workflow: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "Workflow<S, E>")] workflow: JsValue,
     ) -> Result<JsEngine, JsValue> {
         let function = |name: &str| -> Result<Option<Function>, JsValue> {
             let value = js_sys::Reflect::get(&workflow, &name.into()).unwrap_or(JsValue::UNDEFINED);
@@ -131,11 +138,12 @@ impl JsEngine {
         };
         Ok(Self {
             engine: Engine::new(workflow),
+            busy: Cell::new(false),
         })
     }
 
     /// The state of a workflow rebuilt from its events, with its last seq (0 for a new workflow).
-    #[wasm_bindgen(unchecked_return_type = "Replayed<unknown>")]
+    #[wasm_bindgen(unchecked_return_type = "Replayed<S>")]
     pub fn replay(
         &self,
         store: &JsMemoryStore,
@@ -143,7 +151,7 @@ impl JsEngine {
     ) -> Result<JsValue, JsValue> {
         let workflow = workflow_id(&workflow)?;
         self.guarded(|engine| {
-            let replayed = engine.replay(&store.inner, &workflow).js()?;
+            let replayed = engine.replay(&*store.read()?, &workflow).js()?;
             let result = js_sys::Object::new();
             let state = engine.workflow().state(&replayed.state);
             js_sys::Reflect::set(&result, &"state".into(), &state)?;
@@ -160,38 +168,48 @@ impl JsEngine {
     #[wasm_bindgen(unchecked_return_type = "Handled")]
     pub fn handle(
         &self,
-        store: &mut JsMemoryStore,
+        store: &JsMemoryStore,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
         #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let workflow = workflow_id(&workflow)?;
-        let event: Event = from_js::<EventInput>("event", &event)?.into();
+        let event = types::event("event", &event)?;
         let now = now(&now_ms)?;
         self.guarded(|engine| {
             let handled = engine
-                .handle(&mut store.inner, &workflow, event, now)
+                .handle(&mut *store.write()?, &workflow, event, now)
                 .js()?;
             to_js(&HandledOutput::from(handled))
         })
     }
 
-    /// Fires a due timer from `claimTimers`: commits its event through decide, once. Returns `null`
-    /// when another firer won or it was cancelled.
+    /// Fires a due timer from `claimTimers` (the store's row of its `timer_id`): commits its event
+    /// through decide, once. Returns `null` when another firer won or it was cancelled.
     #[wasm_bindgen(unchecked_return_type = "Handled | null")]
     pub fn fire(
         &self,
-        store: &mut JsMemoryStore,
+        store: &JsMemoryStore,
         #[wasm_bindgen(unchecked_param_type = "TimerRow")] timer: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let timer: TimerRow = from_js("timer", &timer)?;
+        let id = js_sys::Reflect::get(&timer, &"timer_id".into()).unwrap_or(JsValue::UNDEFINED);
+        let id: TimerId = string("timer.timer_id", &id)?
+            .parse()
+            .map_err(|e| invalid("timer.timer_id", e))?;
         let now = now(&now_ms)?;
-        self.guarded(
-            |engine| match engine.fire(&mut store.inner, &timer, now).js()? {
+        self.guarded(|engine| {
+            let mut store = store.write()?;
+            let Some(timer) = store.timer(&id).cloned() else {
+                return Err(invalid(
+                    "timer",
+                    format!("{id} is not a timer of this store"),
+                ));
+            };
+            match engine.fire(&mut *store, &timer, now).js()? {
                 Some(handled) => to_js(&HandledOutput::from(handled)),
                 None => Ok(JsValue::NULL),
-            },
-        )
+            }
+        })
     }
 }

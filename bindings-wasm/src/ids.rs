@@ -57,7 +57,7 @@ pub fn timer_workflow_id(
         .to_string())
 }
 
-use crate::store::retry_policy as policy;
+use crate::types::retry_policy as policy;
 
 fn ms(d: Duration) -> f64 {
     d.as_millis() as f64

@@ -1,18 +1,14 @@
 //! The receiver's side for JS: `IdempotencyStore` and `digest`.
 
-use std::time::Duration;
+use std::cell::{RefCell, RefMut};
 
 use js_sys::Function;
-use miniflow_core::{
-    Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore,
-};
-use serde_json::Value;
+use miniflow_core::{Begin, Digest, IdempotencyKey, IdempotencyStore, MemoryIdempotencyStore};
 use wasm_bindgen::prelude::*;
-
-use crate::convert::{count, from_js, now, string, to_js, whole};
-use crate::error::{from_core, invalid, js_error, IntoJs};
-use crate::types::IdempotencyPolicyInput;
 use wasm_bindgen::JsCast;
+
+use crate::convert::{count, items, json, now, string, to_js, whole};
+use crate::error::{from_core, invalid, js_error, reentrant, IntoJs};
 
 fn key(value: &JsValue) -> Result<IdempotencyKey, JsValue> {
     IdempotencyKey::new(string("key", value)?).map_err(from_core)
@@ -29,11 +25,15 @@ pub fn digest(
     #[wasm_bindgen(unchecked_param_type = "Json")] request: JsValue,
     #[wasm_bindgen(unchecked_optional_param_type = "string[]")] fields: JsValue,
 ) -> Result<String, JsValue> {
-    let request: Value = from_js("request", &request)?;
-    let fields: Option<Vec<String>> = if fields.is_undefined() || fields.is_null() {
+    let request = json("request", &request)?;
+    let fields: Option<Vec<String>> = if fields.is_undefined() {
         None
     } else {
-        Some(from_js("fields", &fields)?)
+        let names = items("fields", &fields)?
+            .into_iter()
+            .map(|(path, name)| string(&path, &name))
+            .collect::<Result<_, _>>()?;
+        Some(names)
     };
     Ok(match fields {
         Some(fields) => {
@@ -48,7 +48,15 @@ pub fn digest(
 /// A receiver's memory of idempotency keys, in memory.
 #[wasm_bindgen(js_name = IdempotencyStore)]
 pub struct JsIdempotencyStore {
-    inner: MemoryIdempotencyStore,
+    inner: RefCell<MemoryIdempotencyStore>,
+}
+
+impl JsIdempotencyStore {
+    fn write(&self) -> Result<RefMut<'_, MemoryIdempotencyStore>, JsValue> {
+        self.inner
+            .try_borrow_mut()
+            .map_err(|_| reentrant("IdempotencyStore"))
+    }
 }
 
 #[wasm_bindgen(js_class = IdempotencyStore)]
@@ -56,74 +64,50 @@ impl JsIdempotencyStore {
     /// An empty store; `policy` defaults to 7 days of retention and 60 s reservations.
     #[wasm_bindgen(constructor)]
     pub fn new(
-        #[wasm_bindgen(unchecked_param_type = "IdempotencyPolicyInput | undefined")]
-        policy: JsValue,
+        #[wasm_bindgen(unchecked_optional_param_type = "IdempotencyPolicyInput")] policy: JsValue,
     ) -> Result<JsIdempotencyStore, JsValue> {
-        let input: IdempotencyPolicyInput = if policy.is_undefined() || policy.is_null() {
-            IdempotencyPolicyInput::default()
-        } else {
-            from_js("policy", &policy)?
-        };
-        let defaults = IdempotencyPolicy::default();
-        let policy = IdempotencyPolicy {
-            retention: input
-                .retention_ms
-                .map_or(defaults.retention, Duration::from_millis),
-            reservation_timeout: input
-                .reservation_timeout_ms
-                .map_or(defaults.reservation_timeout, Duration::from_millis),
-        };
+        let policy = crate::types::idempotency_policy(&policy)?;
         Ok(Self {
-            inner: MemoryIdempotencyStore::new(policy).js()?,
+            inner: RefCell::new(MemoryIdempotencyStore::new(policy).js()?),
         })
     }
 
     /// Fresh, completed (with the stored result), conflict (other parameters) or in progress.
     #[wasm_bindgen(unchecked_return_type = "Begin")]
     pub fn begin(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] digest: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(
-            &self
-                .inner
-                .begin(&key(&key_value)?, parse_digest(&digest)?, now(&now_ms)?)
-                .js()?,
-        )
+        let (key, digest, now) = (key(&key_value)?, parse_digest(&digest)?, now(&now_ms)?);
+        let begun = self.write()?.begin(&key, digest, now).js()?;
+        to_js(&begun)
     }
 
     /// Stores the effect's result under the reservation `token` that `begin` answered `fresh` with.
     /// Throws `STALE_RESERVATION` (changing nothing) when another caller took the key over.
     pub fn finish(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        let result: Value = from_js("result", &result)?;
-        self.inner
-            .finish(
-                &key(&key_value)?,
-                whole("token", &token)?,
-                &result,
-                now(&now_ms)?,
-            )
-            .js()
+        let (key, token) = (key(&key_value)?, whole("token", &token)?);
+        let (result, now) = (json("result", &result)?, now(&now_ms)?);
+        self.write()?.finish(&key, token, &result, now).js()
     }
 
     /// Releases the reservation `token` of a key whose effect did not happen. Throws
     /// `STALE_RESERVATION` (changing nothing) when another caller took the key over.
     pub fn abandon(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner
-            .abandon(&key(&key_value)?, whole("token", &token)?)
-            .js()
+        let (key, token) = (key(&key_value)?, whole("token", &token)?);
+        self.write()?.abandon(&key, token).js()
     }
 
     /// What the store remembers of a key, or `null`.
@@ -132,20 +116,20 @@ impl JsIdempotencyStore {
         &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(&self.inner.record(&key(&key_value)?).js()?)
+        let key = key(&key_value)?;
+        let record = self.write()?.record(&key).js()?;
+        to_js(&record)
     }
 
     /// Forgets up to `batch` records past their retention; returns how many.
     #[wasm_bindgen(unchecked_return_type = "number")]
     pub fn purge(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let purged = self
-            .inner
-            .purge(now(&now_ms)?, count("batch", &batch, 1_000)?)
-            .js()?;
+        let (now, batch) = (now(&now_ms)?, count("batch", &batch, 1_000)?);
+        let purged = self.write()?.purge(now, batch).js()?;
         Ok(JsValue::from(purged as f64))
     }
 
@@ -156,7 +140,7 @@ impl JsIdempotencyStore {
     /// rethrown.
     #[wasm_bindgen(unchecked_return_type = "Json")]
     pub fn run(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] digest: JsValue,
         #[wasm_bindgen(unchecked_param_type = "() => Json")] effect: JsValue,
@@ -167,7 +151,9 @@ impl JsIdempotencyStore {
         let effect: Function = effect
             .dyn_into()
             .map_err(|_| invalid("effect", "is not a function"))?;
-        let token = match self.inner.begin(&key, parse_digest(&digest)?, now).js()? {
+        let digest = parse_digest(&digest)?;
+        let begun = self.write()?.begin(&key, digest, now).js()?;
+        let token = match begun {
             Begin::Fresh { token } => token,
             Begin::Completed { result } => return to_js(&result),
             Begin::InProgress { since } => {
@@ -181,16 +167,16 @@ impl JsIdempotencyStore {
             }
         };
         let outcome = effect.call0(&JsValue::UNDEFINED).and_then(|result| {
-            let stored: Value = from_js("effect result", &result)?;
+            let stored = json("effect result", &result)?;
             Ok((result, stored))
         });
         match outcome {
             Ok((result, stored)) => {
-                self.inner.finish(&key, token, &stored, now).js()?;
+                self.write()?.finish(&key, token, &stored, now).js()?;
                 Ok(result)
             }
             Err(thrown) => {
-                self.inner.abandon(&key, token).js()?;
+                self.write()?.abandon(&key, token).js()?;
                 Err(thrown)
             }
         }

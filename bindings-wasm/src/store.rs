@@ -1,32 +1,37 @@
 //! `MemoryStore` for JS: the core's in-memory store, every method converting and nothing more.
 
+use std::cell::{Ref, RefCell, RefMut};
+
 use miniflow_core::prelude::*;
-use miniflow_core::{ClaimRequest, Commit, Decision, Event, Failure, RetryPolicy, Seq};
+use miniflow_core::{Commit, MemoryStore, Seq};
 use wasm_bindgen::prelude::*;
 
-use crate::convert::{command_id, count, from_js, millis, now, string, to_js, whole, workflow_id};
-use crate::error::IntoJs;
-use crate::types::{
-    ClaimInput, CommandInput, DecisionInput, EventInput, FailureInput, HandledOutput,
-    RetryPolicyInput,
-};
+use crate::convert::{command_id, count, json, millis, now, string, to_js, whole, workflow_id};
+use crate::error::{reentrant, IntoJs};
+use crate::types::{self, HandledOutput};
 
 /// The outbox and event log in memory. Every method applies completely or not at all; after an error
 /// the store is unchanged and still usable. `now` (ms since the epoch) defaults to `Date.now()`.
 #[wasm_bindgen(js_name = MemoryStore)]
 #[derive(Default)]
 pub struct JsMemoryStore {
-    pub(crate) inner: miniflow_core::MemoryStore,
+    inner: RefCell<MemoryStore>,
 }
 
-/// A retry policy argument; `undefined` is the default policy.
-pub(crate) fn retry_policy(value: &JsValue) -> Result<RetryPolicy, JsValue> {
-    if value.is_undefined() || value.is_null() {
-        return Ok(RetryPolicy::default());
+impl JsMemoryStore {
+    /// The store, to read; `REENTRANT_CALL` while a call that changes it is running.
+    pub(crate) fn read(&self) -> Result<Ref<'_, MemoryStore>, JsValue> {
+        self.inner
+            .try_borrow()
+            .map_err(|_| reentrant("MemoryStore"))
     }
-    let policy: RetryPolicy = from_js::<RetryPolicyInput>("policy", value)?.into();
-    policy.validate().js()?;
-    Ok(policy)
+
+    /// The store, to change; `REENTRANT_CALL` while another call on it is running.
+    pub(crate) fn write(&self) -> Result<RefMut<'_, MemoryStore>, JsValue> {
+        self.inner
+            .try_borrow_mut()
+            .map_err(|_| reentrant("MemoryStore"))
+    }
 }
 
 #[wasm_bindgen(js_class = MemoryStore)]
@@ -45,21 +50,21 @@ impl JsMemoryStore {
     ) -> Result<JsMemoryStore, JsValue> {
         let json = string("json", &json)?;
         Ok(Self {
-            inner: miniflow_core::MemoryStore::from_snapshot(&json).js()?,
+            inner: RefCell::new(MemoryStore::from_snapshot(&json).js()?),
         })
     }
 
     /// The whole store as versioned JSON text, e.g. for `localStorage`.
     #[wasm_bindgen(js_name = exportSnapshot)]
-    pub fn export_snapshot(&self) -> String {
-        self.inner.export_snapshot()
+    pub fn export_snapshot(&self) -> Result<String, JsValue> {
+        Ok(self.read()?.export_snapshot())
     }
 
     /// Commits `event` at `expectedSeq + 1` with `commands` (IDs `workflow:seq:index`), atomically;
     /// throws `CONFLICT` when the workflow moved on.
     #[wasm_bindgen(js_name = appendWithCommands, unchecked_return_type = "Handled")]
     pub fn append_with_commands(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
         #[wasm_bindgen(js_name = expectedSeq, unchecked_param_type = "number")]
         expected_seq: JsValue,
@@ -69,11 +74,10 @@ impl JsMemoryStore {
     ) -> Result<JsValue, JsValue> {
         let workflow = workflow_id(&workflow)?;
         let expected = Seq::new(whole("expectedSeq", &expected_seq)?).js()?;
-        let event: Event = from_js::<EventInput>("event", &event)?.into();
-        let commands: Vec<CommandInput> = from_js("commands", &commands)?;
-        let decision: Decision = DecisionInput::Commands(commands).into();
+        let event = types::event("event", &event)?;
+        let decision = types::commands("commands", &commands)?;
         let commit = Commit::new(workflow, expected, event, decision, now(&now_ms)?).js()?;
-        self.inner.append_with_commands(&commit).js()?;
+        self.write()?.append_with_commands(&commit).js()?;
         to_js(&HandledOutput::from(miniflow_core::Handled {
             seq: commit.last_seq(),
             command_ids: commit
@@ -92,7 +96,7 @@ impl JsMemoryStore {
         &self,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(&self.inner.load(&workflow_id(&workflow)?).js()?)
+        to_js(&self.read()?.load(&workflow_id(&workflow)?).js()?)
     }
 
     /// Up to `limit` unfinished commands, by `(workflow_id, event_seq, index)`.
@@ -103,7 +107,7 @@ impl JsMemoryStore {
     ) -> Result<JsValue, JsValue> {
         to_js(
             &self
-                .inner
+                .read()?
                 .pending(count("limit", &limit, usize::MAX)?)
                 .js()?,
         )
@@ -115,7 +119,7 @@ impl JsMemoryStore {
         &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(&self.inner.command(&command_id(&id)?).js()?)
+        to_js(&self.read()?.command(&command_id(&id)?).js()?)
     }
 
     /// Every outbox row of a workflow.
@@ -124,35 +128,39 @@ impl JsMemoryStore {
         &self,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(&self.inner.commands(&workflow_id(&workflow)?).js()?)
+        to_js(&self.read()?.commands(&workflow_id(&workflow)?).js()?)
     }
 
     /// Marks a command done without a lease; harmless when repeated. Throws `INVALID_STATE` when dead.
     #[wasm_bindgen(js_name = markDone)]
     pub fn mark_done(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner.mark_done(&command_id(&id)?, now(&now_ms)?).js()
+        self.write()?
+            .mark_done(&command_id(&id)?, now(&now_ms)?)
+            .js()
     }
 
     /// Leases up to `request.limit` due commands, each with a fresh fencing token.
     #[wasm_bindgen(unchecked_return_type = "Delivery[]")]
     pub fn claim(
-        &mut self,
+        &self,
         #[wasm_bindgen(unchecked_param_type = "ClaimRequest")] request: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let request: ClaimRequest = from_js::<ClaimInput>("request", &request)?.into();
-        to_js(&self.inner.claim(&request, now(&now_ms)?).js()?)
+        let request = types::claim_request(&request)?;
+        let now = now(&now_ms)?;
+        let claimed = self.write()?.claim(&request, now).js()?;
+        to_js(&claimed)
     }
 
     /// Extends the lease of `token` (never shortening it); returns the new expiry and whether the
     /// workflow cancelled the command meanwhile. Throws `STALE_LEASE` after a takeover.
     #[wasm_bindgen(unchecked_return_type = "Extended")]
     pub fn extend(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
@@ -161,7 +169,7 @@ impl JsMemoryStore {
     ) -> Result<JsValue, JsValue> {
         let (id, token) = (command_id(&id)?, whole("token", &token)?);
         let until = self
-            .inner
+            .write()?
             .extend(
                 &id,
                 token,
@@ -174,19 +182,13 @@ impl JsMemoryStore {
 
     /// Marks the delivery under `token` done. Throws `STALE_LEASE` after a takeover (nothing changes).
     pub fn complete(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner
-            .complete(
-                &command_id(&id)?,
-                whole("token", &token)?,
-                None,
-                now(&now_ms)?,
-            )
-            .js()
+        let (id, token, now) = (command_id(&id)?, whole("token", &token)?, now(&now_ms)?);
+        self.write()?.complete(&id, token, None, now).js()
     }
 
     /// Marks the delivery under `token` done with the receiver's `result` (kept on the command, and
@@ -195,62 +197,46 @@ impl JsMemoryStore {
     /// (nothing changes).
     #[wasm_bindgen(js_name = completeWith)]
     pub fn complete_with(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        let result: serde_json::Value = from_js("result", &result)?;
-        self.inner
-            .complete(
-                &command_id(&id)?,
-                whole("token", &token)?,
-                Some(&result),
-                now(&now_ms)?,
-            )
-            .js()
+        let (id, token) = (command_id(&id)?, whole("token", &token)?);
+        let (result, now) = (json("result", &result)?, now(&now_ms)?);
+        self.write()?.complete(&id, token, Some(&result), now).js()
     }
 
     /// Settles a failed delivery: back to pending after the policy's backoff, or dead.
     #[wasm_bindgen(unchecked_return_type = "Settled")]
     pub fn fail(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(unchecked_param_type = "FailureInput")] failure: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "RetryPolicyInput")] policy: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let FailureInput { error, retryable } = from_js("failure", &failure)?;
-        let (id, token, policy) = (
-            command_id(&id)?,
-            whole("token", &token)?,
-            retry_policy(&policy)?,
-        );
+        let (id, token) = (command_id(&id)?, whole("token", &token)?);
+        let (failure, policy) = (types::failure(&failure)?, types::retry_policy(&policy)?);
+        let now = now(&now_ms)?;
         let settled = self
-            .inner
-            .fail(
-                &id,
-                token,
-                &Failure { error, retryable },
-                &policy,
-                now(&now_ms)?,
-            )
+            .write()?
+            .fail(&id, token, &failure, &policy, now)
             .js()?;
         to_js(&settled)
     }
 
     /// Gives back a claimed command whose delivery was not started.
     pub fn release(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner
-            .release(&command_id(&id)?, whole("token", &token)?, now(&now_ms)?)
-            .js()
+        let (id, token, now) = (command_id(&id)?, whole("token", &token)?, now(&now_ms)?);
+        self.write()?.release(&id, token, now).js()
     }
 
     /// Up to `limit` dead commands.
@@ -261,7 +247,7 @@ impl JsMemoryStore {
     ) -> Result<JsValue, JsValue> {
         to_js(
             &self
-                .inner
+                .read()?
                 .dead_letters(count("limit", &limit, usize::MAX)?)
                 .js()?,
         )
@@ -269,60 +255,54 @@ impl JsMemoryStore {
 
     /// Puts a dead command back to pending. Throws `INVALID_STATE` for a live command.
     pub fn retry(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        self.inner.retry(&command_id(&id)?, now(&now_ms)?).js()
+        let (id, now) = (command_id(&id)?, now(&now_ms)?);
+        self.write()?.retry(&id, now).js()
     }
 
     /// Closes a dead command by hand with a note. Throws `INVALID_STATE` for a live command.
     pub fn resolve(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = commandId, unchecked_param_type = "string")] id: JsValue,
         #[wasm_bindgen(unchecked_param_type = "string")] note: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
-        let note = string("note", &note)?;
-        self.inner
-            .resolve(&command_id(&id)?, &note, now(&now_ms)?)
-            .js()
+        let (id, note, now) = (command_id(&id)?, string("note", &note)?, now(&now_ms)?);
+        self.write()?.resolve(&id, &note, now).js()
     }
 
     /// Deletes up to `batch` (default 1,000) done commands processed at least `olderThanMs` ago;
     /// returns how many.
     #[wasm_bindgen(js_name = purgeDone, unchecked_return_type = "number")]
     pub fn purge_done(
-        &mut self,
+        &self,
         #[wasm_bindgen(js_name = olderThanMs, unchecked_param_type = "number")]
         older_than_ms: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
     ) -> Result<JsValue, JsValue> {
         let older_than = millis("olderThanMs", &older_than_ms)?;
-        let purged = self
-            .inner
-            .purge_done(older_than, now(&now_ms)?, count("batch", &batch, 1_000)?)
-            .js()?;
+        let (now, batch) = (now(&now_ms)?, count("batch", &batch, 1_000)?);
+        let purged = self.write()?.purge_done(older_than, now, batch).js()?;
         Ok(JsValue::from(purged as f64))
     }
 
     /// Takes up to `limit` due timers for `leaseTtlMs`.
     #[wasm_bindgen(js_name = claimTimers, unchecked_return_type = "TimerRow[]")]
     pub fn claim_timers(
-        &mut self,
+        &self,
         #[wasm_bindgen(unchecked_param_type = "number")] limit: JsValue,
         #[wasm_bindgen(js_name = leaseTtlMs, unchecked_param_type = "number")]
         lease_ttl_ms: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
         let limit = count("limit", &limit, 1)?;
-        to_js(
-            &self
-                .inner
-                .claim_timers(limit, millis("leaseTtlMs", &lease_ttl_ms)?, now(&now_ms)?)
-                .js()?,
-        )
+        let (ttl, now) = (millis("leaseTtlMs", &lease_ttl_ms)?, now(&now_ms)?);
+        let taken = self.write()?.claim_timers(limit, ttl, now).js()?;
+        to_js(&taken)
     }
 
     /// Every timer of a workflow.
@@ -331,6 +311,6 @@ impl JsMemoryStore {
         &self,
         #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
     ) -> Result<JsValue, JsValue> {
-        to_js(&self.inner.timers(&workflow_id(&workflow)?).js()?)
+        to_js(&self.read()?.timers(&workflow_id(&workflow)?).js()?)
     }
 }

@@ -1,16 +1,20 @@
 //! The shapes of values crossing the boundary: inputs read from JS, and their TypeScript types.
 //!
-//! Field names are the same snake_case as in miniflow's JSON everywhere (snapshots, stored rows, the
-//! Rust API); method names are camelCase.
+//! What a caller writes is camelCase: method names, arguments and the fields of input and option
+//! objects (`{ leaseTtlMs }`, `{ reportResult }`). What miniflow hands back (rows, events, deliveries,
+//! the built-in events' payloads) is its stored JSON, snake_case, the same as in snapshots, the CLI
+//! and every other host. Snake_case input fields are refused with their camelCase name.
 
 use std::time::Duration;
 
 use miniflow_core::{
-    ClaimOrder, ClaimRequest, Command, CommandId, Decision, Event, RetryPolicy, Timer, Timestamp,
+    ClaimOrder, ClaimRequest, Command, Decision, Event, IdempotencyPolicy, RetryPolicy, Timer,
+    Timestamp,
 };
-use serde::Deserialize;
-use serde_json::Value;
 use wasm_bindgen::prelude::*;
+
+use crate::convert::{items, Fields};
+use crate::error::{invalid, IntoJs};
 
 #[wasm_bindgen(typescript_custom_section)]
 const TYPES: &str = r#"
@@ -19,20 +23,23 @@ export type Json = null | boolean | number | string | Json[] | { [key: string]: 
 
 /** Something that happened to a workflow, before it is recorded. */
 export interface EventInput { kind: string; payload?: Json }
-/** A request to the outside world, decided by a workflow. With `report_result`, its result comes back
+/** A request to the outside world, decided by a workflow. With `reportResult`, its result comes back
  * into the workflow as a `command_completed` event. */
-export interface CommandInput { kind: string; payload?: Json; report_result?: boolean }
-/** A durable timer: fires `after_ms` after its commit, or `at` (ms since the epoch). */
-export interface TimerInput { name: string; after_ms?: number; at?: number; payload?: Json }
+export interface CommandInput { kind: string; payload?: Json; reportResult?: boolean }
+/** A durable timer: fires `afterMs` after its commit (0 when neither is given), or `at` (ms since the
+ * epoch). */
+export interface TimerInput { name: string; afterMs?: number; at?: number; payload?: Json }
 /** What a workflow decides: commands, timers to schedule or cancel, or a rejection of the event. */
 export interface DecisionObject {
   commands?: CommandInput[];
   timers?: TimerInput[];
-  cancel_timers?: string[];
+  /** Names of this workflow's scheduled timers to cancel. */
+  cancelTimers?: string[];
   /** IDs of earlier commands of this workflow to withdraw. */
-  cancel_commands?: string[];
+  cancelCommands?: string[];
   /** Kinds whose unfinished commands in this workflow are withdrawn. */
-  cancel_kinds?: string[];
+  cancelKinds?: string[];
+  /** Refuses the event: nothing is written, and the call throws `REJECTED` with this reason. */
   reject?: string;
 }
 /** A decision: a list of commands, or a full decision object. */
@@ -76,20 +83,26 @@ export interface Extended { expires_at: number; cancel_requested: boolean }
 export interface Delivery { command_id: string; kind: string; payload: Json; attempt: number; token: number; lease_expires_at: number }
 /** What a worker asks for when it claims. */
 export interface ClaimRequest {
+  /** The lease owner's name. */
   worker: string;
+  /** The most commands to take, 1 to 1,000 (default 1). */
   limit?: number;
-  lease_ttl_ms?: number;
+  /** How long each lease lasts, 1 ms to 24 h (default 30,000). */
+  leaseTtlMs?: number;
+  /** `"due_first"` (default), or `"strict_per_workflow"`: a command waits while an earlier one of its
+   * workflow is unfinished. */
   order?: "due_first" | "strict_per_workflow";
-  max_attempts?: number;
+  /** A command whose lease ran out after this many attempts becomes dead (default 10). */
+  maxAttempts?: number;
 }
 /** Why a delivery failed. */
 export interface FailureInput { error: string; retryable: boolean }
 /** Exponential backoff with a cap and deterministic jitter. */
 export interface RetryPolicyInput {
-  initial_delay_ms?: number;
+  initialDelayMs?: number;
   multiplier?: number;
-  max_delay_ms?: number;
-  max_attempts?: number;
+  maxDelayMs?: number;
+  maxAttempts?: number;
   jitter?: number;
 }
 /** Where a failed command went. */
@@ -98,6 +111,14 @@ export type Settled =
   | { outcome: "dead" }
   | { outcome: "cancelled" };
 
+/** The kind of the event a timer commits when it fires. */
+export declare const TIMER_FIRED: "timer_fired";
+/** The kind of the event that carries a command's result back into its workflow. */
+export declare const COMMAND_COMPLETED: "command_completed";
+/** The kind of the event committed when a command becomes dead. */
+export declare const COMMAND_FAILED: "command_failed";
+/** The kind of the event committed when a dead command is resolved by hand. */
+export declare const COMMAND_RESOLVED: "command_resolved";
 /** The payload of a `timer_fired` event. */
 export interface TimerFired { timer_id: string; name: string; payload: Json }
 /** The payload of a `command_completed` event: a command's result, back in its workflow. */
@@ -135,11 +156,12 @@ export interface TimerRow {
 export interface Handled { seq: number; command_ids: string[]; timer_ids: string[]; conflicts: number }
 /** A workflow's state rebuilt from its events. */
 export interface Replayed<S> { state: S; last_seq: number }
-/** A workflow written in JS: `evolve` folds events into state, `decide` answers an incoming event.
- * `E` is the union of the events it sees, its own and miniflow's (`BuiltInEvent`), so that a test of
- * `event.kind` narrows `event.payload`; by default any kind with a JSON payload. */
+/** A workflow written in JS: `init` gives the state before any event, `evolve` folds events into
+ * state, `decide` answers an incoming event. `S` is its state, the same type for all three (so they
+ * must agree); `E` is the union of the events it sees, its own and miniflow's (`BuiltInEvent`), so
+ * that a test of `event.kind` narrows `event.payload`; by default any kind with a JSON payload. */
 export interface Workflow<S, E extends EventShape = AnyEvent> {
-  init?: () => S;
+  init(): S;
   evolve(state: S, event: EventRecord<E>): S;
   decide(state: S, event: EventRecord<E>): DecisionInput;
 }
@@ -152,194 +174,192 @@ export type Begin =
   | { outcome: "completed"; result: Json }
   | { outcome: "conflict"; key: string; stored_digest: string; new_digest: string }
   | { outcome: "in_progress"; since: number };
-/** How long a receiver remembers keys, and when a reservation counts as abandoned. */
-export interface IdempotencyPolicyInput { retention_ms?: number; reservation_timeout_ms?: number }
+/** How long a receiver remembers keys (default 7 days), and when a reservation counts as abandoned
+ * (default 60 s; keep it above the slowest effect). */
+export interface IdempotencyPolicyInput { retentionMs?: number; reservationTimeoutMs?: number }
 /** What a receiver remembers of a key. */
 export type IdempotencyRecord =
   | { key: string; digest: string; reserved_at: number; token: number; state: "reserved" | "abandoned" }
   | { key: string; digest: string; reserved_at: number; token: number; state: "completed"; result: Json; completed_at: number };
-/** The error every failing call throws: `code` is stable (CONFLICT, STALE_LEASE, INVALID_INPUT, …). */
-export interface MiniflowError extends Error { code: string }
 "#;
 
-/// `EventInput`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EventInput {
-    kind: String,
-    #[serde(default)]
-    payload: Value,
+/// An event argument (`EventInput`).
+pub fn event(path: &str, value: &JsValue) -> Result<Event, JsValue> {
+    let fields = Fields::of(path, value, &["kind", "payload"])?;
+    Ok(Event::new(fields.string("kind")?, fields.json("payload")?))
 }
 
-impl From<EventInput> for Event {
-    fn from(e: EventInput) -> Self {
-        Event::new(e.kind, e.payload)
+/// A command (`CommandInput`).
+fn command(path: &str, value: &JsValue) -> Result<Command, JsValue> {
+    let fields = Fields::of(path, value, &["kind", "payload", "reportResult"])?;
+    let command = Command::new(fields.string("kind")?, fields.json("payload")?);
+    Ok(if fields.boolean("reportResult", Some(false))? {
+        command.report_result()
+    } else {
+        command
+    })
+}
+
+/// A list of commands (`CommandInput[]`), as a decision.
+pub fn commands(path: &str, value: &JsValue) -> Result<Decision, JsValue> {
+    let mut decision = Decision::new();
+    for (path, item) in items(path, value)? {
+        decision = decision.command(command(&path, &item)?);
+    }
+    Ok(decision)
+}
+
+/// A timer (`TimerInput`).
+fn timer(path: &str, value: &JsValue) -> Result<Timer, JsValue> {
+    let fields = Fields::of(path, value, &["name", "afterMs", "at", "payload"])?;
+    let (name, payload) = (fields.string("name")?, fields.json("payload")?);
+    match (
+        fields.optional_whole("afterMs")?,
+        fields.optional_whole("at")?,
+    ) {
+        (Some(_), Some(_)) => Err(invalid(path, "has both afterMs and at: give one")),
+        (None, Some(at)) => Ok(Timer::at(name, Timestamp::from_millis(at), payload)),
+        (after, None) => Ok(Timer::after(
+            name,
+            Duration::from_millis(after.unwrap_or(0)),
+            payload,
+        )),
     }
 }
 
-/// `CommandInput`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CommandInput {
-    kind: String,
-    #[serde(default)]
-    payload: Value,
-    #[serde(default)]
-    report_result: bool,
-}
-
-/// `TimerInput`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimerInput {
-    name: String,
-    after_ms: Option<u64>,
-    at: Option<u64>,
-    #[serde(default)]
-    payload: Value,
-}
-
-/// `DecisionInput`.
-#[derive(Deserialize)]
-#[serde(untagged)]
-pub enum DecisionInput {
-    Commands(Vec<CommandInput>),
-    Full(DecisionObject),
-}
-
-/// `DecisionObject`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields, default)]
-pub struct DecisionObject {
-    commands: Vec<CommandInput>,
-    timers: Vec<TimerInput>,
-    cancel_timers: Vec<String>,
-    cancel_commands: Vec<CommandId>,
-    cancel_kinds: Vec<String>,
-    reject: Option<String>,
-}
-
-impl From<DecisionInput> for Decision {
-    fn from(input: DecisionInput) -> Self {
-        let full = match input {
-            DecisionInput::Commands(commands) => DecisionObject {
-                commands,
-                ..DecisionObject::default()
-            },
-            DecisionInput::Full(full) => full,
-        };
-        if let Some(reason) = full.reject {
-            return Decision::reject(reason);
-        }
-        let mut decision = Decision::new();
-        for c in full.commands {
-            let command = Command::new(c.kind, c.payload);
-            decision = decision.command(if c.report_result {
-                command.report_result()
-            } else {
-                command
-            });
-        }
-        for t in full.timers {
-            decision = decision.timer(match t.at {
-                Some(at) => Timer::at(t.name, Timestamp::from_millis(at), t.payload),
-                None => Timer::after(
-                    t.name,
-                    Duration::from_millis(t.after_ms.unwrap_or(0)),
-                    t.payload,
-                ),
-            });
-        }
-        for name in full.cancel_timers {
-            decision = decision.cancel_timer(name);
-        }
-        for id in full.cancel_commands {
-            decision = decision.cancel_command(id);
-        }
-        for kind in full.cancel_kinds {
-            decision = decision.cancel_commands_of_kind(kind);
-        }
-        decision
+/// A workflow's decision (`DecisionInput`): a list of commands or a decision object.
+pub fn decision(value: &JsValue) -> Result<Decision, JsValue> {
+    const PATH: &str = "decision";
+    if js_sys::Array::is_array(value) {
+        return commands(PATH, value);
     }
-}
-
-/// `ClaimRequest`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimInput {
-    worker: String,
-    limit: Option<usize>,
-    lease_ttl_ms: Option<u64>,
-    order: Option<ClaimOrder>,
-    max_attempts: Option<u32>,
-}
-
-impl From<ClaimInput> for ClaimRequest {
-    fn from(c: ClaimInput) -> Self {
-        let mut request = ClaimRequest::new(c.worker);
-        if let Some(limit) = c.limit {
-            request = request.limit(limit);
-        }
-        if let Some(ttl) = c.lease_ttl_ms {
-            request = request.lease_ttl(Duration::from_millis(ttl));
-        }
-        if let Some(order) = c.order {
-            request = request.order(order);
-        }
-        if let Some(max) = c.max_attempts {
-            request = request.retry_policy(&RetryPolicy::default().max_attempts(max));
-        }
-        request
+    let fields = Fields::of(
+        PATH,
+        value,
+        &[
+            "commands",
+            "timers",
+            "cancelTimers",
+            "cancelCommands",
+            "cancelKinds",
+            "reject",
+        ],
+    )?;
+    if let Some(reason) = fields.optional_string("reject")? {
+        return Ok(Decision::reject(reason));
     }
-}
-
-/// `RetryPolicyInput`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct RetryPolicyInput {
-    initial_delay_ms: Option<u64>,
-    multiplier: Option<f64>,
-    max_delay_ms: Option<u64>,
-    max_attempts: Option<u32>,
-    jitter: Option<f64>,
-}
-
-impl From<RetryPolicyInput> for RetryPolicy {
-    fn from(p: RetryPolicyInput) -> Self {
-        let mut policy = RetryPolicy::default();
-        if let Some(ms) = p.initial_delay_ms {
-            policy = policy.initial_delay(Duration::from_millis(ms));
-        }
-        if let Some(m) = p.multiplier {
-            policy = policy.multiplier(m);
-        }
-        if let Some(ms) = p.max_delay_ms {
-            policy = policy.max_delay(Duration::from_millis(ms));
-        }
-        if let Some(n) = p.max_attempts {
-            policy = policy.max_attempts(n);
-        }
-        if let Some(j) = p.jitter {
-            policy = policy.jitter(j);
-        }
-        policy
+    let mut decision = match fields.get("commands") {
+        commands_value if commands_value.is_undefined() => Decision::new(),
+        commands_value => commands(&fields.path("commands"), &commands_value)?,
+    };
+    for (path, item) in fields.array("timers")? {
+        decision = decision.timer(timer(&path, &item)?);
     }
+    for (path, item) in fields.array("cancelTimers")? {
+        decision = decision.cancel_timer(crate::convert::string(&path, &item)?);
+    }
+    for (path, item) in fields.array("cancelCommands")? {
+        let id = crate::convert::string(&path, &item)?
+            .parse()
+            .map_err(|e: miniflow_core::Error| invalid(&path, e))?;
+        decision = decision.cancel_command(id);
+    }
+    for (path, item) in fields.array("cancelKinds")? {
+        decision = decision.cancel_commands_of_kind(crate::convert::string(&path, &item)?);
+    }
+    Ok(decision)
 }
 
-/// `FailureInput`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FailureInput {
-    pub error: String,
-    pub retryable: bool,
+/// A claim request (`ClaimRequest`).
+pub fn claim_request(value: &JsValue) -> Result<ClaimRequest, JsValue> {
+    let fields = Fields::of(
+        "request",
+        value,
+        &["worker", "limit", "leaseTtlMs", "order", "maxAttempts"],
+    )?;
+    let mut request = ClaimRequest::new(fields.string("worker")?);
+    if let Some(limit) = fields.optional_whole("limit")? {
+        request = request.limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    if let Some(ttl) = fields.optional_whole("leaseTtlMs")? {
+        request = request.lease_ttl(Duration::from_millis(ttl));
+    }
+    match fields.optional_string("order")?.as_deref() {
+        None | Some("due_first") => {}
+        Some("strict_per_workflow") => request = request.order(ClaimOrder::StrictPerWorkflow),
+        Some(other) => {
+            return Err(invalid(
+                &fields.path("order"),
+                format!("is {other:?}: expected \"due_first\" or \"strict_per_workflow\""),
+            ))
+        }
+    }
+    if let Some(max) = fields.optional_whole("maxAttempts")? {
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        request = request.retry_policy(&RetryPolicy::default().max_attempts(max));
+    }
+    Ok(request)
 }
 
-/// `IdempotencyPolicyInput`.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct IdempotencyPolicyInput {
-    pub retention_ms: Option<u64>,
-    pub reservation_timeout_ms: Option<u64>,
+/// A retry policy argument (`RetryPolicyInput`); `undefined` is the default policy.
+pub fn retry_policy(value: &JsValue) -> Result<RetryPolicy, JsValue> {
+    let mut policy = RetryPolicy::default();
+    if value.is_undefined() {
+        return Ok(policy);
+    }
+    let fields = Fields::of(
+        "policy",
+        value,
+        &[
+            "initialDelayMs",
+            "multiplier",
+            "maxDelayMs",
+            "maxAttempts",
+            "jitter",
+        ],
+    )?;
+    if let Some(ms) = fields.optional_whole("initialDelayMs")? {
+        policy = policy.initial_delay(Duration::from_millis(ms));
+    }
+    if let Some(m) = fields.optional_number("multiplier")? {
+        policy = policy.multiplier(m);
+    }
+    if let Some(ms) = fields.optional_whole("maxDelayMs")? {
+        policy = policy.max_delay(Duration::from_millis(ms));
+    }
+    if let Some(n) = fields.optional_whole("maxAttempts")? {
+        policy = policy.max_attempts(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    if let Some(j) = fields.optional_number("jitter")? {
+        policy = policy.jitter(j);
+    }
+    policy.validate().js()?;
+    Ok(policy)
+}
+
+/// A failure (`FailureInput`).
+pub fn failure(value: &JsValue) -> Result<miniflow_core::Failure, JsValue> {
+    let fields = Fields::of("failure", value, &["error", "retryable"])?;
+    Ok(miniflow_core::Failure {
+        error: fields.string("error")?,
+        retryable: fields.boolean("retryable", None)?,
+    })
+}
+
+/// A receiver's policy (`IdempotencyPolicyInput`); `undefined` is the default.
+pub fn idempotency_policy(value: &JsValue) -> Result<IdempotencyPolicy, JsValue> {
+    let defaults = IdempotencyPolicy::default();
+    if value.is_undefined() {
+        return Ok(defaults);
+    }
+    let fields = Fields::of("policy", value, &["retentionMs", "reservationTimeoutMs"])?;
+    let ms = |name| -> Result<Option<Duration>, JsValue> {
+        Ok(fields.optional_whole(name)?.map(Duration::from_millis))
+    };
+    Ok(IdempotencyPolicy {
+        retention: ms("retentionMs")?.unwrap_or(defaults.retention),
+        reservation_timeout: ms("reservationTimeoutMs")?.unwrap_or(defaults.reservation_timeout),
+    })
 }
 
 /// `Handled`, for JS.

@@ -1,6 +1,8 @@
 // The playground's one door to miniflow's JS package: every call into ./pkg/miniflow.js and every
 // field name of what crosses it lives here. The rest of the playground speaks camelCase objects of its
-// own (below), so a change in the package's names is a change in this file only.
+// own (below), so a change in the package's names is a change in this file only. The package takes
+// camelCase inputs (`{ leaseTtlMs }`, `{ reportResult }`) and hands back miniflow's stored JSON,
+// snake_case (`command_id`, `lease_expires_at`): only the way back is translated.
 //
 // Playground shapes:
 //   Event    { workflowId, seq, kind, payload, recordedAt }   built-in payloads: { commandId, kind,
@@ -66,15 +68,15 @@ const timer = (t) => ({ timerId: t.timer_id, name: t.name, eventKind: t.event_ki
 
 function decision(d) {
   if (Array.isArray(d)) return d.map(command);
-  return {
-    commands: (d.commands ?? []).map(command),
-    timers: (d.timers ?? []).map((t) => defined({ name: t.name, after_ms: t.afterMs, payload: t.payload })),
-    cancel_timers: d.cancelTimers ?? [],
-    cancel_kinds: d.cancelKinds ?? [],
-  };
+  return defined({
+    commands: d.commands?.map(command),
+    timers: d.timers?.map((t) => defined({ name: t.name, afterMs: t.afterMs, payload: t.payload })),
+    cancelTimers: d.cancelTimers,
+    cancelKinds: d.cancelKinds,
+  });
 }
 
-const command = (c) => defined({ kind: c.kind, payload: c.payload, report_result: c.reportResult });
+const command = (c) => defined({ kind: c.kind, payload: c.payload, reportResult: c.reportResult });
 
 const handled = (h) => h && { seq: h.seq, commandIds: h.command_ids, timerIds: h.timer_ids };
 
@@ -129,7 +131,7 @@ export class Store {
 
   /** Leases up to `limit` due commands to `worker` for `leaseTtlMs`. */
   claim({ worker, limit, leaseTtlMs }, now) {
-    return this.#inner.claim(defined({ worker, limit, lease_ttl_ms: leaseTtlMs }), now).map(delivery);
+    return this.#inner.claim(defined({ worker, limit, leaseTtlMs }), now).map(delivery);
   }
 
   complete(d, now) {
@@ -144,10 +146,10 @@ export class Store {
   /** Settles a failed delivery; returns `{ outcome: "retry_at", at } | { outcome: "dead" | "cancelled" }`. */
   fail(d, { error, retryable }, policy, now) {
     const p = policy && defined({
-      initial_delay_ms: policy.initialDelayMs,
+      initialDelayMs: policy.initialDelayMs,
       multiplier: policy.multiplier,
-      max_delay_ms: policy.maxDelayMs,
-      max_attempts: policy.maxAttempts,
+      maxDelayMs: policy.maxDelayMs,
+      maxAttempts: policy.maxAttempts,
       jitter: policy.jitter,
     });
     return this.#inner.fail(d.commandId, d.token, { error, retryable }, p, now);

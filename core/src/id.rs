@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -25,8 +26,52 @@ use crate::error::Error;
 /// assert!(WorkflowId::new("a\nb").is_err());
 /// # Ok::<(), miniflow_core::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct WorkflowId(String);
+///
+/// Clones share the text: every event, outbox row, command ID and index entry of a workflow points
+/// at one copy of its ID. The first 16 bytes are also kept inline, so that most comparisons (the
+/// in-memory store's indexes make many) decide without reading the shared text.
+#[derive(Clone)]
+pub struct WorkflowId {
+    /// The first 16 bytes as two big-endian numbers, padded with zeros: ordered as the text's first 16
+    /// bytes, as no valid ID holds a zero byte (a control character). (Not a `u128`, whose alignment
+    /// would make every row and index node a costlier allocation.)
+    head: [u64; 2],
+    text: Arc<str>,
+}
+
+impl PartialEq for WorkflowId {
+    fn eq(&self, other: &Self) -> bool {
+        self.head == other.head && (Arc::ptr_eq(&self.text, &other.text) || self.text == other.text)
+    }
+}
+
+impl Eq for WorkflowId {}
+
+impl Ord for WorkflowId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.head
+            .cmp(&other.head)
+            .then_with(|| self.text.cmp(&other.text))
+    }
+}
+
+impl PartialOrd for WorkflowId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl std::hash::Hash for WorkflowId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.text.hash(state);
+    }
+}
+
+impl fmt::Debug for WorkflowId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("WorkflowId").field(&&*self.text).finish()
+    }
+}
 
 impl WorkflowId {
     /// The longest valid workflow ID, in bytes of UTF-8.
@@ -61,13 +106,23 @@ impl WorkflowId {
         };
         match reason {
             Some(reason) => Err(Error::invalid("workflow_id", &id, reason)),
-            None => Ok(Self(id)),
+            None => {
+                let mut bytes = [0; 16];
+                let len = id.len().min(16);
+                bytes[..len].copy_from_slice(&id.as_bytes()[..len]);
+                let [a, b] = [&bytes[..8], &bytes[8..]]
+                    .map(|half| u64::from_be_bytes(half.try_into().unwrap_or_default()));
+                Ok(Self {
+                    head: [a, b],
+                    text: Arc::from(id),
+                })
+            }
         }
     }
 
     /// The ID as text.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
     }
 }
 
@@ -90,7 +145,7 @@ fn is_invisible(c: char) -> bool {
 
 impl fmt::Display for WorkflowId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
@@ -120,13 +175,13 @@ impl TryFrom<String> for WorkflowId {
 
 impl AsRef<str> for WorkflowId {
     fn as_ref(&self) -> &str {
-        &self.0
+        &self.text
     }
 }
 
 impl Serialize for WorkflowId {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&self.0)
+        serializer.serialize_str(&self.text)
     }
 }
 
@@ -326,6 +381,52 @@ mod tests {
         assert!(WorkflowId::new("é".repeat(64)).is_ok());
         let err = WorkflowId::new("é".repeat(65)).unwrap_err();
         assert!(err.to_string().contains("130 bytes"), "{err}");
+    }
+
+    #[test]
+    fn workflow_ids_compare_and_hash_as_their_text() {
+        use std::collections::hash_map::DefaultHasher;
+        use std::hash::{Hash, Hasher};
+        let texts = [
+            "a",
+            "a:b",
+            "ab",
+            "b",
+            "trip-1",
+            "trip-10",
+            "trip-9",
+            "order-2024-11-05-000123",
+            "order-2024-11-05-000124",
+            "order-2024-11-05-00012",
+            "0123456789abcdef",
+            "0123456789abcdeg",
+            "0123456789abcdef0",
+            "0123456789abcde",
+            "é",
+            "e\u{301}",
+            "成都",
+            "\u{10FFFF}",
+            "~",
+        ];
+        let hash = |id: &WorkflowId| {
+            let mut hasher = DefaultHasher::new();
+            id.hash(&mut hasher);
+            hasher.finish()
+        };
+        for a in texts {
+            for b in texts {
+                let (x, y) = (WorkflowId::new(a).unwrap(), WorkflowId::new(b).unwrap());
+                assert_eq!(x.cmp(&y), a.cmp(b), "{a:?} vs {b:?}");
+                assert_eq!(x == y, a == b, "{a:?} vs {b:?}");
+                if a == b {
+                    assert_eq!(hash(&x), hash(&y));
+                }
+            }
+        }
+        assert_eq!(
+            format!("{:?}", WorkflowId::new("w").unwrap()),
+            r#"WorkflowId("w")"#
+        );
     }
 
     #[test]

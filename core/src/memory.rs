@@ -1,8 +1,14 @@
 //! An in-memory [`Store`](crate::Store): for tests, simulations and the browser.
 
+mod index;
+#[cfg(test)]
+mod index_tests;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+
+use index::{ClaimIndex, ClaimKey, TimerIndex, TimerKey};
 
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
@@ -13,9 +19,15 @@ use crate::outbox::{
 use crate::retry::RetryPolicy;
 use crate::store::{Commit, EventLog, Operations, Outbox, Timers};
 use crate::time::Timestamp;
+use crate::timer::feedback;
 use crate::timer::{TimerId, TimerRow};
 
 /// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.
+///
+/// Claims read an index of the unfinished commands in claim order, as a SQL store reads its partial
+/// index: a claim of `limit` commands costs O(limit · log n) however long the backlog, in strict
+/// per-workflow order too (the first unfinished command of each workflow is indexed apart). Due timers
+/// are indexed the same way.
 ///
 /// ```
 /// use miniflow_core::prelude::*;
@@ -35,9 +47,12 @@ use crate::timer::{TimerId, TimerRow};
 pub struct MemoryStore {
     events: BTreeMap<WorkflowId, Vec<EventRecord>>,
     outbox: BTreeMap<CommandId, OutboxRow>,
-    /// The unfinished (pending or leased) rows: the in-memory twin of a partial index.
-    unfinished: BTreeSet<CommandId>,
-    timers: BTreeMap<TimerId, TimerRow>,
+    /// The unfinished (pending or leased) rows in claim order: the in-memory twin of a partial index.
+    unfinished: ClaimIndex,
+    /// Every timer, by the text of its ID (the order timer IDs sort in).
+    timers: BTreeMap<TimerKey, TimerRow>,
+    /// The scheduled timers, in due order and by workflow.
+    scheduled: TimerIndex,
     poisoned_kinds: Vec<String>,
 }
 
@@ -108,15 +123,18 @@ impl MemoryStore {
             if store.last_seq(id.workflow_id()) < id.event_seq() {
                 return Err(invalid(format!("command {id} has no event")));
             }
-            if row.status.is_unfinished() {
-                store.unfinished.insert(id.clone());
-            }
+            store.unfinished.put(&row);
             store.outbox.insert(id.clone(), row);
         }
         for timer in snapshot.timers {
-            store.timers.insert(timer.timer_id.clone(), timer);
+            store.put_timer(timer);
         }
         Ok(store)
+    }
+
+    /// The timer `timer_id`, if this store has it.
+    pub fn timer(&self, timer_id: &TimerId) -> Option<&TimerRow> {
+        self.timers.get(timer_id.to_string().as_str())
     }
 
     /// Fault injection for tests: every later commit that carries a command of `kind` fails after its
@@ -132,59 +150,75 @@ impl MemoryStore {
             .map_or(Seq::ZERO, |e| e.seq)
     }
 
-    fn row_mut(&mut self, command_id: &CommandId) -> Result<&mut OutboxRow, Error> {
-        self.outbox
-            .get_mut(command_id)
-            .ok_or_else(|| Error::UnknownCommand {
-                command_id: command_id.clone(),
-            })
-    }
-
-    /// Applies `change` at `now` to one row, keeps the unfinished index true and schedules the
-    /// row's failure feedback. A failed change leaves the row as it was.
+    /// Applies `change` (one of [`OutboxRow`]'s rules) at `now` to one row in place, keeps the
+    /// indexes true and schedules the row's feedback ([`feedback`], as [`OutboxRow::change`] does).
+    ///
+    /// The rules check before they change anything, so a failed change leaves the row as it was
+    /// (debug builds check it); this spares a copy of the row, payload and all, on every change.
     fn update<T>(
         &mut self,
         command_id: &CommandId,
         now: Timestamp,
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let row = self.row_mut(command_id)?;
-        let changed = row.change(now, change)?;
-        let unfinished = changed.row.status.is_unfinished();
-        *row = changed.row;
-        if let Some(timer) = changed.feedback {
-            self.timers.insert(timer.timer_id.clone(), timer);
+        let row = self
+            .outbox
+            .get_mut(command_id)
+            .ok_or_else(|| Error::UnknownCommand {
+                command_id: command_id.clone(),
+            })?;
+        let before = row.status;
+        #[cfg(debug_assertions)]
+        let original = row.clone();
+        let value = match change(row) {
+            Ok(value) => value,
+            Err(error) => {
+                #[cfg(debug_assertions)]
+                assert_eq!(*row, original, "a rule changed a row, then failed: {error}");
+                return Err(error);
+            }
+        };
+        let feedback = feedback(before, row, now);
+        self.unfinished.put(row);
+        if let Some(timer) = feedback {
+            self.put_timer(timer);
         }
-        if unfinished {
-            self.unfinished.insert(command_id.clone());
-        } else {
-            self.unfinished.remove(command_id);
-        }
-        Ok(changed.value)
+        Ok(value)
+    }
+
+    /// Writes a timer row, new or changed, and keeps the timer index true.
+    fn put_timer(&mut self, timer: TimerRow) {
+        let key: TimerKey = timer.timer_id.to_string().into();
+        let before = self.timers.get(&key);
+        self.scheduled.put(&key, before, &timer);
+        self.timers.insert(key, timer);
     }
 
     /// The timer rows `commit` changes or adds: the one it fires, the ones it cancels, the new ones.
     fn stage_timers(&self, commit: &Commit) -> Result<Vec<TimerRow>, Error> {
         let mut staged = Vec::new();
         if let Some(id) = commit.fires() {
-            let mut timer =
-                self.timers
-                    .get(id)
-                    .cloned()
-                    .ok_or_else(|| Error::TimerNotScheduled {
-                        timer_id: id.to_string(),
-                        status: "unknown",
-                    })?;
+            let mut timer = self
+                .timers
+                .get(id.to_string().as_str())
+                .cloned()
+                .ok_or_else(|| Error::TimerNotScheduled {
+                    timer_id: id.to_string(),
+                    status: "unknown",
+                })?;
             timer.fire(commit.now())?;
             staged.push(timer);
         }
         if !commit.cancel_timers().is_empty() {
             // The timer this commit fires is fired, not cancelled, even if its decision cancels its name.
-            let cancelled = self.timers.values().filter(|timer| {
-                timer.timer_id.workflow_id() == commit.workflow_id()
-                    && commit.fires() != Some(&timer.timer_id)
-                    && commit.cancel_timers().contains(&timer.name)
-            });
+            let cancelled = self
+                .scheduled
+                .of_workflow(commit.workflow_id())
+                .filter_map(|key| self.timers.get(key))
+                .filter(|timer| {
+                    commit.fires() != Some(&timer.timer_id)
+                        && commit.cancel_timers().contains(&timer.name)
+                });
             for timer in cancelled {
                 let mut timer = timer.clone();
                 if timer.cancel(commit.now()) {
@@ -193,7 +227,10 @@ impl MemoryStore {
             }
         }
         for timer in commit.timers() {
-            if self.timers.contains_key(&timer.timer_id) {
+            if self
+                .timers
+                .contains_key(timer.timer_id.to_string().as_str())
+            {
                 return Err(Error::Corrupt(format!(
                     "timer {} exists without its event",
                     timer.timer_id
@@ -209,12 +246,8 @@ impl MemoryStore {
         if commit.cancel_commands().is_empty() {
             return Vec::new();
         }
-        let Ok(first) = CommandId::new(commit.workflow_id().clone(), Seq::ONE, 0) else {
-            return Vec::new();
-        };
         self.unfinished
-            .range(first..)
-            .take_while(|id| id.workflow_id() == commit.workflow_id())
+            .of_workflow(commit.workflow_id())
             .filter_map(|id| self.outbox.get(id))
             .filter(|row| commit.cancels(row))
             .filter_map(|row| {
@@ -222,24 +255,6 @@ impl MemoryStore {
                 (row.cancel(commit.now()) != Cancelled::Unchanged).then_some(row)
             })
             .collect()
-    }
-
-    /// The claimable rows for `request` at `now`, in claim order.
-    fn claimable(&self, request: &ClaimRequest, now: Timestamp) -> Vec<CommandId> {
-        let mut due: Vec<&OutboxRow> = Vec::new();
-        let mut previous_workflow: Option<&WorkflowId> = None;
-        for id in &self.unfinished {
-            let first_of_workflow = previous_workflow != Some(id.workflow_id());
-            previous_workflow = Some(id.workflow_id());
-            if request.order == ClaimOrder::StrictPerWorkflow && !first_of_workflow {
-                continue;
-            }
-            if let Some(row) = self.outbox.get(id).filter(|row| row.is_claimable(now)) {
-                due.push(row);
-            }
-        }
-        due.sort_by(|a, b| a.claim_order().cmp(&b.claim_order()));
-        due.into_iter().map(|row| row.command_id.clone()).collect()
     }
 }
 
@@ -307,18 +322,12 @@ impl EventLog for MemoryStore {
             .entry(commit.workflow_id().clone())
             .or_default()
             .extend_from_slice(commit.events());
-        for row in staged_cancels {
-            if !row.status.is_unfinished() {
-                self.unfinished.remove(&row.command_id);
-            }
-            self.outbox.insert(row.command_id.clone(), row);
-        }
-        for row in staged_rows {
-            self.unfinished.insert(row.command_id.clone());
+        for row in staged_cancels.into_iter().chain(staged_rows) {
+            self.unfinished.put(&row);
             self.outbox.insert(row.command_id.clone(), row);
         }
         for timer in staged_timers {
-            self.timers.insert(timer.timer_id.clone(), timer);
+            self.put_timer(timer);
         }
         Ok(())
     }
@@ -328,7 +337,7 @@ impl Outbox for MemoryStore {
     fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         Ok(self
             .unfinished
-            .iter()
+            .ids()
             .filter_map(|id| self.outbox.get(id).cloned())
             .take(limit)
             .collect())
@@ -337,26 +346,42 @@ impl Outbox for MemoryStore {
         Ok(self.outbox.get(command_id).cloned())
     }
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        let Ok(first) = CommandId::new(workflow_id.clone(), Seq::ONE, 0) else {
+            return Ok(Vec::new());
+        };
         Ok(self
             .outbox
-            .values()
-            .filter(|row| row.command_id.workflow_id() == workflow_id)
+            .range(first..)
+            .map(|(_, row)| row)
+            .take_while(|row| row.command_id.workflow_id() == workflow_id)
             .cloned()
             .collect())
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.mark_done(now))
     }
+    /// Goes through the commands claimable at `now` in claim order as they stood when the claim began,
+    /// like every store: a row buried on the way (its lease ran out on its last attempt) does not
+    /// count towards the limit, and in strict order the next command of its workflow waits for the
+    /// next claim.
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
         let mut deliveries = Vec::new();
-        for id in self.claimable(request, now) {
-            if deliveries.len() == request.limit {
+        let mut after: Option<ClaimKey> = None;
+        let mut seen_workflows = BTreeSet::new();
+        while deliveries.len() < request.limit {
+            let Some(key) = self.unfinished.next(request.order, after.as_ref(), now) else {
                 break;
+            };
+            let strict = request.order == ClaimOrder::StrictPerWorkflow;
+            if strict && !seen_workflows.insert(key.1.workflow_id().clone()) {
+                after = Some(key);
+                continue;
             }
-            if let Some(delivery) = self.update(&id, now, |row| Ok(row.claim(request, now)))? {
+            if let Some(delivery) = self.update(&key.1, now, |row| Ok(row.claim(request, now)))? {
                 deliveries.push(delivery);
             }
+            after = Some(key);
         }
         Ok(deliveries)
     }
@@ -400,18 +425,13 @@ impl Timers for MemoryStore {
         lease_ttl: Duration,
         now: Timestamp,
     ) -> Result<Vec<TimerRow>, Error> {
-        let mut due: Vec<&TimerRow> = self.timers.values().filter(|t| t.is_due(now)).collect();
-        due.sort_by(|a, b| a.due_order().cmp(&b.due_order()));
-        let ids: Vec<TimerId> = due
-            .into_iter()
-            .take(limit)
-            .map(|t| t.timer_id.clone())
-            .collect();
-        let mut taken = Vec::with_capacity(ids.len());
-        for id in ids {
-            if let Some(timer) = self.timers.get_mut(&id) {
+        let due = self.scheduled.due(now, limit);
+        let mut taken = Vec::with_capacity(due.len());
+        for key in due {
+            if let Some(mut timer) = self.timers.get(&key).cloned() {
                 timer.take(lease_ttl, now);
                 taken.push(timer.clone());
+                self.put_timer(timer);
             }
         }
         Ok(taken)
@@ -422,14 +442,17 @@ impl Timers for MemoryStore {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let timer = self
+        let mut timer = self
             .timers
-            .get_mut(timer_id)
+            .get(timer_id.to_string().as_str())
+            .cloned()
             .ok_or_else(|| Error::TimerNotScheduled {
                 timer_id: timer_id.to_string(),
                 status: "unknown",
             })?;
-        timer.reject(reason, now)
+        timer.reject(reason, now)?;
+        self.put_timer(timer);
+        Ok(())
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         Ok(self

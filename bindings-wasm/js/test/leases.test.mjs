@@ -3,13 +3,13 @@ import assert from "node:assert/strict";
 import { miniflow, throwsCode } from "./miniflow.mjs";
 
 const { MemoryStore, backoff, retryHorizon } = miniflow;
-const policy = { initial_delay_ms: 1000, multiplier: 2, max_delay_ms: 5000, max_attempts: 3, jitter: 0 };
+const policy = { initialDelayMs: 1000, multiplier: 2, maxDelayMs: 5000, maxAttempts: 3, jitter: 0 };
 
 test("leases and retries follow the caller's clock", () => {
   const store = new MemoryStore();
   store.appendWithCommands("w", 0, { kind: "e" }, [{ kind: "flaky" }], 10_000);
   assert.equal(store.claim({ worker: "a" }, 9_999).length, 0, "not due before its commit time");
-  let [d] = store.claim({ worker: "a", lease_ttl_ms: 500 }, 10_000);
+  let [d] = store.claim({ worker: "a", leaseTtlMs: 500 }, 10_000);
   assert.equal(d.attempt, 1);
   assert.deepEqual(store.extend(d.command_id, d.token, 2_000, 10_400), { expires_at: 12_400, cancel_requested: false });
   assert.deepEqual(store.extend(d.command_id, d.token, 100, 10_450), { expires_at: 12_400, cancel_requested: false }, "never shortened");
@@ -39,10 +39,10 @@ test("leases and retries follow the caller's clock", () => {
 test("a late ack after a takeover is STALE_LEASE; without a takeover it completes", () => {
   const store = new MemoryStore();
   store.appendWithCommands("w", 0, { kind: "e" }, [{ kind: "a" }, { kind: "b" }], 0);
-  const [a, b] = store.claim({ worker: "one", limit: 2, lease_ttl_ms: 100 }, 0);
+  const [a, b] = store.claim({ worker: "one", limit: 2, leaseTtlMs: 100 }, 0);
   store.complete(a.command_id, a.token, 5_000);
   assert.equal(store.command(a.command_id).status, "done", "nobody took it over: the late ack counts");
-  const [taken] = store.claim({ worker: "two", lease_ttl_ms: 100 }, 200);
+  const [taken] = store.claim({ worker: "two", leaseTtlMs: 100 }, 200);
   assert.equal(taken.command_id, b.command_id);
   assert.ok(taken.token > b.token);
   throwsCode(assert, () => store.complete(b.command_id, b.token, 201), "STALE_LEASE");

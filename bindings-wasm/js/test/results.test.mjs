@@ -22,13 +22,13 @@ const tripWorkflow = {
       case "trip_requested":
         return {
           commands: [
-            { kind: "book_flight", payload: { flight: "CA1405" }, report_result: true },
+            { kind: "book_flight", payload: { flight: "CA1405" }, reportResult: true },
             { kind: "book_hotel", payload: { city: "成都" } },
             { kind: "send_notice" },
           ],
         };
       case "trip_cancelled":
-        return { cancel_commands: event.payload.ids ?? [], cancel_kinds: event.payload.kinds ?? [] };
+        return { cancelCommands: event.payload.ids ?? [], cancelKinds: event.payload.kinds ?? [] };
       default:
         return [];
     }
@@ -43,7 +43,7 @@ function fireAll(store, engine, now) {
     .map((timer) => timer.timer_id);
 }
 
-const worker = (name, limit = 10, lease_ttl_ms = 100) => ({ worker: name, limit, lease_ttl_ms });
+const worker = (name, limit = 10, leaseTtlMs = 100) => ({ worker: name, limit, leaseTtlMs });
 const statuses = (store, workflow) => store.commands(workflow).map((row) => `${row.command_id} ${row.status}`);
 
 test("completeWith on a command that asked for its result feeds exactly one command_completed event back", () => {
@@ -217,12 +217,12 @@ test("the README's example: the flight reference comes back and cancel_flight ca
       switch (event.kind) {
         case "trip_requested":
           return [
-            { kind: "book_flight", payload: { city: event.payload.city }, report_result: true },
+            { kind: "book_flight", payload: { city: event.payload.city }, reportResult: true },
             { kind: "book_hotel", payload: { city: event.payload.city } },
           ];
         case "trip_cancelled":
           return {
-            cancel_kinds: ["book_hotel"],
+            cancelKinds: ["book_hotel"],
             commands: state.flight ? [{ kind: "cancel_flight", payload: { reference: state.flight } }] : [],
           };
         default:
@@ -233,7 +233,7 @@ test("the README's example: the flight reference comes back and cancel_flight ca
   const store = new MemoryStore();
   const engine = new Engine(saga);
   engine.handle(store, "trip-001", { kind: "trip_requested", payload: { city: "成都" } });
-  const [flight] = store.claim({ worker: "w1", limit: 1, lease_ttl_ms: 30_000 });
+  const [flight] = store.claim({ worker: "w1", limit: 1, leaseTtlMs: 30_000 });
   store.completeWith(flight.command_id, flight.token, { reference: "CA1405-7Q" });
   for (const timer of store.claimTimers(10, 30_000)) engine.fire(store, timer);
   engine.handle(store, "trip-001", { kind: "trip_cancelled", payload: null });

@@ -44,7 +44,7 @@ test("a JS workflow decides commands, timers and rejections; a throwing workflow
       if (seen >= 2) return { reject: "at most two events" };
       return {
         commands: [{ kind: "a", payload: { seen } }],
-        timers: [{ name: "remind", after_ms: 1000, payload: { seen } }],
+        timers: [{ name: "remind", afterMs: 1000, payload: { seen } }],
       };
     },
   });

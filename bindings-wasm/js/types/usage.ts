@@ -1,11 +1,17 @@
 // Type tests of the generated declarations: what a TypeScript user writes must check, and what is
 // wrong must not (each `@ts-expect-error` fails the check if its line compiles).
 import {
+  COMMAND_COMPLETED,
+  COMMAND_FAILED,
+  COMMAND_RESOLVED,
   Engine,
   IdempotencyStore,
   MemoryStore,
+  TIMER_FIRED,
   commandId,
   digest,
+  errorCodes,
+  isMiniflowError,
   parseCommandId,
   type Begin,
   type BuiltInEvent,
@@ -18,7 +24,10 @@ import {
   type Extended,
   type Handled,
   type Json,
+  type MiniflowError,
+  type MiniflowErrorCode,
   type OutboxRow,
+  type Replayed,
   type Settled,
   type TimerRow,
   type Workflow,
@@ -57,8 +66,8 @@ expectType<Equal<EventRecord["seq"], number>>();
 expectType<Equal<EventRecord["kind"], string>>();
 expectType<Equal<EventRecord["payload"], Json>>();
 
-const claimed: Delivery[] = store.claim({ worker: "w1", limit: 8, lease_ttl_ms: 30_000, order: "strict_per_workflow" });
-const settled: Settled = store.fail(claimed[0].command_id, claimed[0].token, { error: "503", retryable: true }, { max_attempts: 5 });
+const claimed: Delivery[] = store.claim({ worker: "w1", limit: 8, leaseTtlMs: 30_000, order: "strict_per_workflow" });
+const settled: Settled = store.fail(claimed[0].command_id, claimed[0].token, { error: "503", retryable: true }, { maxAttempts: 5 });
 if (settled.outcome === "retry_at") {
   const at: number = settled.at;
   void at;
@@ -75,7 +84,8 @@ store.completeWith(claimed[1].command_id, claimed[1].token, { reference: "CA1405
 const timers: TimerRow[] = store.claimTimers(10, 1_000);
 const fired: Handled | null = engine.fire(store, timers[0]);
 
-const receiver = new IdempotencyStore({ retention_ms: 7 * 86_400_000 });
+const receiver = new IdempotencyStore({ retentionMs: 7 * 86_400_000 });
+const withDefaults = new IdempotencyStore();
 const answer: Begin = receiver.begin("trip-001:1:0", digest({ flight: "CA1405" }, ["flight"]));
 if (answer.outcome === "completed") {
   const result: Json = answer.result;
@@ -93,7 +103,7 @@ type SagaEvent = { kind: "trip_requested"; payload: { city: string } } | { kind:
 interface Saga {
   flight: string | null;
 }
-const withdraw: DecisionObject = { cancel_commands: ["trip-001:1:1"], cancel_kinds: ["book_hotel"] };
+const withdraw: DecisionObject = { cancelCommands: ["trip-001:1:1"], cancelKinds: ["book_hotel"] };
 const saga: Workflow<Saga, SagaEvent> = {
   init: () => ({ flight: null }),
   evolve(state, event) {
@@ -114,7 +124,7 @@ const saga: Workflow<Saga, SagaEvent> = {
   decide(state, event) {
     switch (event.kind) {
       case "trip_requested": {
-        const book: CommandInput = { kind: "book_flight", payload: { city: event.payload.city }, report_result: true };
+        const book: CommandInput = { kind: "book_flight", payload: { city: event.payload.city }, reportResult: true };
         return [book, { kind: "book_hotel", payload: { city: event.payload.city } }];
       }
       case "trip_cancelled":
@@ -128,6 +138,42 @@ const sagaEngine = new Engine(saga);
 const sagaEvents: EventRecord<SagaEvent>[] = store.load("trip-001") as EventRecord<SagaEvent>[];
 expectType<Equal<BuiltInEventKind, "timer_fired" | "command_completed" | "command_failed" | "command_resolved">>();
 
+// The engine is generic over its workflow: replay's state is the workflow's state type.
+const replayed = engine.replay(store, "trip-001");
+expectType<Equal<typeof replayed, Replayed<Trip>>>();
+expectType<Equal<typeof replayed.state, Trip>>();
+const sagaState = sagaEngine.replay(store, "trip-001").state;
+expectType<Equal<typeof sagaState, Saga>>();
+// @ts-expect-error init and evolve must agree on the state
+const disagreeing = new Engine({ init: () => ({ count: 0 }), evolve: (state: { total: string }) => state, decide: () => [] });
+// @ts-expect-error decide sees the state init and evolve give
+new Engine({ init: () => 0, evolve: (n) => n + 1, decide: (state: string) => (state.length ? [] : []) });
+
+// Errors: a union of codes and a guard that narrows `unknown`.
+try {
+  store.complete("trip-001:1:0", 99);
+} catch (e) {
+  // @ts-expect-error a caught value is unknown until narrowed
+  void e.code;
+  if (isMiniflowError(e)) {
+    expectType<Equal<typeof e, MiniflowError>>();
+    expectType<Equal<typeof e.code, MiniflowErrorCode>>();
+    if (e.code === "STALE_LEASE" || e.code === "USED_AFTER_FREE" || e.code === "REENTRANT_CALL") void e.message;
+    // @ts-expect-error codes are the documented ones
+    if (e.code === "STALE") void e;
+  }
+}
+const codes: MiniflowErrorCode[] = errorCodes();
+
+// The built-in event kinds as constants of their literal types, usable to narrow events.
+expectType<Equal<typeof TIMER_FIRED, "timer_fired">>();
+expectType<Equal<typeof COMMAND_COMPLETED | typeof COMMAND_FAILED | typeof COMMAND_RESOLVED, "command_completed" | "command_failed" | "command_resolved">>();
+const onBuiltIn = (event: EventRecord<BuiltInEvent>) => (event.kind === COMMAND_FAILED ? event.payload.error : event.kind === TIMER_FIRED ? event.payload.name : null);
+
+// @ts-expect-error inputs are camelCase: lease_ttl_ms is leaseTtlMs
+store.claim({ worker: "w", lease_ttl_ms: 1_000 });
+// @ts-expect-error timers fire afterMs, not after_ms
+const oldTimer: DecisionObject = { timers: [{ name: "t", after_ms: 5 }] };
 // @ts-expect-error a workflow ID is a string
 store.load(42);
 // @ts-expect-error the event needs a kind
@@ -145,11 +191,12 @@ const expiry: number = store.extend("w:1:0", 1, 30_000);
 // @ts-expect-error completeWith needs the result
 store.completeWith("w:1:0", 1);
 // @ts-expect-error report_result is a boolean
-const asks: CommandInput = { kind: "book_flight", report_result: "yes" };
+const asks: CommandInput = { kind: "book_flight", reportResult: "yes" };
 // @ts-expect-error cancel_commands lists command IDs
-const cancelsNumbers: DecisionObject = { cancel_commands: [1] };
+const cancelsNumbers: DecisionObject = { cancelCommands: [1] };
 const narrowed = (event: EventRecord<SagaEvent>) =>
   // @ts-expect-error a command_completed payload has a result, not an error
   event.kind === "command_completed" ? event.payload.error : null;
 
 void [events, fired, wrong, broken, sagaEngine, sagaEvents, expiry, asks, cancelsNumbers, narrowed];
+void [withDefaults, disagreeing, codes, onBuiltIn, oldTimer];

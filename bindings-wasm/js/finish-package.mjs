@@ -1,0 +1,71 @@
+// Finishes a package wasm-bindgen generated (scripts/build-js runs it on bindings-wasm/pkg/nodejs and
+// bindings-wasm/pkg/web): what the Rust attributes cannot say.
+//
+// - The errors wasm-bindgen's glue throws itself get a `code` and a message in JS terms, like every
+//   other miniflow error: a call on an object after its `free()` is USED_AFTER_FREE.
+// - The built-in event kinds are exported as constants (`TIMER_FIRED`, …; their types come from the
+//   crate's TypeScript section).
+// - The declarations compile for any ES2022 project: `[Symbol.dispose]` (which needs the
+//   esnext.disposable lib) is left out of them — the method is still there at run time — and `Engine`
+//   is generic over its workflow's state and events, so `replay().state` has the state's type.
+//
+// The generated code comes from the pinned wasm-bindgen version; each edit checks that it found what
+// it changes, so a new version that moved things fails the build instead of shipping an unfinished
+// package.
+import { readFileSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+
+const [dir, target] = process.argv.slice(2);
+if (!dir || !["nodejs", "web"].includes(target)) throw new Error("usage: finish-package.mjs <dir> <nodejs|web>");
+
+const KINDS = {
+  TIMER_FIRED: "timer_fired",
+  COMMAND_COMPLETED: "command_completed",
+  COMMAND_FAILED: "command_failed",
+  COMMAND_RESOLVED: "command_resolved",
+};
+
+function edit(file, change) {
+  const path = join(dir, file);
+  writeFileSync(path, change(readFileSync(path, "utf8")));
+}
+
+/** `text` with `from` replaced by `to`, which must occur exactly `times` times. */
+function replace(text, from, to, times = 1) {
+  const found = text.split(from).length - 1;
+  if (found !== times) throw new Error(`expected ${times} × ${JSON.stringify(from)} in the generated code, found ${found}`);
+  return text.split(from).join(to);
+}
+
+const glue = `
+/** wasm-bindgen's own errors, with a code and a message in JS terms. */
+function miniflowGlueError(message) {
+  const known = {
+    "null pointer passed to rust": [
+      "USED_AFTER_FREE",
+      "this object was used after its free(): it holds no data any more; create a new one",
+    ],
+    "recursive use of an object detected which would lead to unsafe aliasing in rust": [
+      "REENTRANT_CALL",
+      "this object is in use by a call that has not returned yet (a callback called back into it): call it after that call returns",
+    ],
+  };
+  const [code, text] = known[message] ?? ["INTERNAL", message];
+  const error = new Error(text);
+  error.code = code;
+  return error;
+}
+`;
+const constants = Object.entries(KINDS)
+  .map(([name, kind]) => (target === "web" ? `export const ${name} = "${kind}";` : `exports.${name} = "${kind}";`))
+  .join("\n");
+
+edit("miniflow.js", (js) => {
+  const thrown = "throw new Error(getStringFromWasm0(arg0, arg1));";
+  return `${replace(js, thrown, "throw miniflowGlueError(getStringFromWasm0(arg0, arg1));")}${glue}\n${constants}\n`;
+});
+
+edit("miniflow.d.ts", (dts) => {
+  const withoutDispose = replace(dts, "    [Symbol.dispose](): void;\n", "", 3);
+  return replace(withoutDispose, "export class Engine {", "export class Engine<S = unknown, E extends EventShape = AnyEvent> {");
+});
