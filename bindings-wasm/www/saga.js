@@ -5,14 +5,17 @@
 // `command_failed` back and the trip is compensated; trip-002's hotel keeps answering 503, so its
 // 30-minute deadline fires while the booking is still retrying, and the trip withdraws it
 // (`cancelKinds`) instead of letting it be booked later; trip-003's hotel books on its second attempt,
-// in time. Time is a virtual clock.
-import { Engine, MemoryStore, parseCommandId, timerWorkflowId } from "./pkg/miniflow.js";
+// in time. Time is a virtual clock. `runSaga` returns each trip's timeline: what was committed, when,
+// and what came back.
+import { Store, Workflow, parseCommandId, timerWorkflowId } from "./miniflow-api.js";
 
 const HOTEL_DEADLINE = "hotel_deadline";
 /** The bookings whose references come back, and the commands that undo them. */
 const UNDO = { book_flight: "cancel_flight", book_hotel: "cancel_hotel" };
 const REFERENCE = { book_flight: "flight", book_hotel: "hotel" };
 const UNDOES = new Set(Object.values(UNDO));
+/** The events miniflow commits to bring a command's outcome back into its workflow. */
+const FEEDBACK = new Set(["command_completed", "command_failed"]);
 
 /** Undo what was booked (with its reference), withdraw the bookings still under way, stop the clock. */
 function compensate(trip, failed, reason, tripId) {
@@ -52,7 +55,7 @@ export const sagaWorkflow = {
     }
   },
   decide(trip, event) {
-    const tripId = event.workflow_id;
+    const tripId = event.workflowId;
     switch (event.kind) {
       case "trip_requested": {
         if (trip.requested) return [];
@@ -103,84 +106,137 @@ function supplier(delivery) {
   return { result: null };
 }
 
-/** Runs the saga to the end on a virtual clock; returns the report lines. */
+export const SAGA_TRIPS = [
+  ["trip-001", "成都"],
+  ["trip-002", "西安"],
+  ["trip-003", "杭州"],
+];
+
+/**
+ * Runs the saga to the end on a virtual clock. Returns `{ trips, totals }`: for each trip its timeline
+ * (entries in time order, `at` in ms from the start), its final commands and timers, and its state.
+ *
+ * Timeline entries:
+ * - `{ type: "commit", event, commands, timers, withdrawn, stoppedTimers, via? }`: one transaction, the
+ *   event and everything its decision wrote together (new commands and timers, withdrawn commands,
+ *   cancelled timers); `via` is the timer that fed a command's outcome back;
+ * - `{ type: "attempt", delivery, outcome, result?, error?, retryAt? }`: a delivery and how it ended;
+ * - `{ type: "timer", timer }`: one of the trip's own timers fired (its `timer_fired` commit follows).
+ */
 export function runSaga() {
   const start = Date.UTC(2026, 0, 1, 9, 0, 0);
   let clock = start;
-  const store = new MemoryStore();
-  const engine = new Engine(sagaWorkflow);
-  const trips = [["trip-001", "成都"], ["trip-002", "西安"], ["trip-003", "杭州"]];
+  const store = new Store();
+  const engine = new Workflow(sagaWorkflow);
   const policy = { initialDelayMs: 60_000, multiplier: 2, maxDelayMs: 10 * 60_000, maxAttempts: 20, jitter: 0 };
-  const lines = [];
-  const minutes = () => `${((clock - start) / 60_000).toFixed(1).padStart(5)} min`;
-  const reference = (payload) => (payload?.reference ? ` ${payload.reference}` : "");
-  const atMinutes = (ms) => `${((ms - start) / 60_000).toFixed(1)} min`;
-  const withdrawn = new Set();
-  /** Reports the commands of `trip` its last decision withdrew. */
-  const reportWithdrawn = (trip) => {
-    for (const row of store.commands(trip)) {
-      if (row.status === "cancelled" && !withdrawn.has(row.command_id)) {
-        withdrawn.add(row.command_id);
-        lines.push(`[${minutes()}] ${row.command_id} ${row.kind} withdrawn → cancelled (its next attempt was due at ${atMinutes(row.available_at)})`);
-      }
+  const timelines = new Map(SAGA_TRIPS.map(([trip]) => [trip, []]));
+  const seen = new Map(SAGA_TRIPS.map(([trip]) => [trip, { events: 0, commands: new Map(), timers: new Map() }]));
+
+  /**
+   * Adds to `trip`'s timeline what the store gained since the last look: commits and what they did.
+   * `via` names the feedback timer that carried a result back.
+   */
+  const observe = (trip, via) => {
+    const before = seen.get(trip);
+    const timeline = timelines.get(trip);
+    const events = store.events(trip);
+    const commands = store.commands(trip);
+    const timers = store.timers(trip);
+    let last = null;
+    for (const event of events.slice(before.events)) {
+      last = {
+        type: "commit",
+        at: clock - start,
+        event,
+        commands: commands.filter((c) => parseCommandId(c.commandId).eventSeq === event.seq),
+        timers: timers.filter((t) => t.timerId.startsWith(`${trip}:${event.seq}:t`)),
+        withdrawn: [],
+        stoppedTimers: [],
+        via,
+      };
+      timeline.push(last);
     }
+    for (const c of commands) {
+      if (c.status === "cancelled" && before.commands.get(c.commandId) !== "cancelled") last?.withdrawn.push(c);
+    }
+    for (const t of timers) {
+      if (t.status === "cancelled" && before.timers.get(t.timerId) !== "cancelled") last?.stoppedTimers.push(t);
+    }
+    seen.set(trip, {
+      events: events.length,
+      commands: new Map(commands.map((c) => [c.commandId, c.status])),
+      timers: new Map(timers.map((t) => [t.timerId, t.status])),
+    });
   };
-  for (const [trip, city] of trips) engine.handle(store, trip, { kind: "trip_requested", payload: { city } }, clock);
+
+  for (const [trip, city] of SAGA_TRIPS) {
+    engine.handle(store, trip, { kind: "trip_requested", payload: { city } }, clock);
+    observe(trip);
+  }
   for (let step = 0; step < 1_000; step += 1) {
     const timers = store.claimTimers(50, 30_000, clock);
     for (const timer of timers) {
-      if (engine.fire(store, timer, clock)) {
-        lines.push(`[${minutes()}] ${timer.timer_id} fired: ${timer.event_kind}`);
-        reportWithdrawn(timerWorkflowId(timer.timer_id));
+      const trip = timerWorkflowId(timer.timerId);
+      if (!engine.fire(store, timer, clock)) continue;
+      if (FEEDBACK.has(timer.eventKind)) {
+        // A command's result or failure, fed back into its workflow: the commit shows it.
+        observe(trip, timer.timerId);
+      } else {
+        timelines.get(trip).push({ type: "timer", at: clock - start, timer });
+        observe(trip);
       }
     }
     const due = store.claim({ worker: "saga", limit: 50, leaseTtlMs: 30_000 }, clock);
     for (const d of due) {
+      const trip = parseCommandId(d.commandId).workflowId;
       const answer = supplier(d);
-      const what = `${d.command_id} ${d.kind}${reference(d.payload)} attempt ${d.attempt}`;
+      const entry = { type: "attempt", at: clock - start, delivery: d };
+      timelines.get(trip).push(entry);
       if (answer.error) {
-        const settled = store.fail(d.command_id, d.token, answer, policy, clock);
-        lines.push(`[${minutes()}] ${what}: ${answer.error} → ${settled.outcome}`);
+        const settled = store.fail(d, answer, policy, clock);
+        Object.assign(entry, { outcome: settled.outcome, error: answer.error, retryAt: settled.at === undefined ? undefined : settled.at - start });
       } else {
         // The result is kept on the command and, as the bookings asked, fed back to the trip.
-        store.completeWith(d.command_id, d.token, answer.result, clock);
-        lines.push(`[${minutes()}] ${what}: done${answer.result ? ` → ${JSON.stringify(answer.result)}` : ""}`);
+        store.completeWith(d, answer.result, clock);
+        Object.assign(entry, { outcome: "done", result: answer.result });
       }
+      observe(trip);
     }
     if (timers.length || due.length) continue;
     const next = [
-      ...store.pending().map((row) => row.available_at),
-      ...trips.flatMap(([trip]) => store.timers(trip).filter((t) => t.status === "scheduled").map((t) => t.fire_at)),
+      ...store.pending().map((row) => row.availableAt),
+      ...SAGA_TRIPS.flatMap(([trip]) => store.timers(trip).filter((t) => t.status === "scheduled").map((t) => t.fireAt)),
     ];
     if (next.length === 0) break;
     clock = Math.max(clock, Math.min(...next));
   }
-  let cancelled = 0;
-  for (const [trip] of trips) {
-    lines.push("", `== ${trip} ==`, "events:");
-    for (const e of store.load(trip)) lines.push(`  ${e.seq} ${e.kind} ${JSON.stringify(e.payload)}`);
-    lines.push("outbox:");
-    const rows = store.commands(trip);
-    for (const row of rows) {
-      const result = row.result === null ? "" : ` → ${JSON.stringify(row.result)}`;
-      lines.push(`  ${row.command_id} ${row.kind}${reference(row.payload)} ${row.status} attempts=${row.attempts}${row.last_error ? ` (${row.last_error})` : ""}${result}`);
-    }
-    lines.push("timers:");
-    for (const t of store.timers(trip)) lines.push(`  ${t.timer_id} ${t.name} ${t.status}`);
-    const state = engine.replay(store, trip).state;
-    const done = (kind) => rows.some((row) => row.kind === kind && row.status === "done");
-    lines.push(`state: ${state.cancelled ? `cancelled (${state.cancelled})` : "booked"}; budget released: ${done("release_budget")}; flight cancelled: ${done("cancel_flight")}`);
-    lines.push(`references: flight ${state.flight ?? "–"}, hotel ${state.hotel ?? "–"}`);
-    for (const row of rows.filter((r) => r.status === "cancelled")) {
-      cancelled += 1;
-      lines.push(`withdrawn: ${row.command_id} ${row.kind} after ${row.attempts} attempts, never delivered again`);
-    }
-  }
+
+  const trips = SAGA_TRIPS.map(([trip, city]) => {
+    const commands = store.commands(trip);
+    const done = (kind) => commands.some((row) => row.kind === kind && row.status === "done");
+    return {
+      trip,
+      city,
+      timeline: timelines.get(trip),
+      commands,
+      timers: store.timers(trip),
+      state: engine.state(store, trip),
+      budgetReleased: done("release_budget"),
+      flightCancelled: done("cancel_flight"),
+    };
+  });
   const dead = store.deadLetters();
   const explained = dead.filter((row) =>
-    store.load(parseCommandId(row.command_id).workflow_id).some((e) => e.kind === "command_failed" && e.payload.command_id === row.command_id),
+    store.events(parseCommandId(row.commandId).workflowId).some((e) => e.kind === "command_failed" && e.payload.commandId === row.commandId),
   );
-  lines.push("", `pending: ${store.pending().length}`, `dead: ${dead.length} (unexplained: ${dead.length - explained.length})`, `cancelled: ${cancelled}`);
+  const totals = {
+    start,
+    pending: store.pending().length,
+    dead: dead.length,
+    unexplained: dead.length - explained.length,
+    withdrawn: trips.reduce((n, t) => n + t.commands.filter((c) => c.status === "cancelled").length, 0),
+    minutes: (clock - start) / 60_000,
+  };
   store.free();
-  return lines;
+  return { trips, totals };
 }
