@@ -276,6 +276,50 @@ fn shutdown_finishes_the_delivery_in_hand_and_gives_back_the_rest() {
         .all(|r| r.status == Status::Pending && r.attempts == 0));
 }
 
+/// A shutdown lets the delivery in hand finish, and the heartbeat keeps its lease meanwhile: a rival
+/// claiming all along gets nothing, however long the delivery runs past its lease's TTL.
+#[test]
+fn a_shutdown_keeps_the_lease_of_the_delivery_it_lets_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 1)]);
+    let (started_tx, started_rx) = mpsc::channel();
+    let started_tx = Mutex::new(started_tx);
+    let running = Dispatcher::sqlite(&path, move |_: &Delivery| {
+        let _ = started_tx.lock().unwrap().send(());
+        std::thread::sleep(Duration::from_millis(900));
+        Outcome::Done
+    })
+    .lease_ttl(Duration::from_millis(200))
+    .start()
+    .unwrap();
+    started_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let rival_path = path.clone();
+    let rival = std::thread::spawn(move || {
+        let mut rival = SqliteStore::open(&rival_path).unwrap();
+        let mut stolen = 0;
+        for _ in 0..12 {
+            std::thread::sleep(Duration::from_millis(75));
+            let now = miniflow::SystemClock.now();
+            stolen += rival.claim(&ClaimRequest::new("rival"), now).unwrap().len();
+        }
+        stolen
+    });
+    let shutdown = running.shutdown(Duration::from_secs(10));
+    assert_eq!(
+        rival.join().unwrap(),
+        0,
+        "the lease ran out while the shutdown waited for its delivery"
+    );
+    assert_eq!(shutdown.unfinished_workers, 0);
+    assert_eq!(
+        (shutdown.stats.completed, shutdown.stats.lost_leases),
+        (1, 0)
+    );
+    let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+    assert_eq!((row.status, row.attempts), (Status::Done, 1));
+}
+
 #[test]
 fn strict_order_delivers_a_workflows_commands_one_after_another() {
     let dir = tempfile::tempdir().unwrap();

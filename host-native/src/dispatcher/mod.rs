@@ -564,6 +564,7 @@ impl<S: Store + 'static> Dispatcher<S> {
         drop((self.open)()?);
         let mut running = RunningDispatcher {
             stop: Arc::new(AtomicBool::new(false)),
+            helpers_stop: Arc::new(AtomicBool::new(false)),
             workers: Vec::with_capacity(self.config.workers),
             heartbeat: None,
             stats: None,
@@ -599,7 +600,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             clock: self.clock.clone(),
             lease_ttl: self.config.lease_ttl,
             held,
-            stop: running.stop.clone(),
+            stop: running.helpers_stop.clone(),
         };
         let thread = std::thread::Builder::new()
             .name(format!("{}-heartbeat", self.config.name))
@@ -613,7 +614,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                 errors: running.heartbeat_errors.clone(),
                 clock: self.clock.clone(),
                 interval,
-                stop: running.stop.clone(),
+                stop: running.helpers_stop.clone(),
             };
             let thread = std::thread::Builder::new()
                 .name(format!("{}-stats", self.config.name))
@@ -627,7 +628,11 @@ impl<S: Store + 'static> Dispatcher<S> {
 
 /// Dispatcher workers running in the background.
 pub struct RunningDispatcher {
+    /// Tells the workers to stop claiming.
     stop: Arc<AtomicBool>,
+    /// Tells the heartbeat and the gauges to stop: only once the workers have stopped, so the leases
+    /// of the deliveries a shutdown lets finish are kept, and the last gauges show what they left.
+    helpers_stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Result<Stats, Error>>>,
     heartbeat: Option<JoinHandle<()>>,
     /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
@@ -675,6 +680,8 @@ impl RunningDispatcher {
                     .push(Error::Storage("a worker thread panicked".into())),
             }
         }
+        // The workers that did not stop in time are left to their leases, which then run out.
+        self.helpers_stop.store(true, Ordering::SeqCst);
         if shutdown.unfinished_workers == 0 {
             for thread in [self.heartbeat.take(), self.stats.take()]
                 .into_iter()
@@ -701,6 +708,7 @@ impl RunningDispatcher {
             }
         }
         self.stop.store(true, Ordering::SeqCst);
+        self.helpers_stop.store(true, Ordering::SeqCst);
         for thread in [self.heartbeat.take(), self.stats.take()]
             .into_iter()
             .flatten()
@@ -715,6 +723,7 @@ impl RunningDispatcher {
 impl Drop for RunningDispatcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.helpers_stop.store(true, Ordering::SeqCst);
     }
 }
 
