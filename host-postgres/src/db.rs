@@ -39,6 +39,24 @@ impl Connection {
         tx.commit().map_err(storage)?;
         Ok(out)
     }
+
+    /// Runs the reads of `work` in one `REPEATABLE READ, READ ONLY` transaction: every statement
+    /// sees the same snapshot, and nothing can be written.
+    pub(crate) fn in_snapshot<T, E: From<Error>>(
+        &mut self,
+        work: impl FnOnce(&mut Db<'_, Transaction<'_>>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(storage)?;
+        let out = work(&mut Db::new(&mut tx, &mut self.statements))?;
+        tx.commit().map_err(storage)?;
+        Ok(out)
+    }
 }
 
 /// The statements prepared on one connection, by their SQL.

@@ -1557,14 +1557,16 @@ impl Operations for PostgresStore {
         self.update(command_id, now, |row, now| row.resolve(note, now))
             .map(|_| ())
     }
-    /// Three reads, each of its own snapshot: the unfinished rows by kind and status (from the
-    /// partial index `outbox_claim`), the dead rows by kind (`outbox_dead_by_kind`) and the
-    /// controls. Works on [`PostgresStore::connect_read_only`].
+    /// Three reads of one snapshot (a `REPEATABLE READ, READ ONLY` transaction): the unfinished
+    /// rows by kind and status (from the partial index `outbox_claim`), the dead rows by kind
+    /// (`outbox_dead_by_kind`) and the controls, so a command that moves between them while the
+    /// stats are read is counted once. Works on [`PostgresStore::connect_read_only`].
     fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
         let mut connection = self.shared.connection()?;
-        let mut db = connection.db();
-        let clock = self.clock(&mut db, now)?;
-        crate::controls::outbox_stats(&mut db, clock)
+        connection.in_snapshot(|db| {
+            let clock = self.clock(db, now)?;
+            crate::controls::outbox_stats(db, clock)
+        })
     }
     /// Times as stored: in the database's clock with [`PostgresOptions::database_clock`] (there
     /// is no caller's `now` to translate them by; [`Operations::stats`] translates them).
