@@ -8,28 +8,15 @@ use std::time::{Duration, Instant};
 
 use miniflow::prelude::*;
 use miniflow::{
-    json, Command, Commit, Decision, Engine, Event, EventRecord, Seq, SqliteStore, Timestamp,
-    Workflow, WorkflowId,
+    json, Command, Commit, Decision, Engine, EventRecord, Seq, SqliteStore, Timestamp, Workflow,
+    WorkflowId,
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::{decision, event};
+
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
-
-fn decision() -> Decision {
-    Decision::new()
-        .command(Command::new(
-            "lock_budget",
-            json!({ "trip_id": "t", "amount": 1200 }),
-        ))
-        .command(Command::new(
-            "book_flight",
-            json!({ "to": "成都", "class": "economy" }),
-        ))
-}
-
-fn event() -> Event {
-    Event::new("trip_requested", json!({ "city": "成都", "travellers": 2 }))
-}
 
 /// `commits` commits of one event and two commands through `SqliteStore`, one workflow each.
 fn miniflow_appends(dir: &std::path::Path, round: usize, commits: usize) -> Duration {

@@ -25,6 +25,9 @@ use miniflow::{
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::process_cpu;
+
 /// A trip that counts its events and books a flight and a hotel for each.
 struct Trip;
 
@@ -292,17 +295,4 @@ fn timed(run: impl FnOnce()) -> Run {
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn process_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }

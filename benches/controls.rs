@@ -18,6 +18,9 @@ use miniflow::{
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::process_cpu;
+
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 /// Commands per claim.
 const BATCH: usize = 32;
@@ -345,20 +348,6 @@ fn stats_table(dir: &Path, sizes: &Sizes) {
             us(cpu, runs),
         );
     }
-}
-
-/// User + system CPU time of this process so far.
-fn process_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 fn main() {

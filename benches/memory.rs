@@ -19,6 +19,9 @@ use miniflow::{
     WorkflowId,
 };
 
+mod support;
+use support::process_cpu as cpu_time;
+
 const NOW: Timestamp = Timestamp::from_millis(1);
 
 fn main() {
@@ -187,20 +190,6 @@ fn measure(mut workload: Workload) -> (usize, f64, f64) {
     }
     let ops = workload.ops as f64;
     (workload.ops, ops / best.0, best.1 * 1e6 / ops)
-}
-
-/// This process's CPU time (user + system), from `getrusage`.
-fn cpu_time() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// The growth of this process's resident memory while a store of `workflows` workflows is built

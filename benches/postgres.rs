@@ -30,9 +30,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use miniflow::postgres::{Client, NoTls};
 use miniflow::prelude::*;
 use miniflow::{
-    json, Ack, ClaimRequest, Command, Commit, Decision, Delivery, Dispatcher, Event, Outcome,
+    json, Ack, ClaimRequest, Command, Commit, Delivery, Dispatcher, Event, Outcome,
     PostgresDispatcher, PostgresOptions, PostgresStore, Seq, Timestamp, WorkflowId,
 };
+
+mod support;
+use support::{decision, event, process_cpu};
 
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const BATCH: usize = 256;
@@ -290,36 +293,6 @@ impl Stopwatch {
             },
         }
     }
-}
-
-/// User + system CPU time of this process so far, its finished threads included.
-fn process_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
-fn decision() -> Decision {
-    Decision::new()
-        .command(Command::new(
-            "lock_budget",
-            json!({ "trip_id": "t", "amount": 1200 }),
-        ))
-        .command(Command::new(
-            "book_flight",
-            json!({ "to": "成都", "class": "economy" }),
-        ))
-}
-
-fn event() -> Event {
-    Event::new("trip_requested", json!({ "city": "成都", "travellers": 2 }))
 }
 
 /// `n` commits through `PostgresStore::append_with_commands` on `connections` threads, one new

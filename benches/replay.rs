@@ -20,6 +20,9 @@ use miniflow::{
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::process_cpu;
+
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 
 /// An order that adds up its items; each item decides a reservation and a price check.
@@ -343,17 +346,4 @@ fn median(mut samples: Vec<Duration>) -> Duration {
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
-}
-
-fn process_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }

@@ -16,6 +16,9 @@ use miniflow::{
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::process_cpu as cpu;
+
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -40,20 +43,6 @@ impl Workflow for Ticking {
             _ => Decision::new().command(Command::new("record", json!({ "seq": event.seq }))),
         }
     }
-}
-
-/// CPU time of this process so far (user + system).
-fn cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Wall and CPU time of `f`.

@@ -32,6 +32,9 @@ use miniflow::{
 };
 use rusqlite::{params, Connection, TransactionBehavior};
 
+mod support;
+use support::{decision, event, process_cpu};
+
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const PRODUCERS: usize = 32;
 const WORKERS: usize = 4;
@@ -216,20 +219,6 @@ impl Stopwatch {
     }
 }
 
-/// User + system CPU time of this process so far, its finished threads included.
-fn process_cpu() -> Duration {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given; RUSAGE_SELF is always valid.
-    let usage = unsafe {
-        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()), 0);
-        usage.assume_init()
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 /// The pragmas every miniflow connection sets.
 fn raw_connection(path: &Path) -> Connection {
     let conn = Connection::open(path).unwrap();
@@ -243,22 +232,6 @@ fn raw_connection(path: &Path) -> Connection {
 }
 
 // Commits.
-
-fn decision() -> Decision {
-    Decision::new()
-        .command(Command::new(
-            "lock_budget",
-            json!({ "trip_id": "t", "amount": 1200 }),
-        ))
-        .command(Command::new(
-            "book_flight",
-            json!({ "to": "成都", "class": "economy" }),
-        ))
-}
-
-fn event() -> Event {
-    Event::new("trip_requested", json!({ "city": "成都", "travellers": 2 }))
-}
 
 /// `n` commits of 1 event + 2 commands on miniflow's own schema, 100 per transaction, one thread.
 fn raw_commits(path: &Path, n: usize) -> Run {
