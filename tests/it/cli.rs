@@ -75,6 +75,12 @@ fn version_1_store(path: &Path) {
 /// A store with `trip-001:1:0` done, `trip-001:1:1` dead and `trip-001:1:2` pending.
 fn seeded(path: &Path) -> SqliteStore {
     let mut store = SqliteStore::open(path).unwrap();
+    seed_trip(&mut store);
+    store
+}
+
+/// Commits `trip-001`'s three commands, completes the first and fails the second for good.
+fn seed_trip(store: &mut impl Store) {
     let decision = Decision::new()
         .command(Command::new("lock_budget", json!({})))
         .command(Command::new("book_hotel", json!({ "hotel": "Atlantis" })))
@@ -108,7 +114,6 @@ fn seeded(path: &Path) -> SqliteStore {
             Timestamp::from_millis(3),
         )
         .unwrap();
-    store
 }
 
 #[test]
@@ -828,39 +833,7 @@ fn a_store_on_a_read_only_mount_can_be_read() {
 /// A database with `trip-001:1:0` done, `trip-001:1:1` dead and `trip-001:1:2` pending.
 fn postgres_seeded(url: &str) -> PostgresStore {
     let mut store = PostgresStore::connect(url).unwrap();
-    let decision = Decision::new()
-        .command(Command::new("lock_budget", json!({})))
-        .command(Command::new("book_hotel", json!({ "hotel": "Atlantis" })))
-        .command(Command::new("book_flight", json!({})));
-    let commit = Commit::new(
-        WorkflowId::new("trip-001").unwrap(),
-        Seq::ZERO,
-        Event::new("trip_requested", json!({ "city": "成都" })),
-        decision,
-        Timestamp::from_millis(1),
-    )
-    .unwrap();
-    store.append_with_commands(&commit).unwrap();
-    let claimed = store
-        .claim(&ClaimRequest::new("w").limit(2), Timestamp::from_millis(2))
-        .unwrap();
-    store
-        .complete(
-            &claimed[0].command_id,
-            claimed[0].token,
-            None,
-            Timestamp::from_millis(3),
-        )
-        .unwrap();
-    store
-        .fail(
-            &claimed[1].command_id,
-            claimed[1].token,
-            &Failure::permanent("422 no such hotel"),
-            &RetryPolicy::default(),
-            Timestamp::from_millis(3),
-        )
-        .unwrap();
+    seed_trip(&mut store);
     store
 }
 

@@ -333,13 +333,51 @@ fn idle_polling_does_not_take_the_write_lock() {
     holder.execute_batch("COMMIT").unwrap();
 }
 
+/// Claims batches of 5 as `worker` and completes them until nothing is pending, keeping in `in_flight`
+/// how many commands the workers hold at once and in `most` the most they ever held; returns how many
+/// it delivered.
+pub(crate) fn deliver_counting_leases(
+    mut store: impl Store,
+    worker: &str,
+    in_flight: &std::sync::atomic::AtomicUsize,
+    most: &std::sync::atomic::AtomicUsize,
+    now: Timestamp,
+) -> usize {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+    let request = miniflow::ClaimRequest::new(worker)
+        .limit(5)
+        .lease_ttl(Duration::from_secs(60));
+    let mut delivered = 0;
+    loop {
+        let batch = store.claim(&request, now).unwrap();
+        if batch.is_empty() {
+            if store.pending(1).unwrap().is_empty() {
+                return delivered;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let held = in_flight.fetch_add(batch.len(), Ordering::SeqCst) + batch.len();
+        most.fetch_max(held, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        for delivery in &batch {
+            // Counted out before the ack: the count never runs ahead of the leases.
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+            store
+                .complete(&delivery.command_id, delivery.token, None, now)
+                .unwrap();
+            delivered += 1;
+        }
+    }
+}
+
 /// Six workers, each on its own connection to one file, claim a kind limited to 3 at once as fast as
 /// they can: a claim counts the kind's leases inside its `BEGIN IMMEDIATE` transaction, so no moment
 /// has more than 3 leased, and every command is still delivered.
 #[test]
 fn a_concurrency_limit_holds_across_connections_claiming_at_once() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("limit.db");
     let mut store = SqliteStore::open(&path).unwrap();
@@ -367,32 +405,8 @@ fn a_concurrency_limit_holds_across_connections_claiming_at_once() {
         .map(|n| {
             let (path, in_flight, most) = (path.clone(), in_flight.clone(), most.clone());
             std::thread::spawn(move || {
-                let mut store = SqliteStore::open(&path).unwrap();
-                let request = miniflow::ClaimRequest::new(format!("worker-{n}"))
-                    .limit(5)
-                    .lease_ttl(Duration::from_secs(60));
-                let mut delivered = 0;
-                loop {
-                    let batch = store.claim(&request, now).unwrap();
-                    if batch.is_empty() {
-                        if store.pending(1).unwrap().is_empty() {
-                            return delivered;
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    }
-                    let held = in_flight.fetch_add(batch.len(), Ordering::SeqCst) + batch.len();
-                    most.fetch_max(held, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(2));
-                    for delivery in &batch {
-                        // Counted out before the ack: the count never runs ahead of the leases.
-                        in_flight.fetch_sub(1, Ordering::SeqCst);
-                        store
-                            .complete(&delivery.command_id, delivery.token, None, now)
-                            .unwrap();
-                        delivered += 1;
-                    }
-                }
+                let store = SqliteStore::open(&path).unwrap();
+                deliver_counting_leases(store, &format!("worker-{n}"), &in_flight, &most, now)
             })
         })
         .collect();

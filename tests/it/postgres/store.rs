@@ -339,33 +339,15 @@ fn a_concurrency_limit_holds_across_connections_claiming_at_once() {
     };
     let workers: Vec<_> = (0..6)
         .map(|n| {
-            let (mut store, in_flight, most) = (store.clone(), in_flight.clone(), most.clone());
+            let (store, in_flight, most) = (store.clone(), in_flight.clone(), most.clone());
             std::thread::spawn(move || {
-                let request = ClaimRequest::new(format!("worker-{n}"))
-                    .limit(5)
-                    .lease_ttl(Duration::from_secs(60));
-                let mut delivered = 0;
-                loop {
-                    let batch = store.claim(&request, T0).unwrap();
-                    if batch.is_empty() {
-                        if store.pending(1).unwrap().is_empty() {
-                            return delivered;
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    }
-                    let now = in_flight.fetch_add(batch.len(), Ordering::SeqCst) + batch.len();
-                    most.fetch_max(now, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(2));
-                    for delivery in &batch {
-                        // Counted out before the ack: the count never runs ahead of the leases.
-                        in_flight.fetch_sub(1, Ordering::SeqCst);
-                        store
-                            .complete(&delivery.command_id, delivery.token, None, T0)
-                            .unwrap();
-                        delivered += 1;
-                    }
-                }
+                crate::sqlite::deliver_counting_leases(
+                    store,
+                    &format!("worker-{n}"),
+                    &in_flight,
+                    &most,
+                    T0,
+                )
             })
         })
         .collect();
