@@ -152,7 +152,7 @@ impl Digest {
             if i > 0 {
                 text.push(',');
             }
-            text.push_str(&Value::String(field.to_owned()).to_string());
+            crate::model::write_json(field, &mut text);
             text.push(':');
             text.push_str(&canonical_json(value));
         }

@@ -359,14 +359,15 @@ impl MemoryStore {
         if admission.limited_kinds().next().is_none() {
             return admission;
         }
-        // Inserted one by one: collecting would sort, and bring a sort routine into the wasm module.
-        let mut leases: BTreeMap<String, u64> = BTreeMap::new();
-        for kind in admission.limited_kinds() {
-            leases.insert(kind.to_owned(), 0);
-        }
+        // The limited kinds come sorted, each once: a vector searched by kind (a map would add a
+        // B-tree instance to the wasm module).
+        let mut leases: Vec<(String, u64)> = admission
+            .limited_kinds()
+            .map(|kind| (kind.to_owned(), 0))
+            .collect();
         for row in self.unfinished.ids().filter_map(|id| self.outbox.get(id)) {
-            if let Some(count) = leases.get_mut(&row.kind) {
-                *count += u64::from(row.holds_lease(now));
+            if let Ok(index) = leases.binary_search_by(|(kind, _)| kind.as_str().cmp(&row.kind)) {
+                leases[index].1 += u64::from(row.holds_lease(now));
             }
         }
         for (kind, count) in &leases {

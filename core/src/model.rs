@@ -295,7 +295,7 @@ fn write_canonical(value: &Value, out: &mut String) {
         match step {
             Step::Text(text) => out.push_str(text),
             Step::Key(key) => {
-                out.push_str(&Value::String(key.to_owned()).to_string());
+                write_json(key, out);
                 out.push(':');
             }
             Step::Value(Value::Object(map)) => {
@@ -326,7 +326,15 @@ fn write_canonical(value: &Value, out: &mut String) {
                     }
                 }
             }
-            Step::Value(scalar) => out.push_str(&scalar.to_string()),
+            Step::Value(scalar) => write_json(scalar, out),
         }
     }
+}
+
+/// Appends `value` as compact JSON text: with `serde_json::to_string`, as every other JSON text of the
+/// crate is written, rather than with `Display` (whose writer, and the pretty one it carries, would
+/// be two more copies of the serializer in the WebAssembly module).
+pub(crate) fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut String) {
+    // Writing a string or a JSON value cannot fail.
+    out.push_str(&serde_json::to_string(value).unwrap_or_default());
 }
