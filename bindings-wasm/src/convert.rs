@@ -338,7 +338,15 @@ impl<'a> Fields<'a> {
             let hint = if allowed.contains(&camel.as_str()) {
                 format!("; its name is `{camel}`")
             } else {
-                format!("; expected {}", allowed.join(", "))
+                // Joined by hand: `join` would add a routine of its own to the module.
+                let mut hint = String::from("; expected ");
+                for (i, name) in allowed.iter().enumerate() {
+                    if i > 0 {
+                        hint.push_str(", ");
+                    }
+                    hint.push_str(name);
+                }
+                hint
             };
             return Err(invalid(path, format!("has an unknown field `{key}`{hint}")));
         }

@@ -1,4 +1,8 @@
-//! The receiver's side for JS: `IdempotencyStore` and `digest`.
+//! The receiver's side for JS: `IdempotencyStore` and `digest`. Without the `receiver` feature (the
+//! web build) both keep their place in the API and throw `INVALID_INPUT` naming the feature; nothing
+//! of the receiver's store or digests is then in the module.
+// Without the feature, each method of `IdempotencyStore` ends on its first line (no store exists).
+#![cfg_attr(not(feature = "receiver"), allow(unused))]
 
 use std::cell::{RefCell, RefMut};
 
@@ -25,12 +29,33 @@ pub fn digest(
     #[wasm_bindgen(unchecked_param_type = "Json")] request: JsValue,
     #[wasm_bindgen(unchecked_optional_param_type = "string[]")] fields: JsValue,
 ) -> Result<String, JsValue> {
-    let request = json("request", &request)?;
+    #[cfg(not(feature = "receiver"))]
+    {
+        let _ = (request, fields);
+        Err(missing("digest"))
+    }
+    #[cfg(feature = "receiver")]
+    digest_of(&request, &fields)
+}
+
+/// The error of the receiver's API in a build without the `receiver` feature.
+#[cfg(not(feature = "receiver"))]
+fn missing(what: &str) -> JsValue {
+    invalid(
+        what,
+        "needs the `receiver` feature of miniflow-wasm: the web build leaves it out, the Node.js \
+         build has it",
+    )
+}
+
+#[cfg(feature = "receiver")]
+fn digest_of(request: &JsValue, fields: &JsValue) -> Result<String, JsValue> {
+    let request = json("request", request)?;
     let fields: Option<Vec<String>> = if fields.is_undefined() {
         None
     } else {
         let mut names = Vec::new();
-        for (path, name) in items("fields", &fields)? {
+        for (path, name) in items("fields", fields)? {
             names.push(string(&path, &name)?);
         }
         Some(names)
@@ -48,14 +73,23 @@ pub fn digest(
 /// A receiver's memory of idempotency keys, in memory.
 #[wasm_bindgen(js_name = IdempotencyStore)]
 pub struct JsIdempotencyStore {
+    #[cfg(feature = "receiver")]
     inner: RefCell<MemoryIdempotencyStore>,
+    /// Without the feature no store is ever made (the constructor throws), so no method runs: each
+    /// one ends on its first line, and the module keeps none of their work.
+    #[cfg(not(feature = "receiver"))]
+    inner: std::convert::Infallible,
 }
 
 impl JsIdempotencyStore {
     fn write(&self) -> Result<RefMut<'_, MemoryIdempotencyStore>, JsValue> {
-        self.inner
+        #[cfg(feature = "receiver")]
+        return self
+            .inner
             .try_borrow_mut()
-            .map_err(|_| reentrant("IdempotencyStore"))
+            .map_err(|_| reentrant("IdempotencyStore"));
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
     }
 }
 
@@ -66,10 +100,18 @@ impl JsIdempotencyStore {
     pub fn new(
         #[wasm_bindgen(unchecked_optional_param_type = "IdempotencyPolicyInput")] policy: JsValue,
     ) -> Result<JsIdempotencyStore, JsValue> {
-        let policy = crate::types::idempotency_policy(&policy)?;
-        Ok(Self {
-            inner: RefCell::new(MemoryIdempotencyStore::new(policy).js()?),
-        })
+        #[cfg(not(feature = "receiver"))]
+        {
+            let _ = policy;
+            Err(missing("IdempotencyStore"))
+        }
+        #[cfg(feature = "receiver")]
+        {
+            let policy = crate::types::idempotency_policy(&policy)?;
+            Ok(Self {
+                inner: RefCell::new(MemoryIdempotencyStore::new(policy).js()?),
+            })
+        }
     }
 
     /// Fresh, completed (with the stored result), conflict (other parameters) or in progress.
@@ -80,6 +122,8 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(unchecked_param_type = "string")] digest: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let (key, digest, now) = (key(&key_value)?, parse_digest(&digest)?, now(&now_ms)?);
         let begun = self.write()?.begin(&key, digest, now).js()?;
         to_js(&begun)
@@ -94,6 +138,8 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(unchecked_param_type = "Json")] result: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<(), JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let (key, token) = (key(&key_value)?, whole("token", &token)?);
         let (result, now) = (json("result", &result)?, now(&now_ms)?);
         self.write()?.finish(&key, token, &result, now).js()
@@ -106,6 +152,8 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
         #[wasm_bindgen(unchecked_param_type = "number")] token: JsValue,
     ) -> Result<(), JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let (key, token) = (key(&key_value)?, whole("token", &token)?);
         self.write()?.abandon(&key, token).js()
     }
@@ -116,6 +164,8 @@ impl JsIdempotencyStore {
         &self,
         #[wasm_bindgen(js_name = key, unchecked_param_type = "string")] key_value: JsValue,
     ) -> Result<JsValue, JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let key = key(&key_value)?;
         let record = self.write()?.record(&key).js()?;
         to_js(&record)
@@ -128,6 +178,8 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
         #[wasm_bindgen(unchecked_optional_param_type = "number")] batch: JsValue,
     ) -> Result<JsValue, JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let (now, batch) = (now(&now_ms)?, count("batch", &batch, 1_000)?);
         let purged = self.write()?.purge(now, batch).js()?;
         Ok(JsValue::from(purged as f64))
@@ -146,6 +198,8 @@ impl JsIdempotencyStore {
         #[wasm_bindgen(unchecked_param_type = "() => Json")] effect: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
+        #[cfg(not(feature = "receiver"))]
+        match self.inner {}
         let key = key(&key_value)?;
         let now = now(&now_ms)?;
         let effect: Function = effect

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use miniflow_core::{
-    ClaimOrder, ClaimRequest, Command, Decision, Event, IdempotencyPolicy, Missed, RetryPolicy,
-    Schedule, Timer, Timestamp,
+    ClaimOrder, ClaimRequest, Command, Decision, Event, Missed, RetryPolicy, Schedule, Timer,
+    Timestamp,
 };
 use wasm_bindgen::prelude::*;
 
@@ -448,8 +448,9 @@ pub fn failure(value: &JsValue) -> Result<miniflow_core::Failure, JsValue> {
 }
 
 /// A receiver's policy (`IdempotencyPolicyInput`); `undefined` is the default.
-pub fn idempotency_policy(value: &JsValue) -> Result<IdempotencyPolicy, JsValue> {
-    let defaults = IdempotencyPolicy::default();
+#[cfg(feature = "receiver")]
+pub fn idempotency_policy(value: &JsValue) -> Result<miniflow_core::IdempotencyPolicy, JsValue> {
+    let defaults = miniflow_core::IdempotencyPolicy::default();
     if value.is_undefined() {
         return Ok(defaults);
     }
@@ -457,7 +458,7 @@ pub fn idempotency_policy(value: &JsValue) -> Result<IdempotencyPolicy, JsValue>
     let ms = |name| -> Result<Option<Duration>, JsValue> {
         Ok(fields.optional_whole(name)?.map(Duration::from_millis))
     };
-    Ok(IdempotencyPolicy {
+    Ok(miniflow_core::IdempotencyPolicy {
         retention: ms("retentionMs")?.unwrap_or(defaults.retention),
         reservation_timeout: ms("reservationTimeoutMs")?.unwrap_or(defaults.reservation_timeout),
     })

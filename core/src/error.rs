@@ -4,6 +4,7 @@ use std::fmt::Display;
 
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::outbox::Status;
+use crate::time::Shown;
 
 /// A boxed error from a storage driver, kept as the source of [`Error::Storage`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -64,7 +65,7 @@ pub enum Error {
 
     /// A receiver would forget idempotency keys before the producer stops retrying, so a late retry
     /// would repeat the effect. Fix the configuration: keep records longer, or retry for less long.
-    #[error("idempotency retention {retention:?} is shorter than the producer's retry horizon plus margin {required:?}: a late retry would repeat its effect")]
+    #[error("idempotency retention {} is shorter than the producer's retry horizon plus margin {}: a late retry would repeat its effect", Shown(*.retention), Shown(*.required))]
     RetentionTooShort {
         /// The receiver's retention.
         retention: std::time::Duration,

@@ -34,6 +34,7 @@ use sha2::{Digest as _, Sha256};
 use crate::error::Error;
 use crate::model::canonical_json;
 use crate::retry::RetryPolicy;
+use crate::time::Shown;
 use crate::time::Timestamp;
 
 /// The identity of one business operation at a receiver, e.g. a miniflow command ID.
@@ -289,19 +290,19 @@ impl IdempotencyPolicy {
             if value.is_zero() || value > MAX {
                 return Err(Error::invalid(
                     field,
-                    format!("{value:?}"),
-                    format!("must be longer than zero and at most {MAX:?}"),
+                    Shown(value).to_string(),
+                    format!("must be longer than zero and at most {}", Shown(MAX)),
                 ));
             }
         }
         if self.retention < self.reservation_timeout {
             return Err(Error::invalid(
                 "retention",
-                format!("{:?}", self.retention),
+                Shown(self.retention).to_string(),
                 format!(
-                    "is shorter than the reservation timeout {:?}: a reservation would be forgotten \
+                    "is shorter than the reservation timeout {}: a reservation would be forgotten \
                      while it still holds, and a second caller would repeat the effect",
-                    self.reservation_timeout
+                    Shown(self.reservation_timeout)
                 ),
             ));
         }

@@ -142,10 +142,9 @@ pub(crate) fn drop_deep(value: Value) {
     while let Some(mut value) = stack.pop() {
         match &mut value {
             Value::Array(items) => stack.append(items),
-            Value::Object(map) => {
-                let keys: Vec<String> = map.keys().cloned().collect();
-                stack.extend(keys.iter().filter_map(|k| map.remove(k)));
-            }
+            // Taken whole, not entry by entry: removing from the map would bring the B-tree's
+            // rebalancing code into the WebAssembly module for this one use.
+            Value::Object(map) => stack.extend(std::mem::take(map).into_iter().map(|(_, v)| v)),
             _ => {}
         }
     }

@@ -15,6 +15,7 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::id::CommandId;
 use crate::retry::RetryPolicy;
+use crate::time::Shown;
 use crate::time::Timestamp;
 use crate::timer::TimerRow;
 use crate::trace::TraceContext;
@@ -285,11 +286,11 @@ impl ClaimRequest {
         if !(Self::MIN_LEASE_TTL..=Self::MAX_LEASE_TTL).contains(&self.lease_ttl) {
             return Err(Error::invalid(
                 "lease_ttl",
-                format!("{:?}", self.lease_ttl),
+                Shown(self.lease_ttl).to_string(),
                 format!(
-                    "must be {:?} to {:?} (24 h); extend the lease for longer work",
-                    Self::MIN_LEASE_TTL,
-                    Self::MAX_LEASE_TTL
+                    "must be {} to {} (24 h); extend the lease for longer work",
+                    Shown(Self::MIN_LEASE_TTL),
+                    Shown(Self::MAX_LEASE_TTL)
                 ),
             ));
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::id::CommandId;
 use crate::time::millis;
+use crate::time::Shown;
 
 /// How failed deliveries are retried (DESIGN rule 9).
 ///
@@ -118,16 +119,19 @@ impl RetryPolicy {
             if delay > Self::MAX_DELAY {
                 return Err(Error::invalid(
                     field,
-                    format!("{delay:?}"),
-                    format!("must be at most {:?} (30 days)", Self::MAX_DELAY),
+                    Shown(delay).to_string(),
+                    format!("must be at most {} (30 days)", Shown(Self::MAX_DELAY)),
                 ));
             }
         }
         if self.max_delay < self.initial_delay {
             return Err(Error::invalid(
                 "retry_policy.max_delay",
-                format!("{:?}", self.max_delay),
-                format!("is shorter than initial_delay {:?}", self.initial_delay),
+                Shown(self.max_delay).to_string(),
+                format!(
+                    "is shorter than initial_delay {}",
+                    Shown(self.initial_delay)
+                ),
             ));
         }
         if !(self.multiplier.is_finite() && self.multiplier >= 1.0) {

@@ -11,6 +11,7 @@ use crate::error::Error;
 use crate::id::{Seq, WorkflowId};
 use crate::model::Event;
 use crate::store::Commit;
+use crate::time::Shown;
 use crate::time::{millis, Timestamp};
 use crate::timer::{TimerId, TimerRow, TimerSource};
 
@@ -311,11 +312,11 @@ impl Recurrence {
                 if !in_bounds || interval.subsec_nanos() % 1_000_000 != 0 {
                     return Err(Error::invalid(
                         "schedule.every",
-                        format!("{interval:?}"),
+                        Shown(*interval).to_string(),
                         format!(
-                            "must be whole milliseconds from {:?} to {:?}",
-                            Schedule::MIN_INTERVAL,
-                            Schedule::MAX_INTERVAL
+                            "must be whole milliseconds from {} to {}",
+                            Shown(Schedule::MIN_INTERVAL),
+                            Shown(Schedule::MAX_INTERVAL)
                         ),
                     ));
                 }
@@ -354,7 +355,7 @@ impl Rule {
             ),
             Recurrence::Every(interval) => Error::invalid(
                 "schedule.every",
-                format!("{interval:?}"),
+                Shown(*interval).to_string(),
                 format!("its first occurrence after {now} is past the end of time"),
             ),
         })

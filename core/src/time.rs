@@ -1,6 +1,6 @@
 //! Time as an input. The core never reads a clock: hosts pass `now` in.
 
-use std::fmt;
+use std::fmt::{self, Write};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -110,5 +110,80 @@ impl ManualClock {
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// A duration in messages, written exactly as its `Debug` does (`100ms`, `1.5s`, `86400s`: the
+/// largest unit under the whole duration, then every significant digit), without the decimal
+/// routine of `Debug`, which the WebAssembly module would otherwise carry for these messages alone.
+pub(crate) struct Shown(pub(crate) Duration);
+
+impl fmt::Display for Shown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (secs, nanos) = (self.0.as_secs(), self.0.subsec_nanos());
+        let (whole, fraction, digits, unit) = if secs > 0 {
+            (secs, nanos, 9, "s")
+        } else if nanos >= 1_000_000 {
+            (u64::from(nanos / 1_000_000), nanos % 1_000_000, 6, "ms")
+        } else if nanos >= 1_000 {
+            (u64::from(nanos / 1_000), nanos % 1_000, 3, "µs")
+        } else {
+            (u64::from(nanos), 0, 0, "ns")
+        };
+        write!(f, "{whole}")?;
+        if fraction > 0 {
+            let mut text = [b'0'; 9];
+            let mut rest = fraction;
+            for digit in text[..digits].iter_mut().rev() {
+                *digit = b'0' + (rest % 10) as u8;
+                rest /= 10;
+            }
+            let end = text.iter().rposition(|&d| d != b'0').map_or(0, |i| i + 1);
+            f.write_str(".")?;
+            for &digit in &text[..end] {
+                f.write_char(char::from(digit))?;
+            }
+        }
+        f.write_str(unit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_shown_as_debug_shows_them() {
+        let mut durations = vec![
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_nanos(999),
+            Duration::from_nanos(1_000),
+            Duration::from_nanos(1_500),
+            Duration::from_nanos(999_999),
+            Duration::from_millis(1),
+            Duration::from_nanos(1_000_001),
+            Duration::from_millis(100),
+            Duration::from_millis(1_500),
+            Duration::new(1, 1),
+            Duration::from_secs(86_400),
+            Duration::from_secs(30 * 86_400),
+            Duration::new(u64::MAX, 999_999_999),
+        ];
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..10_000 {
+            let secs = [0, 1, rng.u64(..100_000), rng.u64(..)][rng.usize(..4)];
+            let nanos = [
+                0,
+                rng.u32(..1_000),
+                rng.u32(..1_000_000),
+                rng.u32(..1_000_000_000),
+            ][rng.usize(..4)];
+            durations.push(Duration::new(secs, nanos));
+            durations.push(Duration::from_millis(rng.u64(..100_000_000)));
+        }
+        for duration in durations {
+            assert_eq!(Shown(duration).to_string(), format!("{duration:?}"));
+        }
     }
 }

@@ -1,6 +1,7 @@
-// The web build, loaded in Node from its files: it has no cron schedules (built without the `cron`
-// feature, to stay small), so a cron schedule throws INVALID_INPUT naming the feature and nothing is
-// written, while everyMs schedules fire as in the Node.js build.
+// The web build, loaded in Node from its files: it has no cron schedules and no receiver's side
+// (built without the `cron` and `receiver` features, to stay small), so a cron schedule throws
+// INVALID_INPUT naming the feature and nothing is written, while everyMs schedules fire as in the
+// Node.js build; `IdempotencyStore` and `digest` throw INVALID_INPUT naming theirs.
 import test from "node:test";
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
@@ -35,4 +36,21 @@ test("the web build refuses a cron schedule naming the missing feature; everyMs 
   engine.fire(store, due, T0 + 60_000);
   const fired = store.load("meter").filter((event) => event.kind === "schedule_fired");
   assert.deepEqual(fired.map((event) => event.payload.next_at), [T0 + 120_000]);
+});
+
+test("the web build refuses the receiver's side naming the missing feature", () => {
+  const refusesNaming = (name) => (error) => {
+    assert.ok(web.isMiniflowError(error), String(error));
+    assert.equal(error.code, "INVALID_INPUT");
+    assert.match(error.message, new RegExp(`invalid ${name}: .*\`receiver\` feature`));
+    return true;
+  };
+  assert.throws(() => new web.IdempotencyStore(), refusesNaming("IdempotencyStore"));
+  assert.throws(() => new web.IdempotencyStore({ retentionMs: 60_000 }), refusesNaming("IdempotencyStore"));
+  assert.throws(() => web.digest({ flight: "CA1405" }), refusesNaming("digest"));
+  assert.throws(() => web.digest({ flight: "CA1405" }, ["flight"]), refusesNaming("digest"));
+  // The rest of the web build is whole: a store and an engine work after the refusals.
+  const store = new web.MemoryStore();
+  new web.Engine(workflow).handle(store, "meter", { kind: "start", payload: { everyMs: 60_000 } }, T0);
+  assert.equal(store.load("meter").length, 1);
 });
