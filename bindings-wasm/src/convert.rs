@@ -385,6 +385,15 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// Field `name` (it may be absent), read by `read` with its path.
+    pub fn read<T>(
+        &self,
+        name: &'static str,
+        read: fn(&str, &JsValue) -> Result<T, JsValue>,
+    ) -> Result<T, JsValue> {
+        read(&self.path(name), &self.get(name))
+    }
+
     /// The path of field `name`, for errors.
     pub fn path(&self, name: &str) -> String {
         format!("{}.{name}", self.path)

@@ -6,7 +6,8 @@
 //!   `MemoryStore.fromSnapshot`.
 //! - `Engine`: workflows written in JS (`{ init?, evolve, decide }`), replay → decide → commit with
 //!   deterministic command IDs.
-//! - `IdempotencyStore` and `digest`: the receiver's side.
+//! - `IdempotencyStore` and `digest`: the receiver's side (feature `receiver`, on by default; without
+//!   it both throw `INVALID_INPUT` naming the feature).
 //! - `commandId`, `parseCommandId`, `backoff`, `retryHorizon`, `checkRetention`.
 //!
 //! Every failure is a thrown JS `Error` with a stable `code` (`CONFLICT`, `STALE_LEASE`,

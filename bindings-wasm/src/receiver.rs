@@ -23,7 +23,8 @@ fn parse_digest(value: &JsValue) -> Result<Digest, JsValue> {
 }
 
 /// SHA-256 (hex) of the canonical JSON of `request`, or of only its `fields` (top-level keys or JSON
-/// Pointers) when given: the business intent, without timestamps or trace fields.
+/// Pointers) when given: the business intent, without timestamps or trace fields. (Not in the web
+/// build: there it throws `INVALID_INPUT`.)
 #[wasm_bindgen]
 pub fn digest(
     #[wasm_bindgen(unchecked_param_type = "Json")] request: JsValue,
@@ -70,7 +71,8 @@ fn digest_of(request: &JsValue, fields: &JsValue) -> Result<String, JsValue> {
     .to_string())
 }
 
-/// A receiver's memory of idempotency keys, in memory.
+/// A receiver's memory of idempotency keys, in memory. (The web build has no receiver's side: there
+/// the constructor throws `INVALID_INPUT`; the Node.js build has it.)
 #[wasm_bindgen(js_name = IdempotencyStore)]
 pub struct JsIdempotencyStore {
     #[cfg(feature = "receiver")]

@@ -67,8 +67,8 @@ fn event(path: &str, value: &JsValue) -> Result<EventRecord, JsValue> {
         workflow_id: WorkflowId::new(row.string("workflow_id")?).map_err(from_core)?,
         seq: Seq::new(row.whole("seq")?).map_err(from_core)?,
         kind: row.string("kind")?,
-        payload: stored_json(&row.path("payload"), &row.get("payload"))?,
-        recorded_at: time(&row.path("recorded_at"), &row.get("recorded_at"))?,
+        payload: row.read("payload", stored_json)?,
+        recorded_at: row.read("recorded_at", time)?,
     })
 }
 
@@ -78,23 +78,23 @@ fn command(path: &str, value: &JsValue) -> Result<OutboxRow, JsValue> {
         let lease = Fields::any(path, value)?;
         Ok(Lease {
             owner: lease.string("owner")?,
-            expires_at: time(&lease.path("expires_at"), &lease.get("expires_at"))?,
+            expires_at: lease.read("expires_at", time)?,
             token: lease.whole("token")?,
         })
     })?;
     Ok(OutboxRow {
-        command_id: parsed(&row.path("command_id"), &row.get("command_id"))?,
+        command_id: row.read("command_id", parsed)?,
         kind: row.string("kind")?,
-        payload: stored_json(&row.path("payload"), &row.get("payload"))?,
+        payload: row.read("payload", stored_json)?,
         priority: row.nullable("priority", priority)?.unwrap_or(0),
-        status: parsed::<Status>(&row.path("status"), &row.get("status"))?,
-        attempts: count(&row.path("attempts"), &row.get("attempts"))?,
+        status: row.read("status", parsed::<Status>)?,
+        attempts: row.read("attempts", count)?,
         last_error: row.nullable("last_error", string)?,
-        available_at: time(&row.path("available_at"), &row.get("available_at"))?,
+        available_at: row.read("available_at", time)?,
         lease,
-        created_at: time(&row.path("created_at"), &row.get("created_at"))?,
+        created_at: row.read("created_at", time)?,
         processed_at: row.nullable("processed_at", time)?,
-        manual_retries: count(&row.path("manual_retries"), &row.get("manual_retries"))?,
+        manual_retries: row.read("manual_retries", count)?,
         resolution: row.nullable("resolution", string)?,
         report_result: row.boolean("report_result", Some(false))?,
         result: row.nullable("result", stored_json)?,
@@ -127,21 +127,21 @@ fn control(path: &str, value: &JsValue) -> Result<KindControl, JsValue> {
         paused: row.boolean("paused", Some(false))?,
         concurrency_limit: row.nullable("concurrency_limit", count)?,
         changed_by: row.string("changed_by")?,
-        changed_at: time(&row.path("changed_at"), &row.get("changed_at"))?,
+        changed_at: row.read("changed_at", time)?,
     })
 }
 
 fn timer(path: &str, value: &JsValue) -> Result<TimerRow, JsValue> {
     let row = Fields::any(path, value)?;
     Ok(TimerRow {
-        timer_id: parsed(&row.path("timer_id"), &row.get("timer_id"))?,
+        timer_id: row.read("timer_id", parsed)?,
         name: row.string("name")?,
         event_kind: row.string("event_kind")?,
-        event_payload: stored_json(&row.path("event_payload"), &row.get("event_payload"))?,
-        fire_at: time(&row.path("fire_at"), &row.get("fire_at"))?,
-        available_at: time(&row.path("available_at"), &row.get("available_at"))?,
-        status: parsed::<TimerStatus>(&row.path("status"), &row.get("status"))?,
-        created_at: time(&row.path("created_at"), &row.get("created_at"))?,
+        event_payload: row.read("event_payload", stored_json)?,
+        fire_at: row.read("fire_at", time)?,
+        available_at: row.read("available_at", time)?,
+        status: row.read("status", parsed::<TimerStatus>)?,
+        created_at: row.read("created_at", time)?,
         processed_at: row.nullable("processed_at", time)?,
         last_error: row.nullable("last_error", string)?,
     })
