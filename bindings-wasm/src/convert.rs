@@ -46,8 +46,10 @@ const MAX_WALK_DEPTH: usize = 128;
 
 /// `value` as a plain JS value (objects, arrays, numbers, strings).
 pub fn to_js<T: Serialize>(value: &T) -> Result<JsValue, JsValue> {
+    // miniflow's rows and JSON values always serialize (string keys, finite numbers, into memory),
+    // so serde_json's own wording of a failure is not worth its messages in the module.
     let text = serde_json::to_string(value)
-        .map_err(|e| js_error("INTERNAL", &format!("cannot serialize a result: {e}")))?;
+        .map_err(|_| js_error("INTERNAL", "cannot serialize a result as JSON"))?;
     js_sys::JSON::parse(&text)
 }
 
