@@ -1,10 +1,12 @@
 //! The writer thread: group commit, a savepoint per request, answers after the COMMIT.
 
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
+use super::durable::{stopped_by, Durability};
 use super::{copy_error, take_made_work, Job, WorkSignal};
 use crate::sqlite::storage;
 use miniflow_core::Error;
@@ -47,23 +49,39 @@ fn gather(
 /// Requests whose group is over, with how it ended, for the reply thread to answer.
 pub(super) type Answered = (Vec<Box<dyn Job>>, Result<(), Error>);
 
-/// The reply thread's loop: answers each group's requests in order, off the writer thread (waking
-/// the callers costs a system call each), until the writer thread ends.
-pub(super) fn reply(answered: Receiver<Answered>) {
-    while let Ok((jobs, committed)) = answered.recv() {
-        for job in jobs {
-            job.finish(committed.as_ref().map(|_| ()));
+/// The reply thread's loop, until the writer thread ends: takes every group that is over, makes
+/// the ones that committed durable with one sync (see [`Durability`]), and answers their requests in
+/// order, off the writer thread (waking the callers costs a system call each).
+pub(super) fn reply(answered: Receiver<Answered>, mut durability: Durability) {
+    while let Ok(first) = answered.recv() {
+        let mut groups = vec![first];
+        groups.extend(answered.try_iter());
+        if groups.iter().any(|(_, committed)| committed.is_ok()) {
+            if let Err(e) = durability.sync() {
+                for (_, committed) in &mut groups {
+                    if committed.is_ok() {
+                        *committed = Err(copy_error(&e));
+                    }
+                }
+            }
+        }
+        for (jobs, committed) in groups {
+            for job in jobs {
+                job.finish(committed.as_ref().map(|_| ()));
+            }
         }
     }
 }
 
 /// The thread's loop: waits for a request, takes every other one already queued behind it (up to
 /// [`MAX_GROUP`]), and commits them together. Ends when every handle is gone and the queue is empty.
+/// Once a sync of the WAL has failed (`failed`), it writes nothing more and answers with why.
 pub(super) fn run(
     mut conn: Connection,
     queue: Receiver<Box<dyn Job>>,
     answers: Sender<Answered>,
     work: &WorkSignal,
+    failed: &OnceLock<String>,
 ) {
     let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
     // The callers answered last time, likely to come back, and how long that commit took.
@@ -72,6 +90,15 @@ pub(super) fn run(
         group.push(first);
         gather(&queue, &mut group, expected, last_commit / 2);
         expected = group.len();
+        if let Some(e) = stopped_by(failed) {
+            if let Err(std::sync::mpsc::SendError((jobs, e))) =
+                answers.send((group.drain(..).collect(), Err(e)))
+            {
+                jobs.into_iter()
+                    .for_each(|job| job.finish(e.as_ref().map(|_| ())));
+            }
+            continue;
+        }
         let started = Instant::now();
         commit_group(&mut conn, &mut group, &answers, work);
         last_commit = started.elapsed().min(MAX_DELAY * 2);
@@ -91,7 +118,13 @@ fn commit_group(
     let answer = |jobs: Vec<Box<dyn Job>>, committed: Result<(), Error>| {
         if let Err(std::sync::mpsc::SendError((jobs, committed))) = answers.send((jobs, committed))
         {
-            // The reply thread is gone (it never panics): answer here.
+            // The reply thread is gone (it never panics): answer here, without the sync it makes.
+            let committed = committed.and_then(|()| -> Result<(), Error> {
+                Err(Error::Storage(
+                    "the reply thread of this writer has stopped: the commit may not be durable"
+                        .into(),
+                ))
+            });
             for job in jobs {
                 job.finish(committed.as_ref().map(|_| ()));
             }
