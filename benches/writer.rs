@@ -111,11 +111,11 @@ fn main() {
             let sides: [Side<'_>; 3] = [
                 (
                     "raw rusqlite, 1 thread: rowid outbox, ack + next claim in one transaction",
-                    &|path| raw_dispatch(path, n, batch),
+                    &|path| raw_dispatch(path, n, batch, RAW_CLAIM),
                 ),
                 (
                     "the same raw loop on miniflow's own schema (every index it keeps)",
-                    &|path| raw_dispatch(path, n, batch),
+                    &|path| raw_dispatch(path, n, batch, RAW_CLAIM_ON_MINIFLOW),
                 ),
                 ("miniflow `Dispatcher`, 4 workers", &|path| {
                     miniflow_dispatch(path, n, batch)
@@ -379,8 +379,19 @@ fn seed_raw(path: &Path, n: usize) {
     }
 }
 
-/// One thread: ack the last batch and claim the next in one transaction, until nothing is left.
-fn raw_dispatch(path: &Path, n: usize, batch: usize) -> Run {
+/// The raw loop's claim: the next due rows in claim order, through the claim index.
+const RAW_CLAIM: &str = "SELECT id, workflow_id, event_seq, idx, kind, payload, attempts, \
+     lease_token FROM outbox WHERE processed_at IS NULL AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+/// The same on miniflow's schema, whose claim index puts the priority first (all 0 here).
+const RAW_CLAIM_ON_MINIFLOW: &str = "SELECT id, workflow_id, event_seq, idx, kind, payload, \
+     attempts, lease_token FROM outbox \
+     WHERE processed_at IS NULL AND priority = 0 AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+
+/// One thread: ack the last batch and claim the next in one transaction (with `claim_sql`), until
+/// nothing is left.
+fn raw_dispatch(path: &Path, n: usize, batch: usize, claim_sql: &str) -> Run {
     let mut conn = raw_connection(path);
     let now = NOW.as_millis() as i64;
     let mut acks: Vec<(i64, i64)> = Vec::new();
@@ -400,13 +411,7 @@ fn raw_dispatch(path: &Path, n: usize, batch: usize) -> Run {
             for (id, token) in &acks {
                 assert_eq!(ack.execute(params![id, token, now]).unwrap(), 1);
             }
-            let mut claim = tx
-                .prepare_cached(
-                    "SELECT id, workflow_id, event_seq, idx, kind, payload, attempts, lease_token \
-                     FROM outbox WHERE processed_at IS NULL AND available_at <= ?1 \
-                     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2",
-                )
-                .unwrap();
+            let mut claim = tx.prepare_cached(claim_sql).unwrap();
             let claimed = claim
                 .query_map(params![now, batch as i64], |r| {
                     // What a delivery hands the handler: the command ID, kind and payload.

@@ -51,6 +51,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0005_operator_controls.sql"),
     include_str!("../../migrations/0006_trace_context.sql"),
     include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
+    include_str!("../../migrations/0008_fewer_hot_indexes.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -288,8 +289,7 @@ impl SqliteStore {
         self.writer.as_ref()
     }
 
-    /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
-    /// with it, so they take the write lock only when there is something to take.
+    /// Whether `sql` (an `EXISTS` over a due index) finds anything due at `now`.
     fn any_due(&self, sql: &str, now: Timestamp) -> Result<bool, Error> {
         let now = to_sql_time("now", now)?;
         self.conn
@@ -299,18 +299,33 @@ impl SqliteStore {
     }
 
     /// Whether a claim at `now` may find anything: a due command of a kind the operators' controls
-    /// do not exclude. Idle workers poll with it outside any transaction, so they take the write
-    /// lock only when there is something to take.
+    /// do not exclude, asked of each priority in turn. Idle workers poll with it outside any
+    /// transaction, so they take the write lock only when there is something to take.
     fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
         let admission = admission(&self.conn, now)?;
-        let Some((first, rest)) = excluded(&admission) else {
-            return self.any_due(ANY_COMMAND_DUE, now);
-        };
+        let excluded = excluded(&admission);
         let now = to_sql_time("now", now)?;
-        self.conn
-            .prepare_cached(ANY_COMMAND_CLAIMABLE)
-            .and_then(|mut stmt| stmt.query_row(params![now, first, rest], |row| row.get(0)))
-            .map_err(storage)
+        let mut level = next_priority(&self.conn, i64::MAX)?;
+        while let Some(priority) = level {
+            let found = match &excluded {
+                None => self
+                    .conn
+                    .prepare_cached(ANY_COMMAND_DUE)
+                    .and_then(|mut stmt| stmt.query_row(params![now, priority], |row| row.get(0))),
+                Some((first, rest)) => {
+                    self.conn
+                        .prepare_cached(ANY_COMMAND_CLAIMABLE)
+                        .and_then(|mut stmt| {
+                            stmt.query_row(params![now, priority, first, rest], |row| row.get(0))
+                        })
+                }
+            };
+            if found.map_err(storage)? {
+                return Ok(true);
+            }
+            level = next_priority(&self.conn, priority)?;
+        }
+        Ok(false)
     }
 
     /// Runs `work` in one durable write transaction: through the writer, or for a read-only store
@@ -763,12 +778,12 @@ mod tests {
             (
                 "anything claimable",
                 ANY_COMMAND_CLAIMABLE,
-                "COVERING INDEX outbox_due",
+                "COVERING INDEX outbox_claim",
             ),
             (
                 "leases of a kind",
                 COUNT_LEASES,
-                "COVERING INDEX outbox_leased",
+                "COVERING INDEX outbox_counted_leases",
             ),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
@@ -781,7 +796,11 @@ mod tests {
             ),
             ("a retired workflow", SELECT_RETIRED, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
-            ("anything due", ANY_COMMAND_DUE, "outbox_due"),
+            (
+                "anything due",
+                ANY_COMMAND_DUE,
+                "COVERING INDEX outbox_claim",
+            ),
             ("any timer due", ANY_TIMER_DUE, "timers_due"),
             ("one timer", SELECT_TIMER, "PRIMARY KEY"),
             (

@@ -73,13 +73,14 @@ pub(super) const CLAIM_STRICT_EXCLUDING: &str = claim_page!(excluding!(), strict
 /// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
 pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
      WHERE processed_at IS NULL AND priority < ?1 ORDER BY priority DESC LIMIT 1";
-pub(super) const ANY_COMMAND_DUE: &str =
-    "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
-/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, and those of the JSON
-/// array `?3`).
+/// Whether a command of priority `?2` is due at `?1`: a range of `outbox_claim`.
+pub(super) const ANY_COMMAND_DUE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
+     WHERE processed_at IS NULL AND priority = ?2 AND available_at <= ?1)";
+/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?3`, and those of the JSON
+/// array `?4`).
 pub(super) const ANY_COMMAND_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
-     WHERE processed_at IS NULL AND available_at <= ?1 \
-     AND kind <> ?2 AND kind NOT IN (SELECT value FROM json_each(?3)))";
+     WHERE processed_at IS NULL AND priority = ?2 AND available_at <= ?1 \
+     AND kind <> ?3 AND kind NOT IN (SELECT value FROM json_each(?4)))";
 
 /// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
 /// wrote that this one cannot parse): its column, and why.

@@ -48,15 +48,21 @@ pub(super) fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error>
 }
 
 /// Writes the columns a claim changes, to the row with the integer key `id`: the hot path of
-/// [`Outbox::claim`].
-pub(super) fn write_lease(conn: &Connection, id: i64, row: &OutboxRow) -> Result<(), Error> {
+/// [`Outbox::claim`]. `counted`: the kind has a concurrency limit, so the lease is marked to be
+/// counted against it (only marked leases are indexed for that count).
+pub(super) fn write_lease(
+    conn: &Connection,
+    id: i64,
+    row: &OutboxRow,
+    counted: bool,
+) -> Result<(), Error> {
     let lease = row.lease.as_ref().ok_or_else(|| {
         Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
     })?;
     let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
     conn.prepare_cached(
         "UPDATE outbox SET status = 'leased', attempts = ?2, available_at = ?3, lease_owner = ?4, \
-         lease_expires_at = ?3, lease_token = ?5 WHERE id = ?1",
+         lease_expires_at = ?3, lease_token = ?5, lease_counted = ?6 WHERE id = ?1",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -64,7 +70,8 @@ pub(super) fn write_lease(conn: &Connection, id: i64, row: &OutboxRow) -> Result
             row.attempts,
             expires_at,
             lease.owner,
-            token_param(lease.token)
+            token_param(lease.token),
+            counted
         ])
     })
     .map_err(storage)?;
