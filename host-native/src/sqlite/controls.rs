@@ -128,7 +128,7 @@ const UPSERT_CONTROL: &str =
 /// Keyset pages of the dead rows of kind `?1`, in command ID order: a range of `outbox_dead_by_kind`.
 pub(super) const SELECT_DEAD_OF_KIND: &str = select_rows!(
     "WHERE status = 'dead' AND kind = ?1 AND (workflow_id, event_seq, idx) > (?2, ?3, ?4) \
-     ORDER BY workflow_id, event_seq, idx LIMIT ?5"
+     ORDER BY workflow_id, event_seq, idx LIMIT ?5 + 0"
 );
 
 /// Changes the controls of `kind` inside `tx` ([`Operations::control_kind`]).

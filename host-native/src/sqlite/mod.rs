@@ -20,7 +20,7 @@ use rusqlite::{
 };
 use rusqlite_migration::{Migrations, M};
 
-use crate::writer::{made_work, Writer};
+use crate::writer::{made_work, Isolation, Writer};
 
 #[macro_use]
 mod rows;
@@ -336,7 +336,8 @@ impl SqliteStore {
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
         if let Some(writer) = &self.writer {
-            return writer.run(work);
+            // The store's own writes check what can fail before they write.
+            return writer.run_isolated(work, Isolation::ChecksFirst);
         }
         let tx = self
             .conn
@@ -828,6 +829,44 @@ mod tests {
                 !plan.contains("SCAN o ") || plan.contains("USING INDEX"),
                 "{name} scans the table: {plan}"
             );
+        }
+    }
+
+    /// Binding new values does not make SQLite prepare a hot statement again: a claim, an ack or a
+    /// poll runs its cached statement as it is (a bare `LIMIT ?n` would be planned with its value
+    /// and re-prepared on every call).
+    #[test]
+    fn hot_statements_are_not_prepared_again_when_bound_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        for sql in [
+            CLAIM_DUE_FIRST,
+            CLAIM_STRICT,
+            CLAIM_DUE_FIRST_EXCLUDING,
+            CLAIM_STRICT_EXCLUDING,
+            NEXT_PRIORITY,
+            ANY_COMMAND_DUE,
+            ANY_COMMAND_CLAIMABLE,
+            COUNT_LEASES,
+            COMPLETE,
+            COMPLETE_BY_KEY,
+            SELECT_PENDING,
+            SELECT_DEAD,
+            CLAIM_TIMERS,
+            ANY_TIMER_DUE,
+            PURGE_DONE,
+            SELECT_DEAD_OF_KIND,
+            RETIRABLE,
+        ] {
+            let mut stmt = store.conn.prepare(sql).unwrap();
+            let params = stmt.parameter_count();
+            for round in 0..3 {
+                let args = (1..=params as i64).map(|n| SqlValue::Integer(n * 10 + round));
+                let mut rows = stmt.query(rusqlite::params_from_iter(args)).unwrap();
+                while rows.next().unwrap().is_some() {}
+            }
+            let again = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+            assert_eq!(again, 0, "prepared again {again} times: {sql}");
         }
     }
 

@@ -20,17 +20,21 @@ macro_rules! select_rows {
 }
 
 /// `LIMIT -1`: no limit, for queries whose reader stops by itself.
+///
+/// Every bound limit in this host's SQL is written `LIMIT ?n + 0`: SQLite plans with the value of a
+/// bare `LIMIT ?n` and so re-prepares the statement each time it is bound again (every call), which
+/// cost a claim more than its own query. An expression is evaluated when the statement runs.
 pub(super) const NO_LIMIT: i64 = -1;
 pub(super) const SELECT_ONE: &str =
     select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
 pub(super) const SELECT_PENDING: &str =
-    select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+    select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1 + 0");
 pub(super) const SELECT_UNFINISHED_OF_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 AND processed_at IS NULL ORDER BY event_seq, idx");
 pub(super) const SELECT_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 pub(super) const SELECT_DEAD: &str =
-    select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+    select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1 + 0");
 /// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
 /// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
 /// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by integer key.
@@ -46,7 +50,7 @@ macro_rules! claim_page {
              AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) ",
             $filter,
             $strict,
-            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
+            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2 + 0) k \
              JOIN outbox o USING (id)"
         )
     };

@@ -18,7 +18,7 @@ macro_rules! select_timers {
 }
 
 pub(super) const CLAIM_TIMERS: &str = select_timers!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2"
+    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2 + 0"
 );
 pub(super) const SELECT_WORKFLOW_TIMERS: &str =
     select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
@@ -31,7 +31,7 @@ pub(super) const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', 
 pub(super) const PURGE_DONE: &str = "DELETE FROM outbox WHERE id IN \
      (SELECT id FROM outbox \
       WHERE (status = 'done' OR status = 'cancelled') AND processed_at <= ?1 \
-      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2 + 0)";
 
 pub(super) fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
     let parse_status = |text: &str| text.parse().map_err(|e| unreadable(row, 6, e));

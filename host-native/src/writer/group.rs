@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use super::durable::{stopped_by, Durability};
-use super::{copy_error, take_made_work, Job, WorkSignal};
+use super::{copy_error, take_made_work, Isolation, Job, WorkSignal};
 use crate::sqlite::storage;
 use miniflow_core::Error;
 
@@ -140,14 +140,27 @@ fn commit_group(
             }
         };
         let mut ran: Vec<Box<dyn Job>> = Vec::new();
-        let mut ended = false;
+        let (mut ended, mut spoiled) = (false, false);
         for mut job in waiting.by_ref() {
-            run_one(&tx, job.as_mut());
+            spoiled = run_one(&tx, job.as_mut());
             ran.push(job);
             if tx.is_autocommit() {
                 ended = true;
                 break;
             }
+            if spoiled {
+                break;
+            }
+        }
+        if spoiled && !ended {
+            drop(tx); // rolled back
+            let e = Error::Storage(
+                "a request grouped with this one failed after it had written, so the whole group \
+                 was rolled back: nothing of it was written"
+                    .into(),
+            );
+            answer(ran, Err(e));
+            continue;
         }
         if ended {
             drop(tx);
@@ -168,20 +181,27 @@ fn commit_group(
     }
 }
 
-/// Runs one request inside a savepoint of its own: kept if it succeeds, rolled back if it fails.
-fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) {
+/// Runs one request as its [`Isolation`] says: in a savepoint of its own, kept if it succeeds and
+/// rolled back if it fails; or without one. Returns whether the request spoiled the transaction: it
+/// ran without a savepoint and failed after it had written (SQLite counts every row a completed
+/// statement changed, and undoes a statement that fails), so the transaction must be rolled back.
+fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) -> bool {
+    if job.isolation() == Isolation::ChecksFirst {
+        let before = tx.total_changes();
+        return !job.run(tx) && tx.total_changes() != before;
+    }
     if let Err(e) = statement(tx, "SAVEPOINT miniflow_request") {
         job.fail(e);
-        return;
+        return false;
     }
     if job.run(tx) {
         match statement(tx, "RELEASE miniflow_request") {
-            Ok(()) => return,
+            Ok(()) => return false,
             Err(e) => job.fail(e),
         }
     }
     if tx.is_autocommit() {
-        return; // the transaction is gone, and the savepoint with it
+        return false; // the transaction is gone, and the savepoint with it
     }
     let undone = statement(tx, "ROLLBACK TO miniflow_request")
         .and_then(|()| statement(tx, "RELEASE miniflow_request"));
@@ -190,6 +210,7 @@ fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) {
         job.fail(copy_error(&e));
         let _ = tx.execute_batch("ROLLBACK");
     }
+    false
 }
 
 fn statement(tx: &Transaction<'_>, sql: &str) -> Result<(), Error> {

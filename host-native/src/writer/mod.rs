@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Sender, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
@@ -77,7 +77,8 @@ struct Shared {
     key: Key,
     queue: Option<Sender<Box<dyn Job>>>,
     work: Arc<WorkSignal>,
-    /// How many times the reply thread synced the WAL.
+    /// How many times the reply thread synced the WAL (read by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
     syncs: Arc<AtomicU64>,
     /// The writer thread, then the thread that answers its requests.
     threads: Vec<JoinHandle<()>>,
@@ -210,7 +211,7 @@ impl Writer {
     /// [`Synchronous::Normal`], whose COMMITs are answered as they are).
     #[cfg(test)]
     pub(crate) fn wal_syncs(&self) -> u64 {
-        self.shared.syncs.load(Ordering::Relaxed)
+        self.shared.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether `other` is a handle of the same writer thread.
@@ -261,10 +262,22 @@ impl Writer {
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
         C: FnOnce(Result<R, Error>) + Send + 'static,
     {
+        self.submit_isolated(work, reply, Isolation::Savepoint);
+    }
+
+    /// [`Writer::submit`], with the request isolated from the others of its group as `isolation`
+    /// says.
+    pub(crate) fn submit_isolated<R, W, C>(&self, work: W, reply: C, isolation: Isolation)
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+        C: FnOnce(Result<R, Error>) + Send + 'static,
+    {
         let job: Box<dyn Job> = Box::new(Request {
             work: Some(work),
             outcome: None,
             reply,
+            isolation,
         });
         let Some(queue) = &self.shared.queue else {
             return job.finish(Err(&stopped()));
@@ -317,6 +330,16 @@ impl Writer {
         R: Send + 'static,
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
+        self.run_isolated(work, Isolation::Savepoint)
+    }
+
+    /// [`Writer::run`], with the request isolated from the others of its group as `isolation`
+    /// says.
+    pub(crate) fn run_isolated<R, W>(&self, work: W, isolation: Isolation) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
         if self
             .shared
             .thread_ids
@@ -330,7 +353,7 @@ impl Writer {
             ));
         }
         let (answer, answered) = mpsc::sync_channel(1);
-        self.submit(work, move |result| send(&answer, result));
+        self.submit_isolated(work, move |result| send(&answer, result), isolation);
         answered.recv().unwrap_or_else(|_| Err(stopped()))
     }
 
@@ -371,8 +394,25 @@ fn stopped() -> Error {
     Error::Storage("the writer thread of this file has stopped".into())
 }
 
+/// How the writer keeps a request that fails from spoiling the others of its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    /// The request runs in a savepoint of its own: whatever it wrote before it failed is rolled
+    /// back, and only its caller gets the error. Every request of the public API runs so.
+    Savepoint,
+    /// The request runs without a savepoint, which spares the copy of every page it touches into
+    /// the statement journal: for miniflow's own writes, which check what can fail (a conflict, a
+    /// bad input, a retired workflow) before their first write. One that fails having written
+    /// nothing fails alone. One that fails after it wrote (a storage error, a damaged row) rolls
+    /// back its whole group, and every request that ran in it gets an error; nothing of it is
+    /// committed.
+    ChecksFirst,
+}
+
 /// A request queued for the writer, with its type erased.
 trait Job: Send {
+    /// How it is isolated from the others of its group.
+    fn isolation(&self) -> Isolation;
     /// Runs the request inside `tx` (and the savepoint the writer opened for it); says whether it
     /// succeeded.
     fn run(&mut self, tx: &Transaction<'_>) -> bool;
@@ -387,6 +427,7 @@ struct Request<R, W, C> {
     work: Option<W>,
     outcome: Option<Result<R, Error>>,
     reply: C,
+    isolation: Isolation,
 }
 
 impl<R, W, C> Job for Request<R, W, C>
@@ -395,6 +436,10 @@ where
     W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     C: FnOnce(Result<R, Error>) + Send + 'static,
 {
+    fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
     fn run(&mut self, tx: &Transaction<'_>) -> bool {
         let Some(work) = self.work.take() else {
             return false;
@@ -501,7 +546,7 @@ fn take_made_work() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::{AtomicBool, Ordering};
 
     fn count(writer: &Writer, table: &str) -> i64 {
         let sql = format!("SELECT count(*) FROM {table}");
@@ -603,5 +648,101 @@ mod tests {
             1,
             "the write that ran is committed, though its caller was told it may not be durable"
         );
+    }
+
+    fn notes(path: &Path) -> Writer {
+        let writer = Writer::open(path).unwrap();
+        writer
+            .run(|tx| {
+                tx.execute_batch("CREATE TABLE IF NOT EXISTS notes (text TEXT)")
+                    .map_err(crate::sqlite::storage)
+            })
+            .unwrap();
+        writer
+    }
+
+    /// Queues `first`, which holds the writer for a moment, then `rest` while it runs, so that `rest`
+    /// are grouped in one transaction; returns their answers.
+    fn grouped(
+        writer: &Writer,
+        rest: Vec<(
+            Isolation,
+            Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send>,
+        )>,
+    ) -> Vec<Result<usize, Error>> {
+        let (started, running) = mpsc::channel();
+        writer.submit(
+            move |_| {
+                started.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                Ok(0)
+            },
+            |_| {},
+        );
+        running.recv().unwrap();
+        let answers: Vec<_> = rest
+            .into_iter()
+            .map(|(isolation, work)| {
+                let (answer, answered) = mpsc::sync_channel(1);
+                writer.submit_isolated(work, move |r| send(&answer, r), isolation);
+                answered
+            })
+            .collect();
+        answers.into_iter().map(|a| a.recv().unwrap()).collect()
+    }
+
+    fn failing(
+        write_first: bool,
+    ) -> Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send> {
+        Box::new(move |tx| {
+            if write_first {
+                insert(tx)?;
+            }
+            Err(Error::Corrupt("failed on purpose".into()))
+        })
+    }
+
+    /// A request without a savepoint that fails before it writes fails alone; one that fails after
+    /// it wrote takes its whole group down with it, and nothing of the group is written.
+    #[test]
+    fn a_request_without_a_savepoint_fails_alone_only_if_it_wrote_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = notes(&dir.path().join("flow.db"));
+        let answers = grouped(
+            &writer,
+            vec![
+                (Isolation::ChecksFirst, Box::new(insert)),
+                (Isolation::ChecksFirst, failing(false)),
+                (Isolation::Savepoint, Box::new(insert)),
+            ],
+        );
+        assert!(answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+        assert!(matches!(answers[1], Err(Error::Corrupt(_))));
+        assert_eq!(count(&writer, "notes"), 2);
+
+        let answers = grouped(
+            &writer,
+            vec![
+                (Isolation::Savepoint, Box::new(insert)),
+                (Isolation::ChecksFirst, Box::new(insert)),
+                (Isolation::ChecksFirst, failing(true)),
+            ],
+        );
+        assert!(
+            matches!(answers[2], Err(Error::Corrupt(_))),
+            "its own error"
+        );
+        for answer in &answers[..2] {
+            let e = answer.as_ref().unwrap_err().to_string();
+            assert!(e.contains("the whole group was rolled back"), "{e}");
+        }
+        assert_eq!(
+            count(&writer, "notes"),
+            2,
+            "nothing of the group was written"
+        );
+        // The requests queued behind it go on in a new transaction.
+        writer.run_isolated(insert, Isolation::ChecksFirst).unwrap();
+        assert_eq!(count(&writer, "notes"), 3);
     }
 }
