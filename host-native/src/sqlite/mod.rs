@@ -328,16 +328,34 @@ impl SqliteStore {
         Ok(false)
     }
 
-    /// Runs `work` in one durable write transaction: through the writer, or for a read-only store
-    /// on its own connection (where it fails).
+    /// Runs `work` in one durable write transaction: through the writer (in a savepoint of its own
+    /// there), or for a read-only store on its own connection (where it fails).
     fn write<R, W>(&mut self, work: W) -> Result<R, Error>
     where
         R: Send + 'static,
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
+        self.write_isolated(work, Isolation::Savepoint)
+    }
+
+    /// As [`SqliteStore::write`], for the hot writes (commits, claims, acks, single-row changes,
+    /// timers), which check everything that can refuse them before their first write: the writer
+    /// runs them without a savepoint ([`Isolation::ChecksFirst`]).
+    fn write_checked<R, W>(&mut self, work: W) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
+        self.write_isolated(work, Isolation::ChecksFirst)
+    }
+
+    fn write_isolated<R, W>(&mut self, work: W, isolation: Isolation) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
         if let Some(writer) = &self.writer {
-            // The store's own writes check what can fail before they write.
-            return writer.run_isolated(work, Isolation::ChecksFirst);
+            return writer.run_isolated(work, isolation);
         }
         let tx = self
             .conn
@@ -449,7 +467,8 @@ impl SqliteStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let command_id = command_id.clone();
-        self.write(move |tx| {
+        // The rule is applied to the row read before anything is written.
+        self.write_checked(move |tx| {
             let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
             let changed = row.into_change(now, change)?;
             write_change(tx, &changed)?;
@@ -475,7 +494,7 @@ impl EventLog for SqliteStore {
         let _send = span.enter();
         let (commit, json) = (commit.clone(), CommitJson::of(commit));
         let result = self
-            .write(move |tx| {
+            .write_checked(move |tx| {
                 write_commit(tx, &commit, &json)?;
                 Ok((commit, json))
             })
@@ -511,7 +530,7 @@ impl Outbox for SqliteStore {
             return Ok(Vec::new());
         }
         let (limit, request) = (request.limit, request.clone());
-        let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        let claimed = self.write_checked(move |tx| claim_in(tx, &request, now))?;
         self.busy = claimed.len() == limit;
         Ok(self.remember(claimed))
     }
@@ -537,7 +556,7 @@ impl Outbox for SqliteStore {
     ) -> Result<(), Error> {
         let key = self.claimed.remove(command_id);
         let (command_id, result) = (command_id.clone(), result.cloned());
-        self.write(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
+        self.write_checked(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
     }
     /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
     /// groups with it). The results are returned only after the commit, so a reported completion is
@@ -548,7 +567,7 @@ impl Outbox for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         let acks = self.with_keys(acks.to_vec());
-        self.write(move |tx| complete_each(tx, &acks, now))
+        self.write_checked(move |tx| complete_each(tx, &acks, now))
     }
     /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
     /// fails the whole write: nothing of it commits, and the commands it acknowledged are delivered
@@ -567,7 +586,7 @@ impl Outbox for SqliteStore {
         }
         request.validate()?;
         let (acks, limit, request) = (self.with_keys(acks), request.limit, request.clone());
-        let (completed, claimed) = self.write(move |tx| {
+        let (completed, claimed) = self.write_checked(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
             Ok((completed, claim_in(tx, &request, now)?))
         })?;
@@ -603,7 +622,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
+        self.write_checked(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
@@ -612,7 +631,7 @@ impl Timers for SqliteStore {
         now: Timestamp,
     ) -> Result<(), Error> {
         let (timer_id, reason) = (timer_id.clone(), reason.to_owned());
-        self.write(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
+        self.write_checked(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])

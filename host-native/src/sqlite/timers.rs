@@ -100,12 +100,13 @@ pub(super) fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Er
     Ok(())
 }
 
-/// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
+/// The timer a commit fires, read and marked fired by the shared rule ([`TimerRow::fire`]); writes
+/// nothing (see [`write_fired_timer`]), so that a commit it refuses has written nothing.
 pub(super) fn fire_timer(
     conn: &Connection,
     timer_id: &TimerId,
     now: Timestamp,
-) -> Result<(), Error> {
+) -> Result<TimerRow, Error> {
     let mut timer = query_timers(conn, SELECT_TIMER, [timer_id.to_string()])?
         .pop()
         .ok_or_else(|| Error::TimerNotScheduled {
@@ -113,10 +114,16 @@ pub(super) fn fire_timer(
             status: "unknown",
         })?;
     timer.fire(now)?;
+    Ok(timer)
+}
+
+/// Writes a timer [`fire_timer`] fired.
+pub(super) fn write_fired_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
+    let processed_at = timer.processed_at.map(to_sql_time_lossy);
     conn.prepare_cached(
         "UPDATE timers SET status = 'fired', processed_at = ?2 WHERE timer_id = ?1",
     )
-    .and_then(|mut stmt| stmt.execute(params![timer_id.to_string(), to_sql_time_lossy(now)]))
+    .and_then(|mut stmt| stmt.execute(params![timer.timer_id.to_string(), processed_at]))
     .map_err(storage)?;
     Ok(())
 }

@@ -92,7 +92,7 @@ pub(super) fn run(
         expected = group.len();
         if let Some(e) = stopped_by(failed) {
             if let Err(std::sync::mpsc::SendError((jobs, e))) =
-                answers.send((group.drain(..).collect(), Err(e)))
+                answers.send((std::mem::take(&mut group), Err(e)))
             {
                 jobs.into_iter()
                     .for_each(|job| job.finish(e.as_ref().map(|_| ())));

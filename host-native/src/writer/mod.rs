@@ -661,15 +661,11 @@ mod tests {
         writer
     }
 
+    type Work = Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send>;
+
     /// Queues `first`, which holds the writer for a moment, then `rest` while it runs, so that `rest`
     /// are grouped in one transaction; returns their answers.
-    fn grouped(
-        writer: &Writer,
-        rest: Vec<(
-            Isolation,
-            Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send>,
-        )>,
-    ) -> Vec<Result<usize, Error>> {
+    fn grouped(writer: &Writer, rest: Vec<(Isolation, Work)>) -> Vec<Result<usize, Error>> {
         let (started, running) = mpsc::channel();
         writer.submit(
             move |_| {
@@ -691,9 +687,7 @@ mod tests {
         answers.into_iter().map(|a| a.recv().unwrap()).collect()
     }
 
-    fn failing(
-        write_first: bool,
-    ) -> Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send> {
+    fn failing(write_first: bool) -> Work {
         Box::new(move |tx| {
             if write_first {
                 insert(tx)?;
