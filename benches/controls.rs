@@ -162,12 +162,13 @@ fn raw_claims(path: &Path, scenario: Scenario, claims: usize) -> Spent {
              WHERE processed_at IS NULL AND available_at <= ?1 \
              ORDER BY priority DESC, available_at, workflow_id, event_seq, idx LIMIT ?2"
         }
-        // The keys from the covering `outbox_due` first, then the rows: the walk past the skipped
-        // kind stays in the index.
+        // The keys from the covering `outbox_claim` first (one priority: all are 0), then the rows:
+        // the walk past the skipped kind stays in the index.
         _ => {
             "SELECT o.workflow_id, o.event_seq, o.idx, o.lease_token FROM \
              (SELECT workflow_id, event_seq, idx FROM outbox \
-              WHERE processed_at IS NULL AND available_at <= ?1 AND kind <> 'mail' \
+              WHERE processed_at IS NULL AND priority = 0 AND available_at <= ?1 \
+              AND kind <> 'mail' \
               ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
              JOIN outbox o USING (workflow_id, event_seq, idx)"
         }
@@ -183,8 +184,8 @@ fn raw_claims(path: &Path, scenario: Scenario, claims: usize) -> Spent {
         if scenario == Scenario::Full {
             let leased: i64 = tx
                 .prepare_cached(
-                    "SELECT count(*) FROM outbox WHERE status = 'leased' AND kind = 'mail' \
-                     AND available_at > ?1",
+                    "SELECT count(*) FROM outbox WHERE status = 'leased' AND lease_counted = 1 \
+                     AND kind = 'mail' AND available_at > ?1",
                 )
                 .unwrap()
                 .query_row([now], |row| row.get(0))

@@ -8,9 +8,10 @@
 //!   one batch and the claim of the next in one transaction; and the same loop on miniflow's own
 //!   schema, whose other indexes (pending, dead letters, retention, stats, the operators'
 //!   controls) a claim and an ack maintain too — the part of the gap the schema costs.
-//! - `e2e`: producers flat out (32 and 128 threads, `Engine::handle`, 2 commands per workflow) while a
-//!   `Dispatcher` with 4 workers delivers: workflows committed and commands delivered per second,
-//!   commit-to-delivery latency (from the producer's return to the handler's call), and the backlog.
+//! - `e2e`: producers flat out (32 and 128 threads, `Engine::handle`, 2 commands per workflow; then
+//!   128 again with their reads mapped, `SqliteOptions::mmap_size`) while a `Dispatcher` with 4
+//!   workers delivers: workflows committed and commands delivered per second, commit-to-delivery
+//!   latency (from the producer's return to the handler's call), and the backlog.
 //!
 //! Every file is WAL with `synchronous=FULL`. Sides take turns, round after round, each on a fresh
 //! file; the tables give the median round. CPU: µs of CPU time (user + system, all threads of this
@@ -40,6 +41,8 @@ const PRODUCERS: usize = 32;
 const WORKERS: usize = 4;
 const RAW_COMMITS_PER_TRANSACTION: usize = 100;
 const LEASE_TTL_MS: i64 = 30_000;
+/// The mapped reads of the producers' stores in the last end-to-end run: 256 MiB.
+const MAPPED_READS: u64 = 256 << 20;
 
 struct Sizes {
     commits: usize,
@@ -111,11 +114,11 @@ fn main() {
             let sides: [Side<'_>; 3] = [
                 (
                     "raw rusqlite, 1 thread: rowid outbox, ack + next claim in one transaction",
-                    &|path| raw_dispatch(path, n, batch),
+                    &|path| raw_dispatch(path, n, batch, RAW_CLAIM),
                 ),
                 (
                     "the same raw loop on miniflow's own schema (every index it keeps)",
-                    &|path| raw_dispatch(path, n, batch),
+                    &|path| raw_dispatch(path, n, batch, RAW_CLAIM_ON_MINIFLOW),
                 ),
                 ("miniflow `Dispatcher`, 4 workers", &|path| {
                     miniflow_dispatch(path, n, batch)
@@ -133,9 +136,14 @@ fn main() {
         }
     }
     if only("e2e") {
-        for producers in [PRODUCERS, 4 * PRODUCERS] {
+        // The producers' stores read with the file mapped in the last run (`SqliteOptions::mmap_size`).
+        for (producers, mmap_size) in [
+            (PRODUCERS, 0),
+            (4 * PRODUCERS, 0),
+            (4 * PRODUCERS, MAPPED_READS),
+        ] {
             println!();
-            end_to_end(dir, &sizes, producers);
+            end_to_end(dir, &sizes, producers, mmap_size);
         }
     }
 }
@@ -379,8 +387,19 @@ fn seed_raw(path: &Path, n: usize) {
     }
 }
 
-/// One thread: ack the last batch and claim the next in one transaction, until nothing is left.
-fn raw_dispatch(path: &Path, n: usize, batch: usize) -> Run {
+/// The raw loop's claim: the next due rows in claim order, through the claim index.
+const RAW_CLAIM: &str = "SELECT id, workflow_id, event_seq, idx, kind, payload, attempts, \
+     lease_token FROM outbox WHERE processed_at IS NULL AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+/// The same on miniflow's schema, whose claim index puts the priority first (all 0 here).
+const RAW_CLAIM_ON_MINIFLOW: &str = "SELECT id, workflow_id, event_seq, idx, kind, payload, \
+     attempts, lease_token FROM outbox \
+     WHERE processed_at IS NULL AND priority = 0 AND available_at <= ?1 \
+     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2";
+
+/// One thread: ack the last batch and claim the next in one transaction (with `claim_sql`), until
+/// nothing is left.
+fn raw_dispatch(path: &Path, n: usize, batch: usize, claim_sql: &str) -> Run {
     let mut conn = raw_connection(path);
     let now = NOW.as_millis() as i64;
     let mut acks: Vec<(i64, i64)> = Vec::new();
@@ -400,13 +419,7 @@ fn raw_dispatch(path: &Path, n: usize, batch: usize) -> Run {
             for (id, token) in &acks {
                 assert_eq!(ack.execute(params![id, token, now]).unwrap(), 1);
             }
-            let mut claim = tx
-                .prepare_cached(
-                    "SELECT id, workflow_id, event_seq, idx, kind, payload, attempts, lease_token \
-                     FROM outbox WHERE processed_at IS NULL AND available_at <= ?1 \
-                     ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2",
-                )
-                .unwrap();
+            let mut claim = tx.prepare_cached(claim_sql).unwrap();
             let claimed = claim
                 .query_map(params![now, batch as i64], |r| {
                     // What a delivery hands the handler: the command ID, kind and payload.
@@ -494,8 +507,8 @@ impl Clocks {
     }
 }
 
-fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
-    let path = dir.join(format!("e2e-{producers}.db"));
+fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, mmap_size: u64) {
+    let path = dir.join(format!("e2e-{producers}-{mmap_size}.db"));
     drop(SqliteStore::open(&path).unwrap());
     let capacity = (sizes.e2e.as_secs_f64() * 200_000.0) as usize + 1_000;
     let clocks = Arc::new(Clocks {
@@ -530,7 +543,11 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
         .map(|_| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
-            let mut store = SqliteStore::open(&path).unwrap();
+            let options = miniflow::SqliteOptions {
+                mmap_size,
+                ..Default::default()
+            };
+            let mut store = SqliteStore::open_with(&path, &options).unwrap();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let n = next.fetch_add(1, Ordering::SeqCst) as usize;
@@ -594,9 +611,14 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
     let secs = run.wall.as_secs_f64();
     let third = backlog.len() / 3;
     let tail_max = |from: usize| backlog[from..].iter().copied().max().unwrap_or(0);
+    let reads = if mmap_size > 0 {
+        format!(", their reads mapped ({} MiB)", mmap_size >> 20)
+    } else {
+        String::new()
+    };
     println!(
         "### End to end: {producers} producers flat out (`Engine::handle`, 2 commands per \
-         workflow) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
+         workflow{reads}) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
         secs
     );
     println!();

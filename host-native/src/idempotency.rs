@@ -327,7 +327,7 @@ impl IdempotencyStore for SqliteIdempotencyStore {
         self.conn
             .prepare_cached(
                 "DELETE FROM idempotency WHERE key IN \
-                 (SELECT key FROM idempotency WHERE settled_at <= ?1 LIMIT ?2)",
+                 (SELECT key FROM idempotency WHERE settled_at <= ?1 LIMIT ?2 + 0)",
             )
             .and_then(|mut stmt| stmt.execute(params![cutoff, limit(batch)]))
             .map_err(storage)

@@ -344,3 +344,72 @@ fn under_a_flood_of_commits_deliveries_keep_pace_and_every_producer_progresses()
         "{delivered_while_flooded} of {committed} commands delivered while producers ran"
     );
 }
+
+/// The store's own writes run in the writer's group without a savepoint of their own, so each checks
+/// everything that can refuse it before its first write: commits refused for a stale seq or for a
+/// timer no longer scheduled, grouped with commits that are fine, fail alone and write nothing.
+#[test]
+fn refused_commits_grouped_with_good_ones_fail_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut setup = SqliteStore::open(&path).unwrap();
+    let commit = |workflow: &str, expected: u64| {
+        let id = WorkflowId::new(workflow).unwrap();
+        let decision = Decision::new().command(Command::new("notify", json!({ "to": workflow })));
+        Commit::new(
+            id,
+            Seq::new(expected).unwrap(),
+            Event::new("happened", json!({})),
+            decision,
+            Timestamp::from_millis(1_000),
+        )
+        .unwrap()
+    };
+    setup.append_with_commands(&commit("stale", 0)).unwrap();
+    let writer = setup.writer().unwrap().clone();
+    let held = hold(&writer);
+    let unscheduled =
+        miniflow::TimerId::scheduled(WorkflowId::new("timed").unwrap(), Seq::new(1).unwrap(), 0)
+            .unwrap();
+    let commits = vec![
+        ("first", commit("first", 0)),
+        ("stale", commit("stale", 0)),
+        ("second", commit("second", 0)),
+        ("timed", commit("timed", 0).firing(unscheduled).unwrap()),
+        ("third", commit("third", 0)),
+    ];
+    let threads: Vec<_> = commits
+        .into_iter()
+        .enumerate()
+        .map(|(n, (name, commit))| {
+            let mut store = SqliteStore::open(&path).unwrap();
+            let thread = std::thread::spawn(move || (name, store.append_with_commands(&commit)));
+            // One at a time, so that they queue in this order behind the held request.
+            std::thread::sleep(Duration::from_millis(20 + 5 * n as u64));
+            thread
+        })
+        .collect();
+    held.send(()).unwrap();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (name, result) in &results {
+        match *name {
+            "stale" => assert!(matches!(result, Err(Error::Conflict { .. })), "{result:?}"),
+            "timed" => assert!(
+                matches!(result, Err(Error::TimerNotScheduled { .. })),
+                "{result:?}"
+            ),
+            _ => assert!(result.is_ok(), "{name}: {result:?}"),
+        }
+    }
+    let store = SqliteStore::open(&path).unwrap();
+    for (workflow, events) in [
+        ("first", 1),
+        ("stale", 1),
+        ("second", 1),
+        ("timed", 0),
+        ("third", 1),
+    ] {
+        let id = WorkflowId::new(workflow).unwrap();
+        assert_eq!(store.load(&id).unwrap().len(), events, "{workflow}");
+    }
+}

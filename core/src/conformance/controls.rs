@@ -272,6 +272,46 @@ pub fn paused_kinds_are_skipped_until_resumed<H: Harness>(h: &mut H) {
     assert_eq!(status(&store, "w2:1:0"), Status::Dead);
 }
 
+/// A limit set while commands of its kind are leased counts those leases: the kind gets no more
+/// until enough of them settle or run out.
+pub fn a_limit_counts_the_leases_taken_before_it<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    append(&mut store, "m", &["mail", "mail", "mail", "mail"]);
+    let before = claim(&mut store, "w1", 3, 1_000, T0);
+    assert_eq!(ids(&before), ["m:1:0", "m:1:1", "m:1:2"]);
+    store
+        .control_kind("mail", KindChange::Limit(2), "ops", at(1))
+        .unwrap();
+    assert!(
+        claim(&mut store, "w2", 10, 1_000, at(2)).is_empty(),
+        "three leases already held, against a limit of two"
+    );
+    store
+        .complete(&before[0].command_id, before[0].token, None, at(3))
+        .unwrap();
+    assert!(claim(&mut store, "w2", 10, 1_000, at(4)).is_empty());
+    store
+        .complete(&before[1].command_id, before[1].token, None, at(5))
+        .unwrap();
+    assert_eq!(ids(&claim(&mut store, "w2", 10, 1_000, at(6))), ["m:1:3"]);
+    // Without a limit a lease is taken; a new limit counts it with the two still held.
+    store
+        .control_kind("mail", KindChange::RemoveLimit, "ops", at(7))
+        .unwrap();
+    append(&mut store, "n", &["mail"]);
+    assert_eq!(ids(&claim(&mut store, "w3", 10, 1_000, at(8))), ["n:1:0"]);
+    store
+        .control_kind("mail", KindChange::Limit(3), "ops", at(9))
+        .unwrap();
+    let mut store = h.reopen(store);
+    append(&mut store, "o", &["mail"]);
+    assert!(claim(&mut store, "w4", 10, 1_000, at(10)).is_empty());
+    store
+        .complete(&before[2].command_id, before[2].token, None, at(11))
+        .unwrap();
+    assert_eq!(ids(&claim(&mut store, "w4", 10, 1_000, at(12))), ["o:1:0"]);
+}
+
 /// A kind limited to N never has more than N commands holding an unexpired lease: with 5 due and a
 /// limit of 2, a claim gets 2 and the next claim none, until one settles, is given back or its lease
 /// runs out; other kinds are not held back; removing the limit lets the rest go.

@@ -416,6 +416,7 @@ macro_rules! store_conformance_tests {
             priorities_come_first_then_due_time,
             paused_kinds_are_skipped_until_resumed,
             a_concurrency_limit_caps_unexpired_leases_of_its_kind,
+            a_limit_counts_the_leases_taken_before_it,
             bulk_retry_and_resolve_dead_commands_of_a_kind,
             load_after_returns_the_events_after_a_seq,
             cached_states_decide_as_replay_does,

@@ -243,7 +243,14 @@ impl<S: Store> StatsReporter<S> {
             }
             sleep_unless(&self.stop, self.interval);
         }
-        // Once more as the dispatcher stops, so the gauges show what it left behind.
+        // Once more as the dispatcher stops, so the gauges show what it left behind (with a store
+        // opened now if the dispatcher stopped before this thread had opened one).
+        if store.is_none() {
+            match (self.open)() {
+                Ok(opened) => store = Some(opened),
+                Err(error) => self.failed(&error),
+            }
+        }
         if let Some(opened) = &store {
             match opened.stats(self.clock.now()) {
                 Ok(stats) => gauges.record(&stats),

@@ -157,7 +157,9 @@ pub(super) fn claim_in(
                     let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
                     match changed.value.take() {
                         Some(delivery) => {
-                            write_lease(tx, candidate.id, &changed.row)?;
+                            let counted =
+                                admission.limited_kinds().any(|kind| kind == delivery.kind);
+                            write_lease(tx, candidate.id, &changed.row, counted)?;
                             admission.took(&delivery.kind);
                             deliveries.push((candidate.id, delivery));
                         }
@@ -203,7 +205,7 @@ fn claim_key_order(a: &[SqlValue; 4], b: &[SqlValue; 4]) -> std::cmp::Ordering {
 }
 
 /// The highest priority of an unfinished command below `below`, if any.
-fn next_priority(tx: &Connection, below: i64) -> Result<Option<i64>, Error> {
+pub(super) fn next_priority(tx: &Connection, below: i64) -> Result<Option<i64>, Error> {
     let mut stmt = tx.prepare_cached(NEXT_PRIORITY).map_err(storage)?;
     let mut rows = stmt.query([below]).map_err(storage)?;
     match rows.next().map_err(storage)? {

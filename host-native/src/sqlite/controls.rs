@@ -15,9 +15,14 @@ pub(super) const SELECT_CONTROLS: &str =
 pub(super) const SELECT_ACTIVE_CONTROLS: &str =
     "SELECT kind, paused, concurrency_limit, changed_by, changed_at FROM kind_controls \
      WHERE paused = 1 OR concurrency_limit IS NOT NULL ORDER BY kind";
-/// The unexpired leases of kind `?1` at `?2` ([`OutboxRow::holds_lease`]): a range of `outbox_leased`.
-pub(super) const COUNT_LEASES: &str =
-    "SELECT count(*) FROM outbox WHERE status = 'leased' AND kind = ?1 AND available_at > ?2";
+/// The unexpired leases of limited kind `?1` at `?2` ([`OutboxRow::holds_lease`]): a range of
+/// `outbox_counted_leases`, which holds the leases of kinds with a concurrency limit (a claim marks
+/// them `lease_counted`, see [`write_lease`], and so does setting a limit, see [`control_kind_in`]).
+pub(super) const COUNT_LEASES: &str = "SELECT count(*) FROM outbox \
+     WHERE status = 'leased' AND lease_counted = 1 AND kind = ?1 AND available_at > ?2";
+/// Marks the leases of kind `?1` as counted against its concurrency limit, which it just got.
+const COUNT_LEASES_OF_KIND: &str = "UPDATE outbox SET lease_counted = 1 \
+     WHERE processed_at IS NULL AND status = 'leased' AND kind = ?1 AND lease_counted = 0";
 
 /// What the operators' controls let a claim at `now` take ([`Admission`]), as `conn` sees them.
 pub(super) fn admission(conn: &Connection, now: Timestamp) -> Result<Admission, Error> {
@@ -123,7 +128,7 @@ const UPSERT_CONTROL: &str =
 /// Keyset pages of the dead rows of kind `?1`, in command ID order: a range of `outbox_dead_by_kind`.
 pub(super) const SELECT_DEAD_OF_KIND: &str = select_rows!(
     "WHERE status = 'dead' AND kind = ?1 AND (workflow_id, event_seq, idx) > (?2, ?3, ?4) \
-     ORDER BY workflow_id, event_seq, idx LIMIT ?5"
+     ORDER BY workflow_id, event_seq, idx LIMIT ?5 + 0"
 );
 
 /// Changes the controls of `kind` inside `tx` ([`Operations::control_kind`]).
@@ -150,6 +155,12 @@ pub(super) fn control_kind_in(
             ])
         })
         .map_err(storage)?;
+    if control.concurrency_limit.is_some() {
+        // The leases taken while the kind had no limit count from now on.
+        tx.prepare_cached(COUNT_LEASES_OF_KIND)
+            .and_then(|mut stmt| stmt.execute([kind]))
+            .map_err(storage)?;
+    }
     Ok(control)
 }
 

@@ -20,7 +20,7 @@ use rusqlite::{
 };
 use rusqlite_migration::{Migrations, M};
 
-use crate::writer::{made_work, Writer};
+use crate::writer::{made_work, Isolation, Writer};
 
 #[macro_use]
 mod rows;
@@ -51,6 +51,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0005_operator_controls.sql"),
     include_str!("../../migrations/0006_trace_context.sql"),
     include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
+    include_str!("../../migrations/0008_fewer_hot_indexes.sql"),
 ];
 
 /// The newest schema version this build writes.
@@ -76,6 +77,13 @@ pub struct SqliteOptions {
     /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
     /// (default 10 s: far longer than any miniflow transaction holds it).
     pub busy_timeout: Duration,
+    /// How many bytes of the file the store's own reads (loads, `pending`, stats; not the writer's)
+    /// map into memory instead of copying them in (`PRAGMA mmap_size`). Default 0: off, because with
+    /// a mapped file an I/O error while reading (a failing disk, a network file system that went
+    /// away) stops the process with `SIGBUS` instead of returning an error. A service whose producers
+    /// read much (each `Engine::handle` of a workflow not in the engine's cache reads its events) may
+    /// opt in; a few hundred MiB covers most stores.
+    pub mmap_size: u64,
 }
 
 impl Default for SqliteOptions {
@@ -83,6 +91,7 @@ impl Default for SqliteOptions {
         Self {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(10),
+            mmap_size: 0,
         }
     }
 }
@@ -177,6 +186,14 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
+        if options.mmap_size > 0 {
+            conn.pragma_update(
+                None,
+                "mmap_size",
+                i64::try_from(options.mmap_size).unwrap_or(i64::MAX),
+            )
+            .map_err(storage)?;
+        }
         let writer = Writer::open_with(&path, options)?;
         Ok(Self {
             conn,
@@ -271,6 +288,7 @@ impl SqliteStore {
     /// The same store, naming `history` as the history of its events (see
     /// [`EventLog::history_id`]): for stores that read one file on behalf of one owner, whose
     /// engines' cached states they then share.
+    #[cfg(feature = "tokio")]
     pub(crate) fn with_history(mut self, history: HistoryId) -> Self {
         self.history = history;
         self
@@ -288,8 +306,7 @@ impl SqliteStore {
         self.writer.as_ref()
     }
 
-    /// Whether `sql` (an `EXISTS` over the due index) finds anything due at `now`. Idle workers poll
-    /// with it, so they take the write lock only when there is something to take.
+    /// Whether `sql` (an `EXISTS` over a due index) finds anything due at `now`.
     fn any_due(&self, sql: &str, now: Timestamp) -> Result<bool, Error> {
         let now = to_sql_time("now", now)?;
         self.conn
@@ -299,29 +316,63 @@ impl SqliteStore {
     }
 
     /// Whether a claim at `now` may find anything: a due command of a kind the operators' controls
-    /// do not exclude. Idle workers poll with it outside any transaction, so they take the write
-    /// lock only when there is something to take.
+    /// do not exclude, asked of each priority in turn. Idle workers poll with it outside any
+    /// transaction, so they take the write lock only when there is something to take.
     fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
         let admission = admission(&self.conn, now)?;
-        let Some((first, rest)) = excluded(&admission) else {
-            return self.any_due(ANY_COMMAND_DUE, now);
-        };
+        let excluded = excluded(&admission);
         let now = to_sql_time("now", now)?;
-        self.conn
-            .prepare_cached(ANY_COMMAND_CLAIMABLE)
-            .and_then(|mut stmt| stmt.query_row(params![now, first, rest], |row| row.get(0)))
-            .map_err(storage)
+        let mut level = next_priority(&self.conn, i64::MAX)?;
+        while let Some(priority) = level {
+            let found = match &excluded {
+                None => self
+                    .conn
+                    .prepare_cached(ANY_COMMAND_DUE)
+                    .and_then(|mut stmt| stmt.query_row(params![now, priority], |row| row.get(0))),
+                Some((first, rest)) => {
+                    self.conn
+                        .prepare_cached(ANY_COMMAND_CLAIMABLE)
+                        .and_then(|mut stmt| {
+                            stmt.query_row(params![now, priority, first, rest], |row| row.get(0))
+                        })
+                }
+            };
+            if found.map_err(storage)? {
+                return Ok(true);
+            }
+            level = next_priority(&self.conn, priority)?;
+        }
+        Ok(false)
     }
 
-    /// Runs `work` in one durable write transaction: through the writer, or for a read-only store
-    /// on its own connection (where it fails).
+    /// Runs `work` in one durable write transaction: through the writer (in a savepoint of its own
+    /// there), or for a read-only store on its own connection (where it fails).
     fn write<R, W>(&mut self, work: W) -> Result<R, Error>
     where
         R: Send + 'static,
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
+        self.write_isolated(work, Isolation::Savepoint)
+    }
+
+    /// As [`SqliteStore::write`], for the hot writes (commits, claims, acks, single-row changes,
+    /// timers), which check everything that can refuse them before their first write: the writer
+    /// runs them without a savepoint ([`Isolation::ChecksFirst`]).
+    fn write_checked<R, W>(&mut self, work: W) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
+        self.write_isolated(work, Isolation::ChecksFirst)
+    }
+
+    fn write_isolated<R, W>(&mut self, work: W, isolation: Isolation) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
         if let Some(writer) = &self.writer {
-            return writer.run(work);
+            return writer.run_isolated(work, isolation);
         }
         let tx = self
             .conn
@@ -433,7 +484,8 @@ impl SqliteStore {
         change: impl FnOnce(&mut OutboxRow) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
         let command_id = command_id.clone();
-        self.write(move |tx| {
+        // The rule is applied to the row read before anything is written.
+        self.write_checked(move |tx| {
             let row = select_row(tx, &command_id)?.ok_or(Error::UnknownCommand { command_id })?;
             let changed = row.into_change(now, change)?;
             write_change(tx, &changed)?;
@@ -459,7 +511,7 @@ impl EventLog for SqliteStore {
         let _send = span.enter();
         let (commit, json) = (commit.clone(), CommitJson::of(commit));
         let result = self
-            .write(move |tx| {
+            .write_checked(move |tx| {
                 write_commit(tx, &commit, &json)?;
                 Ok((commit, json))
             })
@@ -495,7 +547,7 @@ impl Outbox for SqliteStore {
             return Ok(Vec::new());
         }
         let (limit, request) = (request.limit, request.clone());
-        let claimed = self.write(move |tx| claim_in(tx, &request, now))?;
+        let claimed = self.write_checked(move |tx| claim_in(tx, &request, now))?;
         self.busy = claimed.len() == limit;
         Ok(self.remember(claimed))
     }
@@ -521,7 +573,7 @@ impl Outbox for SqliteStore {
     ) -> Result<(), Error> {
         let key = self.claimed.remove(command_id);
         let (command_id, result) = (command_id.clone(), result.cloned());
-        self.write(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
+        self.write_checked(move |tx| complete_in(tx, key, &command_id, token, result.as_ref(), now))
     }
     /// All acks in one transaction: one fsync for the batch (and for whatever else the writer
     /// groups with it). The results are returned only after the commit, so a reported completion is
@@ -532,7 +584,7 @@ impl Outbox for SqliteStore {
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         let acks = self.with_keys(acks.to_vec());
-        self.write(move |tx| complete_each(tx, &acks, now))
+        self.write_checked(move |tx| complete_each(tx, &acks, now))
     }
     /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
     /// fails the whole write: nothing of it commits, and the commands it acknowledged are delivered
@@ -551,7 +603,7 @@ impl Outbox for SqliteStore {
         }
         request.validate()?;
         let (acks, limit, request) = (self.with_keys(acks), request.limit, request.clone());
-        let (completed, claimed) = self.write(move |tx| {
+        let (completed, claimed) = self.write_checked(move |tx| {
             let completed = complete_each(tx, &acks, now)?;
             Ok((completed, claim_in(tx, &request, now)?))
         })?;
@@ -587,7 +639,7 @@ impl Timers for SqliteStore {
         if !self.any_due(ANY_TIMER_DUE, now)? {
             return Ok(Vec::new());
         }
-        self.write(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
+        self.write_checked(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
     fn reject_timer(
         &mut self,
@@ -596,7 +648,7 @@ impl Timers for SqliteStore {
         now: Timestamp,
     ) -> Result<(), Error> {
         let (timer_id, reason) = (timer_id.clone(), reason.to_owned());
-        self.write(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
+        self.write_checked(move |tx| reject_timer_in(tx, &timer_id, &reason, now))
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         query_timers(&self.conn, SELECT_WORKFLOW_TIMERS, [workflow_id.as_str()])
@@ -763,12 +815,12 @@ mod tests {
             (
                 "anything claimable",
                 ANY_COMMAND_CLAIMABLE,
-                "COVERING INDEX outbox_due",
+                "COVERING INDEX outbox_claim",
             ),
             (
                 "leases of a kind",
                 COUNT_LEASES,
-                "COVERING INDEX outbox_leased",
+                "COVERING INDEX outbox_counted_leases",
             ),
             ("dead letters", SELECT_DEAD, "outbox_dead"),
             ("one row", SELECT_ONE, "sqlite_autoindex_outbox_1"),
@@ -781,7 +833,11 @@ mod tests {
             ),
             ("a retired workflow", SELECT_RETIRED, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
-            ("anything due", ANY_COMMAND_DUE, "outbox_due"),
+            (
+                "anything due",
+                ANY_COMMAND_DUE,
+                "COVERING INDEX outbox_claim",
+            ),
             ("any timer due", ANY_TIMER_DUE, "timers_due"),
             ("one timer", SELECT_TIMER, "PRIMARY KEY"),
             (
@@ -809,6 +865,44 @@ mod tests {
                 !plan.contains("SCAN o ") || plan.contains("USING INDEX"),
                 "{name} scans the table: {plan}"
             );
+        }
+    }
+
+    /// Binding new values does not make SQLite prepare a hot statement again: a claim, an ack or a
+    /// poll runs its cached statement as it is (a bare `LIMIT ?n` would be planned with its value
+    /// and re-prepared on every call).
+    #[test]
+    fn hot_statements_are_not_prepared_again_when_bound_anew() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("plan.db")).unwrap();
+        for sql in [
+            CLAIM_DUE_FIRST,
+            CLAIM_STRICT,
+            CLAIM_DUE_FIRST_EXCLUDING,
+            CLAIM_STRICT_EXCLUDING,
+            NEXT_PRIORITY,
+            ANY_COMMAND_DUE,
+            ANY_COMMAND_CLAIMABLE,
+            COUNT_LEASES,
+            COMPLETE,
+            COMPLETE_BY_KEY,
+            SELECT_PENDING,
+            SELECT_DEAD,
+            CLAIM_TIMERS,
+            ANY_TIMER_DUE,
+            PURGE_DONE,
+            SELECT_DEAD_OF_KIND,
+            RETIRABLE,
+        ] {
+            let mut stmt = store.conn.prepare(sql).unwrap();
+            let params = stmt.parameter_count();
+            for round in 0..3 {
+                let args = (1..=params as i64).map(|n| SqlValue::Integer(n * 10 + round));
+                let mut rows = stmt.query(rusqlite::params_from_iter(args)).unwrap();
+                while rows.next().unwrap().is_some() {}
+            }
+            let again = stmt.get_status(rusqlite::StatementStatus::RePrepare);
+            assert_eq!(again, 0, "prepared again {again} times: {sql}");
         }
     }
 

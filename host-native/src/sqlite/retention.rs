@@ -12,7 +12,7 @@ pub(super) const RETIRABLE: &str = "SELECT e.workflow_id FROM events e WHERE e.w
          AND (NOT (o.status = 'done' OR o.status = 'cancelled') OR o.processed_at > ?1)) \
      AND NOT EXISTS (SELECT 1 FROM timers t WHERE t.workflow_id = e.workflow_id \
          AND (t.status = 'scheduled' OR t.processed_at > ?1)) \
-     ORDER BY e.workflow_id LIMIT ?2";
+     ORDER BY e.workflow_id LIMIT ?2 + 0";
 
 /// When a workflow was retired, if it was.
 pub(super) const SELECT_RETIRED: &str =

@@ -20,17 +20,21 @@ macro_rules! select_rows {
 }
 
 /// `LIMIT -1`: no limit, for queries whose reader stops by itself.
+///
+/// Every bound limit in this host's SQL is written `LIMIT ?n + 0`: SQLite plans with the value of a
+/// bare `LIMIT ?n` and so re-prepares the statement each time it is bound again (every call), which
+/// cost a claim more than its own query. An expression is evaluated when the statement runs.
 pub(super) const NO_LIMIT: i64 = -1;
 pub(super) const SELECT_ONE: &str =
     select_rows!("WHERE workflow_id = ?1 AND event_seq = ?2 AND idx = ?3");
 pub(super) const SELECT_PENDING: &str =
-    select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+    select_rows!("WHERE processed_at IS NULL ORDER BY workflow_id, event_seq, idx LIMIT ?1 + 0");
 pub(super) const SELECT_UNFINISHED_OF_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 AND processed_at IS NULL ORDER BY event_seq, idx");
 pub(super) const SELECT_WORKFLOW: &str =
     select_rows!("WHERE workflow_id = ?1 ORDER BY event_seq, idx");
 pub(super) const SELECT_DEAD: &str =
-    select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1");
+    select_rows!("WHERE status = 'dead' ORDER BY workflow_id, event_seq, idx LIMIT ?1 + 0");
 /// A claim page: the keys of up to `?2` candidates in claim order ([`OutboxRow::claim_order`]),
 /// read from the covering index `outbox_claim` (one priority, `?7`, at a time; after the key
 /// `(?3, ?4, ?5, ?6)` of the last candidate the claim looked at), then their rows by integer key.
@@ -46,7 +50,7 @@ macro_rules! claim_page {
              AND (available_at, workflow_id, event_seq, idx) > (?3, ?4, ?5, ?6) ",
             $filter,
             $strict,
-            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2) k \
+            "ORDER BY available_at, workflow_id, event_seq, idx LIMIT ?2 + 0) k \
              JOIN outbox o USING (id)"
         )
     };
@@ -73,13 +77,14 @@ pub(super) const CLAIM_STRICT_EXCLUDING: &str = claim_page!(excluding!(), strict
 /// The highest priority of an unfinished command below `?1`: the next priority a claim reads.
 pub(super) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
      WHERE processed_at IS NULL AND priority < ?1 ORDER BY priority DESC LIMIT 1";
-pub(super) const ANY_COMMAND_DUE: &str =
-    "SELECT EXISTS (SELECT 1 FROM outbox WHERE processed_at IS NULL AND available_at <= ?1)";
-/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?2`, and those of the JSON
-/// array `?3`).
+/// Whether a command of priority `?2` is due at `?1`: a range of `outbox_claim`.
+pub(super) const ANY_COMMAND_DUE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
+     WHERE processed_at IS NULL AND priority = ?2 AND available_at <= ?1)";
+/// As [`ANY_COMMAND_DUE`], leaving out the kinds the controls exclude (`?3`, and those of the JSON
+/// array `?4`).
 pub(super) const ANY_COMMAND_CLAIMABLE: &str = "SELECT EXISTS (SELECT 1 FROM outbox \
-     WHERE processed_at IS NULL AND available_at <= ?1 \
-     AND kind <> ?2 AND kind NOT IN (SELECT value FROM json_each(?3)))";
+     WHERE processed_at IS NULL AND priority = ?2 AND available_at <= ?1 \
+     AND kind <> ?3 AND kind NOT IN (SELECT value FROM json_each(?4)))";
 
 /// A stored value that cannot be read back (a damaged or hand-edited file, or a value an older version
 /// wrote that this one cannot parse): its column, and why.

@@ -18,7 +18,7 @@ macro_rules! select_timers {
 }
 
 pub(super) const CLAIM_TIMERS: &str = select_timers!(
-    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2"
+    "WHERE processed_at IS NULL AND available_at <= ?1 ORDER BY available_at, timer_id LIMIT ?2 + 0"
 );
 pub(super) const SELECT_WORKFLOW_TIMERS: &str =
     select_timers!("WHERE workflow_id = ?1 ORDER BY timer_id");
@@ -31,7 +31,7 @@ pub(super) const CANCEL_TIMERS: &str = "UPDATE timers SET status = 'cancelled', 
 pub(super) const PURGE_DONE: &str = "DELETE FROM outbox WHERE id IN \
      (SELECT id FROM outbox \
       WHERE (status = 'done' OR status = 'cancelled') AND processed_at <= ?1 \
-      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2)";
+      ORDER BY processed_at, workflow_id, event_seq, idx LIMIT ?2 + 0)";
 
 pub(super) fn read_timer(row: &Row<'_>) -> rusqlite::Result<TimerRow> {
     let parse_status = |text: &str| text.parse().map_err(|e| unreadable(row, 6, e));
@@ -100,12 +100,13 @@ pub(super) fn insert_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Er
     Ok(())
 }
 
-/// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
+/// The timer a commit fires, read and marked fired by the shared rule ([`TimerRow::fire`]); writes
+/// nothing (see [`write_fired_timer`]), so that a commit it refuses has written nothing.
 pub(super) fn fire_timer(
     conn: &Connection,
     timer_id: &TimerId,
     now: Timestamp,
-) -> Result<(), Error> {
+) -> Result<TimerRow, Error> {
     let mut timer = query_timers(conn, SELECT_TIMER, [timer_id.to_string()])?
         .pop()
         .ok_or_else(|| Error::TimerNotScheduled {
@@ -113,10 +114,16 @@ pub(super) fn fire_timer(
             status: "unknown",
         })?;
     timer.fire(now)?;
+    Ok(timer)
+}
+
+/// Writes a timer [`fire_timer`] fired.
+pub(super) fn write_fired_timer(conn: &Connection, timer: &TimerRow) -> Result<(), Error> {
+    let processed_at = timer.processed_at.map(to_sql_time_lossy);
     conn.prepare_cached(
         "UPDATE timers SET status = 'fired', processed_at = ?2 WHERE timer_id = ?1",
     )
-    .and_then(|mut stmt| stmt.execute(params![timer_id.to_string(), to_sql_time_lossy(now)]))
+    .and_then(|mut stmt| stmt.execute(params![timer.timer_id.to_string(), processed_at]))
     .map_err(storage)?;
     Ok(())
 }

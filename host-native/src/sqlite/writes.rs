@@ -48,15 +48,21 @@ pub(super) fn write_row(conn: &Connection, row: &OutboxRow) -> Result<(), Error>
 }
 
 /// Writes the columns a claim changes, to the row with the integer key `id`: the hot path of
-/// [`Outbox::claim`].
-pub(super) fn write_lease(conn: &Connection, id: i64, row: &OutboxRow) -> Result<(), Error> {
+/// [`Outbox::claim`]. `counted`: the kind has a concurrency limit, so the lease is marked to be
+/// counted against it (only marked leases are indexed for that count).
+pub(super) fn write_lease(
+    conn: &Connection,
+    id: i64,
+    row: &OutboxRow,
+    counted: bool,
+) -> Result<(), Error> {
     let lease = row.lease.as_ref().ok_or_else(|| {
         Error::Corrupt(format!("claimed command {} has no lease", row.command_id))
     })?;
     let expires_at = to_sql_time("lease_expires_at", lease.expires_at)?;
     conn.prepare_cached(
         "UPDATE outbox SET status = 'leased', attempts = ?2, available_at = ?3, lease_owner = ?4, \
-         lease_expires_at = ?3, lease_token = ?5 WHERE id = ?1",
+         lease_expires_at = ?3, lease_token = ?5, lease_counted = ?6 WHERE id = ?1",
     )
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -64,7 +70,8 @@ pub(super) fn write_lease(conn: &Connection, id: i64, row: &OutboxRow) -> Result
             row.attempts,
             expires_at,
             lease.owner,
-            token_param(lease.token)
+            token_param(lease.token),
+            counted
         ])
     })
     .map_err(storage)?;
@@ -256,6 +263,10 @@ impl CommitJson {
 /// Writes `commit`, whose payloads are `json`, on `tx`, which the caller has opened and will commit
 /// or roll back (see [`EventLog::append_with_commands`] for what is written, and
 /// [`SqliteStore::append_in`]).
+///
+/// Everything that can refuse the commit (a conflict, a retired workflow, a timer no longer
+/// scheduled, a row that cannot be read) is checked before its first write, so that a refused commit
+/// has written nothing: the writer runs it without a savepoint of its own.
 pub(super) fn write_commit(
     tx: &Connection,
     commit: &Commit,
@@ -273,6 +284,12 @@ pub(super) fn write_commit(
     if actual == Seq::ZERO {
         check_not_retired(tx, commit.workflow_id())?;
     }
+    let fired = commit
+        .fires()
+        .map(|timer_id| fire_timer(tx, timer_id, commit.now()))
+        .transpose()?;
+    let cancelled = commands_to_cancel(tx, commit)?;
+    // Only writes from here on.
     {
         let mut insert_event = tx
             .prepare_cached(
@@ -301,10 +318,12 @@ pub(super) fn write_commit(
                  VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6, ?7, ?8, ?9, ?10)",
             )
             .map_err(storage)?;
-        if let Some(timer_id) = commit.fires() {
-            fire_timer(tx, timer_id, commit.now())?;
+        if let Some(timer) = &fired {
+            write_fired_timer(tx, timer)?;
         }
-        cancel_commands(tx, commit)?;
+        for row in &cancelled {
+            write_row(tx, row)?;
+        }
         // One trace context for the whole commit, formatted once.
         let traceparent = commit.trace_context().map(TraceContext::traceparent);
         let tracestate = commit.trace_context().and_then(TraceContext::tracestate);
@@ -335,21 +354,23 @@ pub(super) fn write_commit(
     Ok(())
 }
 
-/// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
-/// ([`OutboxRow::cancel`]).
-pub(super) fn cancel_commands(conn: &Connection, commit: &Commit) -> Result<(), Error> {
+/// The unfinished commands of `commit`'s workflow that it cancels, changed by the shared rule
+/// ([`OutboxRow::cancel`]), for the commit to write.
+pub(super) fn commands_to_cancel(
+    conn: &Connection,
+    commit: &Commit,
+) -> Result<Vec<OutboxRow>, Error> {
     if commit.cancel_commands().is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let rows = query_rows(
         conn,
         SELECT_UNFINISHED_OF_WORKFLOW,
         [commit.workflow_id().as_str()],
     )?;
-    for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
-        if row.cancel(commit.now()) != Cancelled::Unchanged {
-            write_row(conn, &row)?;
-        }
-    }
-    Ok(())
+    Ok(rows
+        .into_iter()
+        .filter(|row| commit.cancels(row))
+        .filter_map(|mut row| (row.cancel(commit.now()) != Cancelled::Unchanged).then_some(row))
+        .collect())
 }

@@ -1,11 +1,13 @@
 //! The writer thread: group commit, a savepoint per request, answers after the COMMIT.
 
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
-use super::{copy_error, take_made_work, Job, WorkSignal};
+use super::durable::{stopped_by, Durability};
+use super::{copy_error, take_made_work, Isolation, Job, WorkSignal};
 use crate::sqlite::storage;
 use miniflow_core::Error;
 
@@ -47,23 +49,39 @@ fn gather(
 /// Requests whose group is over, with how it ended, for the reply thread to answer.
 pub(super) type Answered = (Vec<Box<dyn Job>>, Result<(), Error>);
 
-/// The reply thread's loop: answers each group's requests in order, off the writer thread (waking
-/// the callers costs a system call each), until the writer thread ends.
-pub(super) fn reply(answered: Receiver<Answered>) {
-    while let Ok((jobs, committed)) = answered.recv() {
-        for job in jobs {
-            job.finish(committed.as_ref().map(|_| ()));
+/// The reply thread's loop, until the writer thread ends: takes every group that is over, makes
+/// the ones that committed durable with one sync (see [`Durability`]), and answers their requests in
+/// order, off the writer thread (waking the callers costs a system call each).
+pub(super) fn reply(answered: Receiver<Answered>, mut durability: Durability) {
+    while let Ok(first) = answered.recv() {
+        let mut groups = vec![first];
+        groups.extend(answered.try_iter());
+        if groups.iter().any(|(_, committed)| committed.is_ok()) {
+            if let Err(e) = durability.sync() {
+                for (_, committed) in &mut groups {
+                    if committed.is_ok() {
+                        *committed = Err(copy_error(&e));
+                    }
+                }
+            }
+        }
+        for (jobs, committed) in groups {
+            for job in jobs {
+                job.finish(committed.as_ref().map(|_| ()));
+            }
         }
     }
 }
 
 /// The thread's loop: waits for a request, takes every other one already queued behind it (up to
 /// [`MAX_GROUP`]), and commits them together. Ends when every handle is gone and the queue is empty.
+/// Once a sync of the WAL has failed (`failed`), it writes nothing more and answers with why.
 pub(super) fn run(
     mut conn: Connection,
     queue: Receiver<Box<dyn Job>>,
     answers: Sender<Answered>,
     work: &WorkSignal,
+    failed: &OnceLock<String>,
 ) {
     let mut group: Vec<Box<dyn Job>> = Vec::with_capacity(MAX_GROUP);
     // The callers answered last time, likely to come back, and how long that commit took.
@@ -72,6 +90,15 @@ pub(super) fn run(
         group.push(first);
         gather(&queue, &mut group, expected, last_commit / 2);
         expected = group.len();
+        if let Some(e) = stopped_by(failed) {
+            if let Err(std::sync::mpsc::SendError((jobs, e))) =
+                answers.send((std::mem::take(&mut group), Err(e)))
+            {
+                jobs.into_iter()
+                    .for_each(|job| job.finish(e.as_ref().map(|_| ())));
+            }
+            continue;
+        }
         let started = Instant::now();
         commit_group(&mut conn, &mut group, &answers, work);
         last_commit = started.elapsed().min(MAX_DELAY * 2);
@@ -91,7 +118,13 @@ fn commit_group(
     let answer = |jobs: Vec<Box<dyn Job>>, committed: Result<(), Error>| {
         if let Err(std::sync::mpsc::SendError((jobs, committed))) = answers.send((jobs, committed))
         {
-            // The reply thread is gone (it never panics): answer here.
+            // The reply thread is gone (it never panics): answer here, without the sync it makes.
+            let committed = committed.and_then(|()| -> Result<(), Error> {
+                Err(Error::Storage(
+                    "the reply thread of this writer has stopped: the commit may not be durable"
+                        .into(),
+                ))
+            });
             for job in jobs {
                 job.finish(committed.as_ref().map(|_| ()));
             }
@@ -107,14 +140,27 @@ fn commit_group(
             }
         };
         let mut ran: Vec<Box<dyn Job>> = Vec::new();
-        let mut ended = false;
+        let (mut ended, mut spoiled) = (false, false);
         for mut job in waiting.by_ref() {
-            run_one(&tx, job.as_mut());
+            spoiled = run_one(&tx, job.as_mut());
             ran.push(job);
             if tx.is_autocommit() {
                 ended = true;
                 break;
             }
+            if spoiled {
+                break;
+            }
+        }
+        if spoiled && !ended {
+            drop(tx); // rolled back
+            let e = Error::Storage(
+                "a request grouped with this one failed after it had written, so the whole group \
+                 was rolled back: nothing of it was written"
+                    .into(),
+            );
+            answer(ran, Err(e));
+            continue;
         }
         if ended {
             drop(tx);
@@ -135,20 +181,27 @@ fn commit_group(
     }
 }
 
-/// Runs one request inside a savepoint of its own: kept if it succeeds, rolled back if it fails.
-fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) {
+/// Runs one request as its [`Isolation`] says: in a savepoint of its own, kept if it succeeds and
+/// rolled back if it fails; or without one. Returns whether the request spoiled the transaction: it
+/// ran without a savepoint and failed after it had written (SQLite counts every row a completed
+/// statement changed, and undoes a statement that fails), so the transaction must be rolled back.
+fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) -> bool {
+    if job.isolation() == Isolation::ChecksFirst {
+        let before = tx.total_changes();
+        return !job.run(tx) && tx.total_changes() != before;
+    }
     if let Err(e) = statement(tx, "SAVEPOINT miniflow_request") {
         job.fail(e);
-        return;
+        return false;
     }
     if job.run(tx) {
         match statement(tx, "RELEASE miniflow_request") {
-            Ok(()) => return,
+            Ok(()) => return false,
             Err(e) => job.fail(e),
         }
     }
     if tx.is_autocommit() {
-        return; // the transaction is gone, and the savepoint with it
+        return false; // the transaction is gone, and the savepoint with it
     }
     let undone = statement(tx, "ROLLBACK TO miniflow_request")
         .and_then(|()| statement(tx, "RELEASE miniflow_request"));
@@ -157,6 +210,7 @@ fn run_one(tx: &Transaction<'_>, job: &mut dyn Job) {
         job.fail(copy_error(&e));
         let _ = tx.execute_batch("ROLLBACK");
     }
+    false
 }
 
 fn statement(tx: &Transaction<'_>, sql: &str) -> Result<(), Error> {

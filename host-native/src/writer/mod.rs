@@ -21,8 +21,9 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Sender, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,7 @@ use rusqlite::Transaction;
 use crate::sqlite::open_connection;
 use crate::{SqliteOptions, Synchronous};
 
+mod durable;
 mod group;
 
 /// The process's writer thread for one SQLite file: what [`crate::SqliteStore`] writes through, and
@@ -75,6 +77,9 @@ struct Shared {
     key: Key,
     queue: Option<Sender<Box<dyn Job>>>,
     work: Arc<WorkSignal>,
+    /// How many times the reply thread synced the WAL (read by the tests).
+    #[cfg_attr(not(test), allow(dead_code))]
+    syncs: Arc<AtomicU64>,
     /// The writer thread, then the thread that answers its requests.
     threads: Vec<JoinHandle<()>>,
     thread_ids: [ThreadId; 2],
@@ -95,6 +100,48 @@ static WRITERS: Mutex<Option<HashMap<Key, Weak<Shared>>>> = Mutex::new(None);
 fn running(key: &Key) -> Option<Arc<Shared>> {
     let writers = WRITERS.lock().unwrap_or_else(PoisonError::into_inner);
     writers.as_ref()?.get(key)?.upgrade()
+}
+
+/// Starts the threads of a writer on `conn`: the writer, and the reply thread, which syncs the WAL
+/// file at `wal` before it answers, if given (see `durable`).
+fn start(conn: rusqlite::Connection, key: Key, wal: Option<PathBuf>) -> Result<Shared, Error> {
+    let failed = Arc::new(OnceLock::new());
+    let syncs = Arc::new(AtomicU64::new(0));
+    let durability = match wal {
+        Some(path) => durable::Durability::SyncWal {
+            path,
+            file: None,
+            failed: failed.clone(),
+            syncs: syncs.clone(),
+        },
+        None => durable::Durability::AtCommit,
+    };
+    let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
+    let (answers, answered) = mpsc::channel::<group::Answered>();
+    let work = Arc::new(WorkSignal::default());
+    let signal = work.clone();
+    let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(run)
+            .map_err(|e| Error::Storage(Box::new(e)))
+    };
+    let replies = spawn(
+        "miniflow-replies",
+        Box::new(move || group::reply(answered, durability)),
+    )?;
+    let writer = spawn(
+        "miniflow-writer",
+        Box::new(move || group::run(conn, jobs, answers, &signal, &failed)),
+    )?;
+    Ok(Shared {
+        key,
+        queue: Some(queue),
+        work,
+        syncs,
+        thread_ids: [writer.thread().id(), replies.thread().id()],
+        threads: vec![writer, replies],
+    })
 }
 
 impl Writer {
@@ -132,6 +179,17 @@ impl Writer {
         let canonical = std::fs::canonicalize(path).map_err(|e| {
             Error::Storage(format!("cannot resolve the path {}: {e}", path.display()).into())
         })?;
+        let wal = match options.synchronous {
+            // Durable all the same, the sync made by the reply thread (see `durable`).
+            Synchronous::Full => {
+                conn.execute_batch("PRAGMA synchronous = NORMAL")
+                    .map_err(crate::sqlite::storage)?;
+                let mut wal = canonical.clone().into_os_string();
+                wal.push("-wal");
+                Some(PathBuf::from(wal))
+            }
+            Synchronous::Normal => None,
+        };
         let key = key(canonical);
         let mut writers = WRITERS.lock().unwrap_or_else(PoisonError::into_inner);
         let writers = writers.get_or_insert_with(HashMap::new);
@@ -139,28 +197,7 @@ impl Writer {
             return Ok(Self { shared }); // another thread started it meanwhile
         }
         writers.retain(|_, writer| writer.strong_count() > 0);
-        let (queue, jobs) = mpsc::channel::<Box<dyn Job>>();
-        let (answers, answered) = mpsc::channel::<group::Answered>();
-        let work = Arc::new(WorkSignal::default());
-        let signal = work.clone();
-        let spawn = |name: &str, run: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.to_owned())
-                .spawn(run)
-                .map_err(|e| Error::Storage(Box::new(e)))
-        };
-        let replies = spawn("miniflow-replies", Box::new(move || group::reply(answered)))?;
-        let writer = spawn(
-            "miniflow-writer",
-            Box::new(move || group::run(conn, jobs, answers, &signal)),
-        )?;
-        let shared = Arc::new(Shared {
-            key: key.clone(),
-            queue: Some(queue),
-            work,
-            thread_ids: [writer.thread().id(), replies.thread().id()],
-            threads: vec![writer, replies],
-        });
+        let shared = Arc::new(start(conn, key.clone(), wal)?);
         writers.insert(key, Arc::downgrade(&shared));
         Ok(Self { shared })
     }
@@ -168,6 +205,13 @@ impl Writer {
     /// The file it writes (its canonical path).
     pub fn path(&self) -> &Path {
         &self.shared.key.path
+    }
+
+    /// How many times this writer synced its WAL before answering (never, with
+    /// [`Synchronous::Normal`], whose COMMITs are answered as they are).
+    #[cfg(test)]
+    pub(crate) fn wal_syncs(&self) -> u64 {
+        self.shared.syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether `other` is a handle of the same writer thread.
@@ -218,10 +262,22 @@ impl Writer {
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
         C: FnOnce(Result<R, Error>) + Send + 'static,
     {
+        self.submit_isolated(work, reply, Isolation::Savepoint);
+    }
+
+    /// [`Writer::submit`], with the request isolated from the others of its group as `isolation`
+    /// says.
+    pub(crate) fn submit_isolated<R, W, C>(&self, work: W, reply: C, isolation: Isolation)
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+        C: FnOnce(Result<R, Error>) + Send + 'static,
+    {
         let job: Box<dyn Job> = Box::new(Request {
             work: Some(work),
             outcome: None,
             reply,
+            isolation,
         });
         let Some(queue) = &self.shared.queue else {
             return job.finish(Err(&stopped()));
@@ -274,6 +330,16 @@ impl Writer {
         R: Send + 'static,
         W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     {
+        self.run_isolated(work, Isolation::Savepoint)
+    }
+
+    /// [`Writer::run`], with the request isolated from the others of its group as `isolation`
+    /// says.
+    pub(crate) fn run_isolated<R, W>(&self, work: W, isolation: Isolation) -> Result<R, Error>
+    where
+        R: Send + 'static,
+        W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
+    {
         if self
             .shared
             .thread_ids
@@ -287,7 +353,7 @@ impl Writer {
             ));
         }
         let (answer, answered) = mpsc::sync_channel(1);
-        self.submit(work, move |result| send(&answer, result));
+        self.submit_isolated(work, move |result| send(&answer, result), isolation);
         answered.recv().unwrap_or_else(|_| Err(stopped()))
     }
 
@@ -328,8 +394,25 @@ fn stopped() -> Error {
     Error::Storage("the writer thread of this file has stopped".into())
 }
 
+/// How the writer keeps a request that fails from spoiling the others of its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Isolation {
+    /// The request runs in a savepoint of its own: whatever it wrote before it failed is rolled
+    /// back, and only its caller gets the error. Every request of the public API runs so.
+    Savepoint,
+    /// The request runs without a savepoint, which spares the copy of every page it touches into
+    /// the statement journal: for miniflow's own writes, which check what can fail (a conflict, a
+    /// bad input, a retired workflow) before their first write. One that fails having written
+    /// nothing fails alone. One that fails after it wrote (a storage error, a damaged row) rolls
+    /// back its whole group, and every request that ran in it gets an error; nothing of it is
+    /// committed.
+    ChecksFirst,
+}
+
 /// A request queued for the writer, with its type erased.
 trait Job: Send {
+    /// How it is isolated from the others of its group.
+    fn isolation(&self) -> Isolation;
     /// Runs the request inside `tx` (and the savepoint the writer opened for it); says whether it
     /// succeeded.
     fn run(&mut self, tx: &Transaction<'_>) -> bool;
@@ -344,6 +427,7 @@ struct Request<R, W, C> {
     work: Option<W>,
     outcome: Option<Result<R, Error>>,
     reply: C,
+    isolation: Isolation,
 }
 
 impl<R, W, C> Job for Request<R, W, C>
@@ -352,6 +436,10 @@ where
     W: FnOnce(&Transaction<'_>) -> Result<R, Error> + Send + 'static,
     C: FnOnce(Result<R, Error>) + Send + 'static,
 {
+    fn isolation(&self) -> Isolation {
+        self.isolation
+    }
+
     fn run(&mut self, tx: &Transaction<'_>) -> bool {
         let Some(work) = self.work.take() else {
             return false;
@@ -453,4 +541,202 @@ pub(crate) fn made_work() {
 /// Whether a write on this thread made work since the last call.
 fn take_made_work() -> bool {
     MADE_WORK.with(|flag| flag.replace(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn count(writer: &Writer, table: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM {table}");
+        writer
+            .run(move |tx| {
+                tx.query_row(&sql, [], |row| row.get(0))
+                    .map_err(crate::sqlite::storage)
+            })
+            .unwrap()
+    }
+
+    fn insert(tx: &Transaction<'_>) -> Result<usize, Error> {
+        tx.execute("INSERT INTO notes VALUES ('x')", [])
+            .map_err(crate::sqlite::storage)
+    }
+
+    /// With the durable default, the COMMIT does not wait for the disk; the reply thread syncs the
+    /// WAL before the caller is answered.
+    #[test]
+    fn a_durable_write_is_answered_after_a_sync_of_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = Writer::open(dir.path().join("flow.db")).unwrap();
+        writer
+            .run(|tx| {
+                tx.execute_batch("CREATE TABLE notes (text TEXT)")
+                    .map_err(crate::sqlite::storage)
+            })
+            .unwrap();
+        for n in 1..=3 {
+            let before = writer.wal_syncs();
+            writer.run(insert).unwrap();
+            assert!(
+                writer.wal_syncs() > before,
+                "write {n} was answered before the WAL was synced"
+            );
+        }
+        let relaxed = Writer::open_with(
+            dir.path().join("relaxed.db"),
+            &SqliteOptions {
+                synchronous: Synchronous::Normal,
+                ..SqliteOptions::default()
+            },
+        )
+        .unwrap();
+        relaxed
+            .run(|tx| {
+                tx.execute_batch("CREATE TABLE notes (text TEXT)")
+                    .map_err(crate::sqlite::storage)
+            })
+            .unwrap();
+        relaxed.run(insert).unwrap();
+        assert_eq!(relaxed.wal_syncs(), 0, "NORMAL answers at its COMMIT");
+    }
+
+    /// A failed sync fails the writes it was to make durable, and every write after it, which the
+    /// writer no longer even runs.
+    #[test]
+    fn a_failed_sync_fails_its_writes_and_stops_the_writer_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flow.db");
+        let conn = open_connection(&path, &SqliteOptions::default()).unwrap();
+        conn.execute_batch("CREATE TABLE notes (text TEXT); PRAGMA synchronous = NORMAL")
+            .unwrap();
+        let key = Key {
+            path: path.clone(),
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(1),
+        };
+        // A directory stands for a WAL that cannot be synced.
+        let writer = Writer {
+            shared: Arc::new(start(conn, key, Some(dir.path().to_owned())).unwrap()),
+        };
+        let first = writer.run(insert).unwrap_err();
+        assert!(
+            first
+                .to_string()
+                .contains("could not sync the write-ahead log"),
+            "{first}"
+        );
+        let ran = Arc::new(AtomicBool::new(false));
+        let second = {
+            let ran = ran.clone();
+            writer.run(move |tx| {
+                ran.store(true, Ordering::SeqCst);
+                insert(tx)
+            })
+        };
+        assert_eq!(
+            second.unwrap_err().to_string(),
+            first.to_string(),
+            "every later write gets the same error"
+        );
+        assert!(!ran.load(Ordering::SeqCst), "a stopped writer runs nothing");
+        assert_eq!(writer.wal_syncs(), 0);
+        drop(writer);
+        let fresh = Writer::open(&path).unwrap();
+        assert_eq!(
+            count(&fresh, "notes"),
+            1,
+            "the write that ran is committed, though its caller was told it may not be durable"
+        );
+    }
+
+    fn notes(path: &Path) -> Writer {
+        let writer = Writer::open(path).unwrap();
+        writer
+            .run(|tx| {
+                tx.execute_batch("CREATE TABLE IF NOT EXISTS notes (text TEXT)")
+                    .map_err(crate::sqlite::storage)
+            })
+            .unwrap();
+        writer
+    }
+
+    type Work = Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send>;
+
+    /// Queues `first`, which holds the writer for a moment, then `rest` while it runs, so that `rest`
+    /// are grouped in one transaction; returns their answers.
+    fn grouped(writer: &Writer, rest: Vec<(Isolation, Work)>) -> Vec<Result<usize, Error>> {
+        let (started, running) = mpsc::channel();
+        writer.submit(
+            move |_| {
+                started.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(100));
+                Ok(0)
+            },
+            |_| {},
+        );
+        running.recv().unwrap();
+        let answers: Vec<_> = rest
+            .into_iter()
+            .map(|(isolation, work)| {
+                let (answer, answered) = mpsc::sync_channel(1);
+                writer.submit_isolated(work, move |r| send(&answer, r), isolation);
+                answered
+            })
+            .collect();
+        answers.into_iter().map(|a| a.recv().unwrap()).collect()
+    }
+
+    fn failing(write_first: bool) -> Work {
+        Box::new(move |tx| {
+            if write_first {
+                insert(tx)?;
+            }
+            Err(Error::Corrupt("failed on purpose".into()))
+        })
+    }
+
+    /// A request without a savepoint that fails before it writes fails alone; one that fails after
+    /// it wrote takes its whole group down with it, and nothing of the group is written.
+    #[test]
+    fn a_request_without_a_savepoint_fails_alone_only_if_it_wrote_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let writer = notes(&dir.path().join("flow.db"));
+        let answers = grouped(
+            &writer,
+            vec![
+                (Isolation::ChecksFirst, Box::new(insert)),
+                (Isolation::ChecksFirst, failing(false)),
+                (Isolation::Savepoint, Box::new(insert)),
+            ],
+        );
+        assert!(answers[0].is_ok() && answers[2].is_ok(), "{answers:?}");
+        assert!(matches!(answers[1], Err(Error::Corrupt(_))));
+        assert_eq!(count(&writer, "notes"), 2);
+
+        let answers = grouped(
+            &writer,
+            vec![
+                (Isolation::Savepoint, Box::new(insert)),
+                (Isolation::ChecksFirst, Box::new(insert)),
+                (Isolation::ChecksFirst, failing(true)),
+            ],
+        );
+        assert!(
+            matches!(answers[2], Err(Error::Corrupt(_))),
+            "its own error"
+        );
+        for answer in &answers[..2] {
+            let e = answer.as_ref().unwrap_err().to_string();
+            assert!(e.contains("the whole group was rolled back"), "{e}");
+        }
+        assert_eq!(
+            count(&writer, "notes"),
+            2,
+            "nothing of the group was written"
+        );
+        // The requests queued behind it go on in a new transaction.
+        writer.run_isolated(insert, Isolation::ChecksFirst).unwrap();
+        assert_eq!(count(&writer, "notes"), 3);
+    }
 }
