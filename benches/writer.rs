@@ -6,12 +6,12 @@
 //! - `dispatch`: a `Dispatcher` with 4 workers and a no-op handler, against one raw thread running
 //!   the best hand-written delivery loop: a rowid outbox, only the claim index maintained, the ack of
 //!   one batch and the claim of the next in one transaction; and the same loop on miniflow's own
-//!   schema, whose other indexes (pending, dead letters, retention, stats, the operators'
-//!   controls) a claim and an ack maintain too — the part of the gap the schema costs.
-//! - `e2e`: producers flat out (32 and 128 threads, `Engine::handle`, 2 commands per workflow; then
-//!   128 again with their reads mapped, `SqliteOptions::mmap_size`) while a `Dispatcher` with 4
-//!   workers delivers: workflows committed and commands delivered per second, commit-to-delivery
-//!   latency (from the producer's return to the handler's call), and the backlog.
+//!   schema, whose other indexes (a workflow's unfinished commands, dead letters, purges, and the
+//!   claim order with priorities) a claim and an ack maintain too, and whose checks they pass — the
+//!   part of the gap the schema costs.
+//! - `e2e`: producers flat out (32 and 128 threads, `Engine::handle`, 2 commands per workflow) while a
+//!   `Dispatcher` with 4 workers delivers: workflows committed and commands delivered per second,
+//!   commit-to-delivery latency (from the producer's return to the handler's call), and the backlog.
 //!
 //! Every file is WAL with `synchronous=FULL`. Sides take turns, round after round, each on a fresh
 //! file; the tables give the median round. CPU: µs of CPU time (user + system, all threads of this
@@ -41,8 +41,6 @@ const PRODUCERS: usize = 32;
 const WORKERS: usize = 4;
 const RAW_COMMITS_PER_TRANSACTION: usize = 100;
 const LEASE_TTL_MS: i64 = 30_000;
-/// The mapped reads of the producers' stores in the last end-to-end run: 256 MiB.
-const MAPPED_READS: u64 = 256 << 20;
 
 struct Sizes {
     commits: usize,
@@ -136,14 +134,9 @@ fn main() {
         }
     }
     if only("e2e") {
-        // The producers' stores read with the file mapped in the last run (`SqliteOptions::mmap_size`).
-        for (producers, mmap_size) in [
-            (PRODUCERS, 0),
-            (4 * PRODUCERS, 0),
-            (4 * PRODUCERS, MAPPED_READS),
-        ] {
+        for producers in [PRODUCERS, 4 * PRODUCERS] {
             println!();
-            end_to_end(dir, &sizes, producers, mmap_size);
+            end_to_end(dir, &sizes, producers);
         }
     }
 }
@@ -507,8 +500,8 @@ impl Clocks {
     }
 }
 
-fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, mmap_size: u64) {
-    let path = dir.join(format!("e2e-{producers}-{mmap_size}.db"));
+fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
+    let path = dir.join(format!("e2e-{producers}.db"));
     drop(SqliteStore::open(&path).unwrap());
     let capacity = (sizes.e2e.as_secs_f64() * 200_000.0) as usize + 1_000;
     let clocks = Arc::new(Clocks {
@@ -543,11 +536,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, mmap_size: u64) {
         .map(|_| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
-            let options = miniflow::SqliteOptions {
-                mmap_size,
-                ..Default::default()
-            };
-            let mut store = SqliteStore::open_with(&path, &options).unwrap();
+            let mut store = SqliteStore::open(&path).unwrap();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
                     let n = next.fetch_add(1, Ordering::SeqCst) as usize;
@@ -611,14 +600,9 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, mmap_size: u64) {
     let secs = run.wall.as_secs_f64();
     let third = backlog.len() / 3;
     let tail_max = |from: usize| backlog[from..].iter().copied().max().unwrap_or(0);
-    let reads = if mmap_size > 0 {
-        format!(", their reads mapped ({} MiB)", mmap_size >> 20)
-    } else {
-        String::new()
-    };
     println!(
         "### End to end: {producers} producers flat out (`Engine::handle`, 2 commands per \
-         workflow{reads}) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
+         workflow) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
         secs
     );
     println!();

@@ -42,41 +42,6 @@ fn durable_pragmas_are_on_by_default_and_normal_is_an_opt_in() {
     assert_eq!(pragma(&relaxed, "synchronous"), "1", "NORMAL");
 }
 
-/// Mapping the file for reads is off unless asked for; asked for, the store's own reads map it, and
-/// read what was written through the writer.
-#[test]
-fn mapped_reads_are_an_opt_in_of_the_stores_own_connection() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("a.db");
-    let mut plain = SqliteStore::open(&path).unwrap();
-    assert_eq!(pragma(&plain, "mmap_size"), "0");
-    let options = SqliteOptions {
-        mmap_size: 64 << 20,
-        ..SqliteOptions::default()
-    };
-    let mapped = SqliteStore::open_with(&path, &options).unwrap();
-    assert_eq!(pragma(&mapped, "mmap_size"), (64u64 << 20).to_string());
-    assert!(
-        mapped
-            .writer()
-            .unwrap()
-            .same_thread_as(plain.writer().unwrap()),
-        "both write through the one writer of the file"
-    );
-    let id = WorkflowId::new("mapped").unwrap();
-    let commit = Commit::new(
-        id.clone(),
-        Seq::ZERO,
-        Event::new("e", json!({ "n": 1 })),
-        Decision::new().command(Command::new("c", json!({}))),
-        Timestamp::from_millis(1),
-    )
-    .unwrap();
-    plain.append_with_commands(&commit).unwrap();
-    assert_eq!(mapped.load(&id).unwrap().len(), 1);
-    assert_eq!(mapped.pending(10).unwrap().len(), 1);
-}
-
 #[test]
 fn a_store_from_a_newer_version_is_refused_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

@@ -77,13 +77,6 @@ pub struct SqliteOptions {
     /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
     /// (default 10 s: far longer than any miniflow transaction holds it).
     pub busy_timeout: Duration,
-    /// How many bytes of the file the store's own reads (loads, `pending`, stats; not the writer's)
-    /// map into memory instead of copying them in (`PRAGMA mmap_size`). Default 0: off, because with
-    /// a mapped file an I/O error while reading (a failing disk, a network file system that went
-    /// away) stops the process with `SIGBUS` instead of returning an error. A service whose producers
-    /// read much (each `Engine::handle` of a workflow not in the engine's cache reads its events) may
-    /// opt in; a few hundred MiB covers most stores.
-    pub mmap_size: u64,
 }
 
 impl Default for SqliteOptions {
@@ -91,7 +84,6 @@ impl Default for SqliteOptions {
         Self {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(10),
-            mmap_size: 0,
         }
     }
 }
@@ -186,14 +178,6 @@ impl SqliteStore {
     pub fn open_with(path: impl AsRef<Path>, options: &SqliteOptions) -> Result<Self, Error> {
         let path = path.as_ref().to_path_buf();
         let conn = open_connection(&path, options)?;
-        if options.mmap_size > 0 {
-            conn.pragma_update(
-                None,
-                "mmap_size",
-                i64::try_from(options.mmap_size).unwrap_or(i64::MAX),
-            )
-            .map_err(storage)?;
-        }
         let writer = Writer::open_with(&path, options)?;
         Ok(Self {
             conn,
