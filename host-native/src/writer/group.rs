@@ -1,4 +1,4 @@
-//! The writer thread: group commit, a savepoint per request, answers after the COMMIT.
+//! The writer thread: group commit, each request isolated from the others, answers once durable.
 
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::OnceLock;

@@ -7,10 +7,12 @@
 //!
 //! - **commits in groups**: it takes every request that arrived while it was busy and runs them in
 //!   one `BEGIN IMMEDIATE` transaction, so one `fsync` makes a whole group durable; each caller is
-//!   answered only after the COMMIT of its group is durable (or failed);
-//! - **isolates requests**: each request runs in its own `SAVEPOINT`, so one that fails (a
-//!   [`Error::Conflict`], an [`Error::InvalidInput`]) rolls back only itself and its caller alone gets
-//!   the error; a failed COMMIT fails every request of the group;
+//!   answered only after the COMMIT of its group is durable (or failed). With the durable default
+//!   the fsync is made by the reply thread, off the writer's path (see `durable`);
+//! - **isolates requests**: a request of the public API runs in its own `SAVEPOINT`, so one that
+//!   fails (a [`Error::Conflict`], an [`Error::InvalidInput`]) rolls back only itself and its caller
+//!   alone gets the error; the store's hot writes check what can refuse them before they write and
+//!   run without one (`Isolation`); a failed COMMIT fails every request of the group;
 //! - **serves first come, first served**: requests queue in arrival order, so producers' commits and
 //!   a dispatcher's claims and acks all progress under load.
 //!
