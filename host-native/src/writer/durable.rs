@@ -14,7 +14,8 @@
 //! read by other connections (a read, a claim); whatever they derive from it and write is later in
 //! the WAL, so it is lost with it, and a claim is answered (its commands handed to a handler) only
 //! after a sync that covers both. A checkpoint still syncs the WAL before it copies it into the
-//! database file, as with `NORMAL`.
+//! database file, as with `NORMAL`. What a plain read shows (`pending`, `load`, the CLI) may be a
+//! moment ahead of the disk, as with `NORMAL`: act on commands through claims, never on such reads.
 //!
 //! A sync that fails stops the writer for good (like PostgreSQL after a failed `fsync`): the pages it
 //! was to write may have been dropped by the kernel, and a later sync that succeeds would not bring
