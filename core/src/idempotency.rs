@@ -34,8 +34,7 @@ use sha2::{Digest as _, Sha256};
 use crate::error::Error;
 use crate::model::canonical_json;
 use crate::retry::RetryPolicy;
-use crate::time::Shown;
-use crate::time::Timestamp;
+use crate::time::{Shown, Timestamp};
 
 /// The identity of one business operation at a receiver, e.g. a miniflow command ID.
 ///

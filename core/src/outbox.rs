@@ -15,8 +15,7 @@ use serde_json::Value;
 use crate::error::Error;
 use crate::id::CommandId;
 use crate::retry::RetryPolicy;
-use crate::time::Shown;
-use crate::time::Timestamp;
+use crate::time::{Shown, Timestamp};
 use crate::timer::TimerRow;
 use crate::trace::TraceContext;
 

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::id::CommandId;
-use crate::time::millis;
-use crate::time::Shown;
+use crate::time::{millis, Shown};
 
 /// How failed deliveries are retried (DESIGN rule 9).
 ///

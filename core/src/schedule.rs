@@ -11,8 +11,7 @@ use crate::error::Error;
 use crate::id::{Seq, WorkflowId};
 use crate::model::Event;
 use crate::store::Commit;
-use crate::time::Shown;
-use crate::time::{millis, Timestamp};
+use crate::time::{millis, Shown, Timestamp};
 use crate::timer::{TimerId, TimerRow, TimerSource};
 
 #[cfg(doc)]

@@ -209,7 +209,7 @@ pub(super) fn dead_of_kind(
 }
 
 /// Applies `change` to up to `batch` dead rows of `kind` inside `tx`, each with its feedback;
-/// returns their IDs.
+/// returns their IDs. The caller has checked `kind` and `batch` ([`check_bulk`]).
 pub(super) fn change_dead_of_kind(
     tx: &Transaction<'_>,
     kind: &str,
@@ -217,7 +217,6 @@ pub(super) fn change_dead_of_kind(
     now: Timestamp,
     change: impl Fn(&mut OutboxRow) -> Result<(), Error>,
 ) -> Result<Vec<CommandId>, Error> {
-    check_bulk(kind, batch)?;
     let rows = dead_of_kind(tx, kind, batch)?;
     let mut ids = Vec::with_capacity(rows.len());
     for row in rows {

@@ -890,6 +890,73 @@ mod tests {
         }
     }
 
+    /// The store's own writes run in the writer's group without a savepoint of their own, so each
+    /// checks everything that can refuse it before its first write: commits refused for a stale seq
+    /// or for a timer no longer scheduled, grouped with commits that are fine, fail alone and write
+    /// nothing.
+    #[test]
+    fn refused_commits_grouped_with_good_ones_fail_alone() {
+        use miniflow_core::{json, Command, Decision, Event, TimerId};
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+        let commit = |workflow: &str, expected: u64| {
+            let id = WorkflowId::new(workflow).unwrap();
+            let decision =
+                Decision::new().command(Command::new("notify", json!({ "to": workflow })));
+            Commit::new(
+                id,
+                Seq::new(expected).unwrap(),
+                Event::new("happened", json!({})),
+                decision,
+                Timestamp::from_millis(1_000),
+            )
+            .unwrap()
+        };
+        store.append_with_commands(&commit("stale", 0)).unwrap();
+        let timed = WorkflowId::new("timed").unwrap();
+        let unscheduled = TimerId::scheduled(timed, Seq::new(1).unwrap(), 0).unwrap();
+        let commits = [
+            commit("first", 0),
+            commit("stale", 0),
+            commit("second", 0),
+            commit("timed", 0).firing(unscheduled).unwrap(),
+            commit("third", 0),
+        ];
+        let requests: Vec<(Isolation, crate::writer::testing::Request<()>)> = commits
+            .into_iter()
+            .map(|commit| {
+                let json = CommitJson::of(&commit);
+                let work: crate::writer::testing::Request<()> =
+                    Box::new(move |tx| write_commit(tx, &commit, &json));
+                (Isolation::ChecksFirst, work)
+            })
+            .collect();
+        let answers = crate::writer::testing::grouped(store.writer().unwrap(), requests);
+        assert!(answers[0].is_ok(), "{:?}", answers[0]);
+        assert!(
+            matches!(answers[1], Err(Error::Conflict { .. })),
+            "{:?}",
+            answers[1]
+        );
+        assert!(answers[2].is_ok(), "{:?}", answers[2]);
+        assert!(
+            matches!(answers[3], Err(Error::TimerNotScheduled { .. })),
+            "{:?}",
+            answers[3]
+        );
+        assert!(answers[4].is_ok(), "{:?}", answers[4]);
+        for (workflow, events) in [
+            ("first", 1),
+            ("stale", 1),
+            ("second", 1),
+            ("timed", 0),
+            ("third", 1),
+        ] {
+            let id = WorkflowId::new(workflow).unwrap();
+            assert_eq!(store.load(&id).unwrap().len(), events, "{workflow}");
+        }
+    }
+
     fn query_plan(store: &SqliteStore, sql: &str) -> String {
         let mut stmt = store
             .conn

@@ -545,6 +545,45 @@ fn take_made_work() -> bool {
     MADE_WORK.with(|flag| flag.replace(false))
 }
 
+/// Helpers for the crate's tests of what the writer groups.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// A request for [`grouped`].
+    pub(crate) type Request<R> = Box<dyn FnOnce(&Transaction<'_>) -> Result<R, Error> + Send>;
+
+    /// Runs `requests` as one group, in order: a first request holds the writer until all of them
+    /// are queued behind it, so that the writer takes them into one transaction. Returns their
+    /// answers in order.
+    pub(crate) fn grouped<R: Send + 'static>(
+        writer: &Writer,
+        requests: Vec<(Isolation, Request<R>)>,
+    ) -> Vec<Result<R, Error>> {
+        let (release, held) = mpsc::channel::<()>();
+        let (entered, inside) = mpsc::channel::<()>();
+        writer.submit(
+            move |_| {
+                let _ = entered.send(());
+                let _ = held.recv();
+                Ok(())
+            },
+            |_| {},
+        );
+        inside.recv().unwrap();
+        let answers: Vec<_> = requests
+            .into_iter()
+            .map(|(isolation, work)| {
+                let (answer, answered) = mpsc::sync_channel(1);
+                writer.submit_isolated(work, move |r| send(&answer, r), isolation);
+                answered
+            })
+            .collect();
+        release.send(()).unwrap();
+        answers.into_iter().map(|a| a.recv().unwrap()).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -663,31 +702,7 @@ mod tests {
         writer
     }
 
-    type Work = Box<dyn FnOnce(&Transaction<'_>) -> Result<usize, Error> + Send>;
-
-    /// Queues `first`, which holds the writer for a moment, then `rest` while it runs, so that `rest`
-    /// are grouped in one transaction; returns their answers.
-    fn grouped(writer: &Writer, rest: Vec<(Isolation, Work)>) -> Vec<Result<usize, Error>> {
-        let (started, running) = mpsc::channel();
-        writer.submit(
-            move |_| {
-                started.send(()).unwrap();
-                std::thread::sleep(Duration::from_millis(100));
-                Ok(0)
-            },
-            |_| {},
-        );
-        running.recv().unwrap();
-        let answers: Vec<_> = rest
-            .into_iter()
-            .map(|(isolation, work)| {
-                let (answer, answered) = mpsc::sync_channel(1);
-                writer.submit_isolated(work, move |r| send(&answer, r), isolation);
-                answered
-            })
-            .collect();
-        answers.into_iter().map(|a| a.recv().unwrap()).collect()
-    }
+    type Work = testing::Request<usize>;
 
     fn failing(write_first: bool) -> Work {
         Box::new(move |tx| {
@@ -704,7 +719,7 @@ mod tests {
     fn a_request_without_a_savepoint_fails_alone_only_if_it_wrote_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let writer = notes(&dir.path().join("flow.db"));
-        let answers = grouped(
+        let answers = testing::grouped(
             &writer,
             vec![
                 (Isolation::ChecksFirst, Box::new(insert)),
@@ -716,7 +731,7 @@ mod tests {
         assert!(matches!(answers[1], Err(Error::Corrupt(_))));
         assert_eq!(count(&writer, "notes"), 2);
 
-        let answers = grouped(
+        let answers = testing::grouped(
             &writer,
             vec![
                 (Isolation::Savepoint, Box::new(insert)),
