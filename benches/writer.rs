@@ -9,7 +9,8 @@
 //!   schema, whose other indexes (a workflow's unfinished commands, dead letters, purges, and the
 //!   claim order with priorities) a claim and an ack maintain too, and whose checks they pass — the
 //!   part of the gap the schema costs.
-//! - `e2e`: producers flat out (32 and 128 threads, `Engine::handle`, 2 commands per workflow) while a
+//! - `e2e`: producers flat out, each starting new workflows (32 and 128 threads with `Engine::start`,
+//!   and 32 with `Engine::handle`, which reads first), 2 commands per workflow, while a
 //!   `Dispatcher` with 4 workers delivers: workflows committed and commands delivered per second,
 //!   commit-to-delivery latency (from the producer's return to the handler's call), and the backlog.
 //!
@@ -134,9 +135,13 @@ fn main() {
         }
     }
     if only("e2e") {
-        for producers in [PRODUCERS, 4 * PRODUCERS] {
+        for (producers, read_first) in [
+            (PRODUCERS, false),
+            (4 * PRODUCERS, false),
+            (PRODUCERS, true),
+        ] {
             println!();
-            end_to_end(dir, &sizes, producers);
+            end_to_end(dir, &sizes, producers, read_first);
         }
     }
 }
@@ -500,8 +505,10 @@ impl Clocks {
     }
 }
 
-fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
-    let path = dir.join(format!("e2e-{producers}.db"));
+/// Producers flat out, each starting new workflows: with `Engine::start`, or with `Engine::handle`
+/// (`read_first`), which first reads the workflow's events to fold its state.
+fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
+    let path = dir.join(format!("e2e-{producers}-{read_first}.db"));
     drop(SqliteStore::open(&path).unwrap());
     let capacity = (sizes.e2e.as_secs_f64() * 200_000.0) as usize + 1_000;
     let clocks = Arc::new(Clocks {
@@ -536,6 +543,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
         .map(|_| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
+            let read_first = read_first;
             let mut store = SqliteStore::open(&path).unwrap();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
@@ -545,14 +553,12 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
                     }
                     let id = WorkflowId::new(format!("trip-{n}")).unwrap();
                     let event = Event::new("trip_requested", json!({ "n": n }));
-                    engine
-                        .handle(
-                            &mut store,
-                            &id,
-                            event,
-                            miniflow::Clock::now(&miniflow::SystemClock),
-                        )
-                        .unwrap();
+                    let now = miniflow::Clock::now(&miniflow::SystemClock);
+                    if read_first {
+                        engine.handle(&mut store, &id, event, now).unwrap();
+                    } else {
+                        engine.start(&mut store, &id, event, now).unwrap();
+                    }
                     clocks.committed[n].store(clocks.micros(), Ordering::SeqCst);
                 }
             })
@@ -601,8 +607,9 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize) {
     let third = backlog.len() / 3;
     let tail_max = |from: usize| backlog[from..].iter().copied().max().unwrap_or(0);
     println!(
-        "### End to end: {producers} producers flat out (`Engine::handle`, 2 commands per \
+        "### End to end: {producers} producers flat out (`Engine::{}`, 2 commands per \
          workflow) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
+        if read_first { "handle" } else { "start" },
         secs
     );
     println!();

@@ -360,6 +360,74 @@ impl<W: Workflow> Engine<W> {
         self.commit_event(store, workflow_id, event, now, None, Some(context))
     }
 
+    /// Starts `workflow_id` with `event` as its first event and the commands the workflow decides for
+    /// it, in one commit (DESIGN rule 3): [`Engine::handle`] on a workflow that has no events yet,
+    /// without reading the store first. The workflow decides from its initial state, and the commit
+    /// itself checks that the workflow is new (as it checks every commit's seq), so nothing is read
+    /// before the write.
+    ///
+    /// For a caller that creates the workflow (an order, a trip, under an ID it has just made): it
+    /// costs one read less than [`Engine::handle`], and a retried request that would start the same
+    /// workflow twice is refused instead of recording a second first event.
+    ///
+    /// ```
+    /// # use miniflow_core::prelude::*;
+    /// # use miniflow_core::{json, Command, Decision, EventRecord, Workflow};
+    /// # use miniflow_core::{Engine, Error, Event, MemoryStore, Timestamp, WorkflowId};
+    /// # struct Orders;
+    /// # impl Workflow for Orders {
+    /// #     type State = ();
+    /// #     fn evolve(&self, _: &mut (), _: &EventRecord) {}
+    /// #     fn decide(&self, _: &(), _: &EventRecord) -> Decision {
+    /// #         Decision::new().command(Command::new("reserve_stock", json!({ "sku": "A-1" })))
+    /// #     }
+    /// # }
+    /// let engine = Engine::new(Orders);
+    /// let mut store = MemoryStore::new();
+    /// let order = WorkflowId::new("order-7")?;
+    /// let placed = Event::new("order_placed", json!({ "sku": "A-1" }));
+    /// let started = engine.start(&mut store, &order, placed.clone(), Timestamp::from_millis(0))?;
+    /// assert_eq!(started.command_ids[0].to_string(), "order-7:1:0");
+    ///
+    /// // The same request again: the order exists, so nothing is written.
+    /// let again = engine.start(&mut store, &order, placed, Timestamp::from_millis(1));
+    /// assert!(matches!(again, Err(Error::Conflict { .. })));
+    /// assert_eq!(store.pending(10)?.len(), 1);
+    /// # Ok::<(), Error>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Conflict`] when the workflow already has events (its `actual` seq), not retried: an
+    /// event for an existing workflow goes through [`Engine::handle`]. Otherwise as
+    /// [`Engine::handle`]. In every case nothing of this event was written.
+    pub fn start<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        self.start_event(store, workflow_id, event, now, None)
+    }
+
+    /// As [`Engine::start`], storing `context` with every command decided, as
+    /// [`Engine::handle_traced`] does.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`].
+    pub fn start_traced<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: &TraceContext,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        self.start_event(store, workflow_id, event, now, Some(context))
+    }
+
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
     /// the commit to write, without writing it: the pure half of [`Engine::handle`], for a host that
     /// writes the commit itself (e.g. inside its caller's own transaction).
@@ -588,6 +656,23 @@ impl<W: Workflow> Engine<W> {
         commit
     }
 
+    fn start_event<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+        context: Option<&TraceContext>,
+    ) -> Result<Handled, Error> {
+        // No history: the store's check of the expected seq (0) refuses it if the workflow has events.
+        let mut commit = self.plan(&[], workflow_id, event, now)?;
+        if let Some(context) = context {
+            commit = commit.traced(context.clone());
+        }
+        store.append_with_commands(&commit)?;
+        Ok(Handled::of(&commit, 0))
+    }
+
     fn commit_event<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
@@ -673,5 +758,98 @@ mod tests {
             store.commits, 4,
             "one try and three retries, then the conflict is returned"
         );
+    }
+
+    /// A store that counts its reads and commits, passing both to a memory store.
+    #[derive(Default)]
+    struct Counting {
+        inner: MemoryStore,
+        reads: std::cell::Cell<u32>,
+        commits: u32,
+    }
+
+    impl EventLog for Counting {
+        fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+            self.reads.set(self.reads.get() + 1);
+            self.inner.load(id)
+        }
+        fn load_after(&self, id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+            self.reads.set(self.reads.get() + 1);
+            self.inner.load_after(id, after)
+        }
+        fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+            self.commits += 1;
+            self.inner.append_with_commands(commit)
+        }
+    }
+
+    /// Decides one command naming the state it decided from: how many events it had folded.
+    struct Counter;
+
+    impl Workflow for Counter {
+        type State = u64;
+        fn evolve(&self, state: &mut u64, _: &EventRecord) {
+            *state += 1;
+        }
+        fn decide(&self, state: &u64, _: &EventRecord) -> Decision {
+            Decision::new().command(crate::Command::new(
+                "count",
+                serde_json::json!({ "folded": state }),
+            ))
+        }
+    }
+
+    #[test]
+    fn start_commits_a_first_event_and_refuses_a_second_start() {
+        let engine = Engine::new(Counter);
+        let mut store = Counting::default();
+        let w = WorkflowId::new("w").unwrap();
+        let started = engine
+            .start(
+                &mut store,
+                &w,
+                Event::new("a", serde_json::json!({})),
+                Timestamp::EPOCH,
+            )
+            .unwrap();
+        assert_eq!(started.seq, Seq::new(1).unwrap());
+        assert_eq!(started.command_ids[0].to_string(), "w:1:0");
+        assert_eq!(store.reads.get(), 0, "a start reads nothing");
+        engine
+            .handle(
+                &mut store,
+                &w,
+                Event::new("b", serde_json::json!({})),
+                Timestamp::EPOCH,
+            )
+            .unwrap();
+
+        let again = engine.start(
+            &mut store,
+            &w,
+            Event::new("a", serde_json::json!({})),
+            Timestamp::EPOCH,
+        );
+        match again {
+            Err(Error::Conflict {
+                expected, actual, ..
+            }) => {
+                assert_eq!((expected, actual), (Seq::ZERO, Seq::new(2).unwrap()));
+            }
+            other => panic!("a second start must be refused: {other:?}"),
+        }
+        assert_eq!(
+            store.commits, 3,
+            "the refused start was tried once, not retried"
+        );
+        assert_eq!(store.reads.get(), 1, "only the handle read");
+        let events = store.inner.load(&w).unwrap();
+        assert_eq!(events.len(), 2, "nothing of the refused start was written");
+        let pending = crate::store::Outbox::pending(&store.inner, 10).unwrap();
+        let folded: Vec<_> = pending
+            .iter()
+            .map(|row| row.payload["folded"].clone())
+            .collect();
+        assert_eq!(folded, [serde_json::json!(0), serde_json::json!(1)]);
     }
 }

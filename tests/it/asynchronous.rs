@@ -117,6 +117,48 @@ fn concurrent_handles_on_one_workflow_commit_gapless_each_on_the_state_before_it
 }
 
 #[test]
+fn concurrent_starts_of_one_workflow_commit_exactly_one_first_event() {
+    runtime().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&dir).await;
+        let engine = Arc::new(Engine::new(Counter));
+        let mut calls = tokio::task::JoinSet::new();
+        for n in 0..16 {
+            let (store, engine) = (store.clone(), engine.clone());
+            calls.spawn(async move {
+                store
+                    .start(&engine, &wid("order"), Event::new("placed", json!(n)))
+                    .await
+            });
+        }
+        let (mut started, mut refused) = (0, 0);
+        while let Some(result) = calls.join_next().await {
+            match result.unwrap() {
+                Ok(handled) => {
+                    assert_eq!(handled.seq.get(), 1);
+                    started += 1;
+                }
+                Err(Error::Conflict { actual, .. }) => {
+                    assert_eq!(actual.get(), 1);
+                    refused += 1;
+                }
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert_eq!((started, refused), (1, 15));
+        // The workflow goes on through `handle`, from the event the start wrote.
+        store
+            .handle(&engine, &wid("order"), Event::new("tick", json!(0)))
+            .await
+            .unwrap();
+        let sync = SqliteStore::open(store.path()).unwrap();
+        assert_eq!(sync.load(&wid("order")).unwrap().len(), 2);
+        assert_eq!(sync.commands(&wid("order")).unwrap().len(), 2);
+        assert_decided_on_every_event(&sync, "order");
+    });
+}
+
+#[test]
 fn a_transaction_commits_the_callers_rows_with_events_and_commands_or_nothing() {
     runtime().block_on(async {
         let dir = tempfile::tempdir().unwrap();

@@ -233,6 +233,29 @@ impl AsyncStore {
         .await
     }
 
+    /// Starts `workflow_id` with `event` as its first event (as [`Engine::start`]): decided from the
+    /// workflow's initial state on the caller's task, without reading the file, and refused by the
+    /// writer with [`Error::Conflict`] if the workflow already has events.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`]. In every case nothing of this event was written.
+    pub async fn start<W>(
+        &self,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+    ) -> Result<Handled, Error>
+    where
+        W: Workflow,
+    {
+        let commit = engine.plan(&[], workflow_id, event, self.clock.now())?;
+        let handled = Handled::of(&commit, 0);
+        self.write(move |tx| SqliteStore::append_in(tx, &commit))
+            .await?;
+        Ok(handled)
+    }
+
     /// Fires a due `timer` (from [`AsyncStore::claim_timers`]) into its workflow through `engine`:
     /// [`Engine::fire`] itself, on a blocking thread, with a [`SqliteStore`] of this file (reading on
     /// its own connection, committing through the same writer). `None` when the timer is no longer
