@@ -543,7 +543,6 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
         .map(|_| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
-            let read_first = read_first;
             let mut store = SqliteStore::open(&path).unwrap();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
