@@ -35,7 +35,7 @@ use miniflow::{
 use rusqlite::{params, Connection, TransactionBehavior};
 
 mod support;
-use support::{decision, event, process_cpu};
+use support::{decision, event, process_cpu, thread_cpu};
 
 const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const PRODUCERS: usize = 32;
@@ -90,8 +90,10 @@ fn main() {
         if sizes.rounds == 1 { "" } else { "s" }
     );
     println!();
-    println!("| workload | side | ops/s | vs raw | µs/op (wall) | CPU µs/op |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!(
+        "| workload | side | ops/s | vs raw | µs/op (wall) | CPU µs/op | writer thread CPU µs/op |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|");
     if only("commits") {
         let n = sizes.commits.div_ceil(PRODUCERS) * PRODUCERS;
         let sides: [Side<'_>; 2] = [
@@ -154,6 +156,8 @@ type Side<'a> = (&'static str, &'a dyn Fn(&Path) -> Run);
 struct Run {
     wall: Duration,
     cpu: Duration,
+    /// The CPU time of the writer thread (miniflow's sides).
+    writer: Option<Duration>,
 }
 
 /// Runs each side `rounds` times, each on a fresh file prepared by `prepare(side, path)`, the sides
@@ -193,8 +197,11 @@ fn print_rows(workload: &str, unit: &str, n: usize, runs: &[(&str, Run)]) {
     let rate = |run: &Run| n as f64 / run.wall.as_secs_f64();
     let reference = rate(&runs[0].1);
     for (side, run) in runs {
+        let writer = run.writer.map_or_else(String::new, |writer| {
+            format!("{:.2}", writer.as_secs_f64() * 1e6 / n as f64)
+        });
         println!(
-            "| {workload} | {side} | {:.0} {unit}/s | {:.2}× | {:.2} | {:.2} |",
+            "| {workload} | {side} | {:.0} {unit}/s | {:.2}× | {:.2} | {:.2} | {writer} |",
             rate(run),
             rate(run) / reference,
             run.wall.as_secs_f64() * 1e6 / n as f64,
@@ -203,16 +210,21 @@ fn print_rows(workload: &str, unit: &str, n: usize, runs: &[(&str, Run)]) {
     }
 }
 
-/// Wall clock and CPU time since it started.
+/// Wall clock and CPU time since it started, the writer thread's too.
 struct Stopwatch {
     wall: Instant,
     cpu: Duration,
+    writer: Duration,
 }
+
+/// The name of the writer thread the SQLite host runs for each file.
+const WRITER_THREAD: &str = "miniflow-writer";
 
 impl Stopwatch {
     fn start() -> Self {
         Self {
             cpu: process_cpu(),
+            writer: thread_cpu(WRITER_THREAD),
             wall: Instant::now(),
         }
     }
@@ -221,6 +233,16 @@ impl Stopwatch {
         Run {
             wall: self.wall.elapsed(),
             cpu: process_cpu().saturating_sub(self.cpu),
+            writer: None,
+        }
+    }
+
+    /// As `stop`, with the writer thread's CPU time (read while it still runs).
+    fn stop_with_writer(self) -> Run {
+        let writer = thread_cpu(WRITER_THREAD).saturating_sub(self.writer);
+        Run {
+            writer: Some(writer),
+            ..self.stop()
         }
     }
 }
@@ -307,15 +329,16 @@ fn miniflow_commits(path: &Path, n: usize) -> Run {
                     let commit = Commit::new(id, Seq::ZERO, event(), decision(), NOW).unwrap();
                     store.append_with_commands(&commit).unwrap();
                 }
+                store // the writer thread runs as long as a store of its file is open
             })
         })
         .collect();
     let clock = Stopwatch::start();
     start.wait();
-    for thread in threads {
-        thread.join().unwrap();
-    }
-    clock.stop()
+    let stores: Vec<SqliteStore> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let run = clock.stop_with_writer();
+    drop(stores);
+    run
 }
 
 // Dispatch.
@@ -464,9 +487,11 @@ fn miniflow_dispatch(path: &Path, n: usize, batch: usize) -> Run {
         .workers(WORKERS)
         .batch_size(batch)
         .ack_delay(Duration::from_secs(1));
+    let keep_writer = SqliteStore::open(path).unwrap();
     let clock = Stopwatch::start();
     let stats = dispatcher.run_until_idle().unwrap();
-    let run = clock.stop();
+    let run = clock.stop_with_writer();
+    drop(keep_writer);
     assert_eq!(stats.completed as usize, n);
     run
 }
@@ -582,7 +607,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
     for thread in threads {
         thread.join().unwrap();
     }
-    let run = clock.stop();
+    let run = clock.stop_with_writer();
     let workflows = committed_commands() / 2;
     let delivered_in_run = clocks.delivered.load(Ordering::SeqCst);
     // Drain what is left, then stop.
@@ -639,6 +664,12 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
     println!(
         "| CPU µs per workflow (commit + 2 deliveries) | {:.1} |",
         run.cpu.as_secs_f64() * 1e6 / workflows.max(1) as f64
+    );
+    let writer = run.writer.unwrap_or_default().as_secs_f64();
+    println!(
+        "| writer thread: CPU µs per workflow, busy | {:.1}, {:.0}% |",
+        writer * 1e6 / workflows.max(1) as f64,
+        100.0 * writer / secs
     );
     assert_eq!(
         shutdown.stats.completed,
