@@ -153,10 +153,14 @@ pub(super) fn claim_in(
             match candidate.row {
                 // Its kind ran out of slots earlier in this page.
                 Ok(row) if !admission.admits(&row) => {}
-                Ok(row) => {
+                Ok(mut row) => {
+                    // The payload goes to the delivery as it was read, not copied: the claim's
+                    // rule does not look at it, and a row's change never writes it.
+                    let payload = std::mem::take(&mut row.payload);
                     let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
                     match changed.value.take() {
-                        Some(delivery) => {
+                        Some(mut delivery) => {
+                            delivery.payload = payload;
                             let counted =
                                 admission.limited_kinds().any(|kind| kind == delivery.kind);
                             write_lease(tx, candidate.id, &changed.row, counted)?;

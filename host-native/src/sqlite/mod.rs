@@ -815,7 +815,7 @@ mod tests {
                 SELECT_WORKFLOW,
                 "sqlite_autoindex_outbox_1",
             ),
-            ("a retired workflow", SELECT_RETIRED, "PRIMARY KEY"),
+            ("a commit's checks", LAST_SEQ_AND_RETIRED, "PRIMARY KEY"),
             ("due timers", CLAIM_TIMERS, "timers_due"),
             (
                 "anything due",

@@ -14,19 +14,18 @@ pub(super) const RETIRABLE: &str = "SELECT e.workflow_id FROM events e WHERE e.w
          AND (t.status = 'scheduled' OR t.processed_at > ?1)) \
      ORDER BY e.workflow_id LIMIT ?2 + 0";
 
-/// When a workflow was retired, if it was.
-pub(super) const SELECT_RETIRED: &str =
-    "SELECT retired_at FROM retired_workflows WHERE workflow_id = ?1";
+/// A workflow's last seq (0 for none), and when retention retired it if it did: what a commit checks
+/// before it writes, in one statement.
+pub(super) const LAST_SEQ_AND_RETIRED: &str = "SELECT COALESCE(MAX(seq), 0), \
+     (SELECT retired_at FROM retired_workflows WHERE workflow_id = ?1) \
+     FROM events WHERE workflow_id = ?1";
 
-/// Refuses a first commit to a workflow that retention retired (see [`miniflow_core::retired`]).
-pub(super) fn check_not_retired(tx: &Connection, workflow_id: &WorkflowId) -> Result<(), Error> {
-    let retired_at: Option<i64> = tx
-        .prepare_cached(SELECT_RETIRED)
-        .and_then(|mut stmt| {
-            stmt.query_row([workflow_id.as_str()], |row| row.get(0))
-                .optional()
-        })
-        .map_err(storage)?;
+/// Refuses a first commit to a workflow that retention retired at `retired_at` (see
+/// [`miniflow_core::retired`]).
+pub(super) fn check_not_retired(
+    workflow_id: &WorkflowId,
+    retired_at: Option<i64>,
+) -> Result<(), Error> {
     match retired_at {
         Some(at) => Err(miniflow_core::retired(
             workflow_id,

@@ -273,16 +273,16 @@ pub(super) fn write_commit(
     json: &CommitJson,
 ) -> Result<(), Error> {
     let workflow_id = commit.workflow_id().as_str();
-    let actual: i64 = tx
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
-        .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
+    let (actual, retired_at): (i64, Option<i64>) = tx
+        .prepare_cached(LAST_SEQ_AND_RETIRED)
+        .and_then(|mut stmt| stmt.query_row([workflow_id], |row| Ok((row.get(0)?, row.get(1)?))))
         .map_err(storage)?;
     let actual = Seq::new(actual as u64)?;
     if actual != commit.expected_seq() {
         return Err(commit.conflict(actual));
     }
     if actual == Seq::ZERO {
-        check_not_retired(tx, commit.workflow_id())?;
+        check_not_retired(commit.workflow_id(), retired_at)?;
     }
     let fired = commit
         .fires()
