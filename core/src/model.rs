@@ -276,59 +276,82 @@ impl From<Vec<Command>> for Decision {
 /// assert_eq!(canonical_json(&json!({ "b": 1, "a": [true, null] })), r#"{"a":[true,null],"b":1}"#);
 /// ```
 pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
+    let mut out = Vec::with_capacity(128);
     write_canonical(value, &mut out);
-    out
+    // Only `serde_json`'s writer and ASCII punctuation wrote to it.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// One step of the canonical writer: a value to write, or punctuation to emit after its children.
 enum Step<'a> {
     Value(&'a Value),
     Key(&'a str),
-    Text(&'static str),
+    Text(u8),
 }
 
 /// Writes `value` canonically with an explicit stack, so that no depth overflows the call stack.
-fn write_canonical(value: &Value, out: &mut String) {
-    let mut steps = vec![Step::Value(value)];
+/// Scalars and keys go straight into `out` through `serde_json`'s writer, without a string each.
+fn write_canonical<'a>(value: &'a Value, out: &mut Vec<u8>) {
+    let mut steps = Vec::with_capacity(16);
+    steps.push(Step::Value(value));
+    let mut entries: Vec<(&String, &Value)> = Vec::new();
     while let Some(step) = steps.pop() {
         match step {
-            Step::Text(text) => out.push_str(text),
+            Step::Text(text) => out.push(text),
             Step::Key(key) => {
-                write_json(key, out);
-                out.push(':');
+                write_json_bytes(key, out);
+                out.push(b':');
             }
             Step::Value(Value::Object(map)) => {
-                // A map without `preserve_order` iterates in byte order already; any other order
-                // is sorted by insertion (no sort routine for this one case).
-                let mut entries: Vec<(&String, &Value)> = Vec::with_capacity(map.len());
-                for (key, item) in map {
-                    let at = entries.partition_point(|(k, _)| k.as_bytes() < key.as_bytes());
-                    entries.insert(at, (key, item));
-                }
-                out.push('{');
-                steps.push(Step::Text("}"));
-                for (i, (key, item)) in entries.into_iter().enumerate().rev() {
-                    steps.push(Step::Value(item));
-                    steps.push(Step::Key(key));
-                    if i > 0 {
-                        steps.push(Step::Text(","));
+                out.push(b'{');
+                steps.push(Step::Text(b'}'));
+                // A map without `preserve_order` iterates in byte order already: its entries go on
+                // the stack as they come (last first). Any other order is sorted first.
+                let sorted = map
+                    .keys()
+                    .zip(map.keys().skip(1))
+                    .all(|(a, b)| a.as_bytes() < b.as_bytes());
+                let mut push = |n: usize, key: &'a String, item: &'a Value| {
+                    if n > 0 {
+                        steps.push(Step::Text(b','));
+                    }
+                    steps.extend([Step::Value(item), Step::Key(key)]);
+                };
+                if sorted {
+                    for (n, (key, item)) in map.iter().rev().enumerate() {
+                        push(n, key, item);
+                    }
+                } else {
+                    // Sorted by insertion: no sort routine in the WebAssembly module for this case.
+                    entries.clear();
+                    for (key, item) in map {
+                        let at = entries.partition_point(|(k, _)| k.as_bytes() < key.as_bytes());
+                        entries.insert(at, (key, item));
+                    }
+                    for (n, (key, item)) in entries.drain(..).rev().enumerate() {
+                        push(n, key, item);
                     }
                 }
             }
             Step::Value(Value::Array(items)) => {
-                out.push('[');
-                steps.push(Step::Text("]"));
-                for (i, item) in items.iter().enumerate().rev() {
-                    steps.push(Step::Value(item));
-                    if i > 0 {
-                        steps.push(Step::Text(","));
+                out.push(b'[');
+                steps.push(Step::Text(b']'));
+                for (n, item) in items.iter().rev().enumerate() {
+                    if n > 0 {
+                        steps.push(Step::Text(b','));
                     }
+                    steps.push(Step::Value(item));
                 }
             }
-            Step::Value(scalar) => write_json(scalar, out),
+            Step::Value(scalar) => write_json_bytes(scalar, out),
         }
     }
+}
+
+/// Appends `value` as compact JSON text to `out`.
+fn write_json_bytes<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    // Writing a string or a JSON scalar into memory cannot fail.
+    let _ = serde_json::to_writer(&mut *out, value);
 }
 
 /// Appends `value` as compact JSON text: with `serde_json::to_string`, as every other JSON text of the
@@ -337,4 +360,77 @@ fn write_canonical(value: &Value, out: &mut String) {
 pub(crate) fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut String) {
     // Writing a string or a JSON value cannot fail.
     out.push_str(&serde_json::to_string(value).unwrap_or_default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Canonical JSON as its definition says it, written the plain way: keys sorted by their bytes,
+    /// every scalar as `serde_json` writes it.
+    fn reference(value: &Value) -> String {
+        match value {
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|(a, _), (b, _)| a.as_bytes().cmp(b.as_bytes()));
+                let items: Vec<String> = entries
+                    .iter()
+                    .map(|(k, v)| format!("{}:{}", serde_json::to_string(k).unwrap(), reference(v)))
+                    .collect();
+                format!("{{{}}}", items.join(","))
+            }
+            Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reference).collect();
+                format!("[{}]", items.join(","))
+            }
+            scalar => serde_json::to_string(scalar).unwrap(),
+        }
+    }
+
+    fn random_value(rng: &mut fastrand::Rng, depth: u32) -> Value {
+        let text = |rng: &mut fastrand::Rng| -> String {
+            let alphabet = ['a', 'b', 'Z', '"', '\\', '\n', 'é', '成', '\u{1}', '😀'];
+            (0..rng.usize(0..6))
+                .map(|_| alphabet[rng.usize(..alphabet.len())])
+                .collect()
+        };
+        match rng.u8(..if depth == 0 { 5 } else { 7 }) {
+            0 => Value::Null,
+            1 => Value::Bool(rng.bool()),
+            2 => json!(rng.i64(..)),
+            3 => json!(rng.f64() * 1e6 - 5e5),
+            4 => Value::String(text(rng)),
+            5 => Value::Array(
+                (0..rng.usize(0..4))
+                    .map(|_| random_value(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => Value::Object(
+                (0..rng.usize(0..5))
+                    .map(|_| (text(rng), random_value(rng, depth - 1)))
+                    .collect(),
+            ),
+        }
+    }
+
+    #[test]
+    fn canonical_json_matches_its_definition_on_random_values() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..5_000 {
+            let value = random_value(&mut rng, 4);
+            assert_eq!(canonical_json(&value), reference(&value), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn canonical_json_of_a_deep_value_does_not_overflow_the_stack() {
+        let mut value = json!(1);
+        for _ in 0..200_000 {
+            value = Value::Array(vec![value]);
+        }
+        let text = canonical_json(&value);
+        crate::limits::drop_deep(value); // before any assertion, which would drop it recursively
+        assert!(text == format!("{}1{}", "[".repeat(200_000), "]".repeat(200_000)));
+    }
 }
