@@ -15,7 +15,7 @@ use miniflow_core::{
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
-    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    params, Connection, ErrorCode, OpenFlags, Row, Transaction,
     TransactionBehavior,
 };
 use rusqlite_migration::{Migrations, M};
