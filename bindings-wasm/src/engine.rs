@@ -189,6 +189,28 @@ impl JsEngine {
         })
     }
 
+    /// Starts a workflow with `event` as its first event, without reading the store first: its
+    /// `decide` sees `init()`'s state, and the commit is refused (`CONFLICT`) if the workflow
+    /// already has events, so a repeated create request cannot start it twice.
+    #[wasm_bindgen(unchecked_return_type = "Handled")]
+    pub fn start(
+        &self,
+        store: &JsMemoryStore,
+        #[wasm_bindgen(js_name = workflowId, unchecked_param_type = "string")] workflow: JsValue,
+        #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
+        #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
+    ) -> Result<JsValue, JsValue> {
+        let workflow = workflow_id(&workflow)?;
+        let event = types::event("event", &event)?;
+        let now = now(&now_ms)?;
+        self.guarded(|engine| {
+            let handled = engine
+                .start(&mut *store.write()?, &workflow, event, now)
+                .js()?;
+            to_js(&HandledOutput::from(handled))
+        })
+    }
+
     /// Fires a due timer from `claimTimers` (the store's row of its `timer_id`): commits its event
     /// through decide, once. Returns `null` when another firer won or it was cancelled.
     #[wasm_bindgen(unchecked_return_type = "Handled | null")]

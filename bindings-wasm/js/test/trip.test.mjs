@@ -62,3 +62,22 @@ test("a JS workflow decides commands, timers and rejections; a throwing workflow
   assert.equal(engine.fire(store, due[0], 1001), null, "a timer fires once");
   assert.equal(store.load("w")[2].kind, "timer_fired");
 });
+
+test("start records a first event without reading, and refuses to start a workflow twice", () => {
+  const store = new MemoryStore();
+  const engine = new Engine({
+    init: () => 0,
+    evolve: (seen) => seen + 1,
+    decide: (seen, event) => [{ kind: "reserve", payload: { seen, sku: event.payload.sku } }],
+  });
+  const started = engine.start(store, "order-7", { kind: "order_placed", payload: { sku: "A-1" } }, 5);
+  assert.deepEqual(started, { seq: 1, command_ids: ["order-7:1:0"], timer_ids: [], conflicts: 0 });
+  assert.throws(
+    () => engine.start(store, "order-7", { kind: "order_placed", payload: { sku: "A-1" } }, 6),
+    (e) => e instanceof Error && e.code === "CONFLICT" && /expected last seq 0, found 1/.test(e.message),
+  );
+  engine.handle(store, "order-7", { kind: "order_paid", payload: { sku: "A-1" } }, 7);
+  assert.deepEqual(store.load("order-7").map((e) => e.kind), ["order_placed", "order_paid"]);
+  assert.deepEqual(store.pending().map((row) => row.payload.seen), [0, 1], "the start decided from init()'s state");
+});
+

@@ -53,7 +53,8 @@ const trip: Workflow<Trip> = {
 const store = new MemoryStore();
 const engine = new Engine(trip);
 const handled: Handled = engine.handle(store, "trip-001", { kind: "trip_requested", payload: { city: "成都" } }, Date.now());
-const ids: string[] = handled.command_ids;
+const started: Handled = engine.start(store, "trip-002", { kind: "trip_requested", payload: { city: "成都" } });
+const ids: string[] = [...handled.command_ids, ...started.command_ids];
 
 const rows: OutboxRow[] = store.pending(10);
 const first: OutboxRow | null = store.command(ids[0]);
