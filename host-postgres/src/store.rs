@@ -256,6 +256,10 @@ impl PostgresStore {
     /// decides, and writes the commit with [`PostgresStore::append_in`]. A concurrent commit of the
     /// same workflow makes it fail with [`Error::Conflict`]; the caller rolls back and tries again.
     ///
+    /// It replays the workflow's whole history and leaves the engine's state cache alone: a state
+    /// folded inside your transaction may include events that your rollback takes back, and the cache
+    /// keeps only states folded from committed events.
+    ///
     /// # Errors
     ///
     /// As [`Engine::handle`].

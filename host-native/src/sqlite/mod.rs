@@ -419,6 +419,11 @@ impl SqliteStore {
     /// Under `BEGIN IMMEDIATE` no other writer can move the workflow meanwhile, so there is no
     /// conflict to retry.
     ///
+    /// It replays the workflow's whole history and leaves the engine's state cache alone: a state
+    /// folded inside your transaction may include events that your rollback takes back, and the cache
+    /// keeps only states folded from committed events. The async API's `Tx::handle` (feature
+    /// `tokio`) runs in a transaction miniflow commits itself, so it uses the cache.
+    ///
     /// # Errors
     ///
     /// As [`Engine::handle`].
