@@ -14,6 +14,7 @@
 //! miniflow resume flow.db book_hotel
 //! miniflow limit flow.db book_hotel 2 # at most 2 leased at once; `limit … none` removes it
 //! miniflow purge-done flow.db --older-than 30d [--dry-run]
+//! miniflow purge-finished flow.db --older-than 90d [--dry-run]  # whole histories of finished workflows
 //! miniflow migrate flow.db            # upgrade a store written by an older miniflow
 //! miniflow dead postgresql://operator@db.internal/flow   # the same on PostgreSQL
 //! ```
@@ -202,6 +203,19 @@ enum Action {
         #[arg(long, value_parser = retention)]
         older_than: Duration,
         /// Print how many would be deleted, and delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Deletes the whole history (events, commands, timers) of workflows finished longer ago than
+    /// `--older-than`: every command done or cancelled, no timer scheduled. A retired workflow ID
+    /// takes no new event. SQLite stores only.
+    PurgeFinished {
+        /// The store's SQLite file.
+        db: PathBuf,
+        /// The retention period with its unit, e.g. `90d`, `12h`, `90m`, `45s`.
+        #[arg(long, value_parser = retention)]
+        older_than: Duration,
+        /// Print how many would be retired, and change nothing.
         #[arg(long)]
         dry_run: bool,
     },
@@ -1390,6 +1404,46 @@ fn purge_done(
     Ok(())
 }
 
+fn purge_finished(
+    out: &mut impl Write,
+    db: &Path,
+    older_than: Duration,
+    dry_run: bool,
+    now: Timestamp,
+) -> Done {
+    if database_url(db).is_some() {
+        return Err(Stop::Failed(
+            "purge-finished works on SQLite stores: the PostgreSQL store keeps every workflow's \
+             history (purge-done deletes its done commands)"
+                .to_owned(),
+        ));
+    }
+    let period = humantime::format_duration(older_than);
+    if dry_run {
+        let Store::Sqlite(store) = open_to_read(db)? else {
+            unreachable!("a path that is not a URL opens a SQLite store")
+        };
+        let count = store.count_finished(older_than, now)?;
+        writeln!(
+            out,
+            "would retire {} finished more than {period} ago (their events, commands and timers); \
+             nothing was changed (dry run)",
+            plural(count, "workflow")
+        )?;
+        return Ok(());
+    }
+    let Store::Sqlite(mut store) = open_to_write(db)? else {
+        unreachable!("a path that is not a URL opens a SQLite store")
+    };
+    let retired = store.purge_finished(older_than, now, 1_000)?;
+    writeln!(
+        out,
+        "retired {} finished more than {period} ago (their events, commands and timers)",
+        plural(retired, "workflow")
+    )?;
+    Ok(())
+}
+
 fn migrate(out: &mut impl Write, db: &Path) -> Done {
     if let Some(url) = database_url(db) {
         let found = PostgresStore::migrate(&with_password(url))?;
@@ -1520,6 +1574,11 @@ fn run(cli: Cli, out: &mut impl Write) -> Done {
             older_than,
             dry_run,
         } => purge_done(out, &db, older_than, dry_run, now),
+        Action::PurgeFinished {
+            db,
+            older_than,
+            dry_run,
+        } => purge_finished(out, &db, older_than, dry_run, now),
         Action::Migrate { db } => migrate(out, &db),
     }
 }

@@ -458,6 +458,81 @@ fn a_path_starting_with_file_names_a_file_not_a_uri() {
 }
 
 #[test]
+fn purge_finished_retires_finished_workflows_only_and_a_dry_run_counts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let mut store = seeded(&db); // trip-001: a dead and a pending command, unfinished
+    for w in ["done-1", "done-2"] {
+        let decision = Decision::new().command(Command::new("notify", json!({})));
+        let commit = Commit::new(
+            WorkflowId::new(w).unwrap(),
+            Seq::ZERO,
+            Event::new("happened", json!({})),
+            decision,
+            Timestamp::from_millis(5),
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        let id = format!("{w}:1:0").parse().unwrap();
+        store.mark_done(&id, Timestamp::from_millis(6)).unwrap();
+    }
+    drop(store);
+    let db_arg = db.to_str().unwrap();
+
+    let stored = std::fs::read(&db).unwrap();
+    let (ok, out, err) = miniflow(&["purge-finished", db_arg, "--older-than", "0s", "--dry-run"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("would retire 2 workflows finished more than"),
+        "{out}"
+    );
+    let (ok, out, _) = miniflow(&[
+        "purge-finished",
+        db_arg,
+        "--older-than",
+        "1000years",
+        "--dry-run",
+    ]);
+    assert!(ok && out.contains("would retire 0 workflows"), "{out}");
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        stored,
+        "a dry run wrote the store"
+    );
+
+    let (ok, out, err) = miniflow(&["purge-finished", db_arg, "--older-than", "0s"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("retired 2 workflows finished more than"),
+        "{out}"
+    );
+    let store = SqliteStore::open(&db).unwrap();
+    for w in ["done-1", "done-2"] {
+        assert!(store.load(&WorkflowId::new(w).unwrap()).unwrap().is_empty());
+    }
+    let trip = WorkflowId::new("trip-001").unwrap();
+    assert_eq!(
+        store.load(&trip).unwrap().len(),
+        1,
+        "an unfinished workflow stays"
+    );
+    assert_eq!(store.commands(&trip).unwrap().len(), 3);
+    let (ok, out, _) = miniflow(&["purge-finished", db_arg, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would retire 0 workflows"), "{out}");
+
+    let (ok, _, err) = miniflow(&[
+        "purge-finished",
+        "postgresql://operator@db.invalid/flow",
+        "--older-than",
+        "90d",
+    ]);
+    assert!(
+        !ok && err.contains("purge-finished works on SQLite stores"),
+        "{err}"
+    );
+}
+
+#[test]
 fn purge_done_wants_a_unit_and_a_dry_run_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("flow.db");

@@ -14,10 +14,7 @@ use miniflow_core::{
     Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{
-    params, Connection, ErrorCode, OpenFlags, Row, Transaction,
-    TransactionBehavior,
-};
+use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
 use rusqlite_migration::{Migrations, M};
 
 use crate::writer::{made_work, Isolation, Writer};

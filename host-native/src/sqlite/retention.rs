@@ -148,18 +148,10 @@ impl SqliteStore {
         let Some(cutoff) = now.checked_sub(older_than) else {
             return Ok(0);
         };
-        let cutoff = to_sql_time("now", cutoff)?;
         let mut after = String::new();
         let mut retired = 0;
         loop {
-            let candidates: Vec<String> = self
-                .conn
-                .prepare_cached(RETIRABLE)
-                .and_then(|mut stmt| {
-                    stmt.query_map(params![cutoff, limit(batch), after], |row| row.get(0))?
-                        .collect()
-                })
-                .map_err(storage)?;
+            let candidates = retirable_after(&self.conn, cutoff, &after, batch)?;
             let Some(last) = candidates.last() else {
                 return Ok(retired);
             };
@@ -182,4 +174,45 @@ impl SqliteStore {
             }
         }
     }
+
+    /// How many workflows [`SqliteStore::purge_finished`] would retire at `now`: those finished at
+    /// least `older_than` before `now` by the core's rule, counted on the store's own connection
+    /// (a store opened read-only too). Nothing is changed. `purge_finished` checks each again when
+    /// it retires it, so a workflow that moves on meanwhile stays.
+    ///
+    /// # Errors
+    ///
+    /// The store's errors.
+    pub fn count_finished(&self, older_than: Duration, now: Timestamp) -> Result<usize, Error> {
+        let Some(cutoff) = now.checked_sub(older_than) else {
+            return Ok(0);
+        };
+        const PAGE: usize = 10_000;
+        let (mut after, mut count) = (String::new(), 0);
+        loop {
+            let page = retirable_after(&self.conn, cutoff, &after, PAGE)?;
+            count += page.len();
+            match page.last() {
+                Some(last) if page.len() == PAGE => after.clone_from(last),
+                _ => return Ok(count),
+            }
+        }
+    }
+}
+
+/// Up to `limit` workflows that may be retired with `cutoff` (see [`RETIRABLE`]), in workflow ID
+/// order after `after`, read on `conn`.
+fn retirable_after(
+    conn: &Connection,
+    cutoff: Timestamp,
+    after: &str,
+    limit_rows: usize,
+) -> Result<Vec<String>, Error> {
+    let cutoff = to_sql_time("now", cutoff)?;
+    conn.prepare_cached(RETIRABLE)
+        .and_then(|mut stmt| {
+            stmt.query_map(params![cutoff, limit(limit_rows), after], |row| row.get(0))?
+                .collect()
+        })
+        .map_err(storage)
 }
