@@ -3,7 +3,10 @@
 use std::cell::{Cell, RefCell};
 
 use js_sys::Function;
-use miniflow_core::{Decision, Engine, EventRecord, TimerId, Workflow};
+use miniflow_core::{
+    Decision, Engine, Error, Event, EventRecord, Handled, MemoryStore, TimerId, Timestamp,
+    Workflow, WorkflowId,
+};
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -109,6 +112,33 @@ impl JsEngine {
     }
 }
 
+impl JsEngine {
+    /// Reads the arguments `handle` and `start` share, runs `commit` (one of the engine's calls that
+    /// record an event) on the store, guarded, and returns what it handled.
+    fn record(
+        &self,
+        store: &JsMemoryStore,
+        workflow: &JsValue,
+        event: &JsValue,
+        now_ms: &JsValue,
+        commit: impl FnOnce(
+            &Engine<JsWorkflow>,
+            &mut MemoryStore,
+            &WorkflowId,
+            Event,
+            Timestamp,
+        ) -> Result<Handled, Error>,
+    ) -> Result<JsValue, JsValue> {
+        let workflow = workflow_id(workflow)?;
+        let event = types::event("event", event)?;
+        let now = now(now_ms)?;
+        self.guarded(|engine| {
+            let handled = commit(engine, &mut *store.write()?, &workflow, event, now).js()?;
+            to_js(&HandledOutput::from(handled))
+        })
+    }
+}
+
 #[wasm_bindgen(js_class = Engine)]
 impl JsEngine {
     /// An engine for `workflow` (`{ init?, evolve, decide }`).
@@ -178,15 +208,13 @@ impl JsEngine {
         #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let workflow = workflow_id(&workflow)?;
-        let event = types::event("event", &event)?;
-        let now = now(&now_ms)?;
-        self.guarded(|engine| {
-            let handled = engine
-                .handle(&mut *store.write()?, &workflow, event, now)
-                .js()?;
-            to_js(&HandledOutput::from(handled))
-        })
+        self.record(
+            store,
+            &workflow,
+            &event,
+            &now_ms,
+            |engine, store, id, event, now| engine.handle(store, id, event, now),
+        )
     }
 
     /// Starts a workflow with `event` as its first event, without reading the store first: its
@@ -200,15 +228,13 @@ impl JsEngine {
         #[wasm_bindgen(unchecked_param_type = "EventInput")] event: JsValue,
         #[wasm_bindgen(js_name = now, unchecked_optional_param_type = "number")] now_ms: JsValue,
     ) -> Result<JsValue, JsValue> {
-        let workflow = workflow_id(&workflow)?;
-        let event = types::event("event", &event)?;
-        let now = now(&now_ms)?;
-        self.guarded(|engine| {
-            let handled = engine
-                .start(&mut *store.write()?, &workflow, event, now)
-                .js()?;
-            to_js(&HandledOutput::from(handled))
-        })
+        self.record(
+            store,
+            &workflow,
+            &event,
+            &now_ms,
+            |engine, store, id, event, now| engine.start(store, id, event, now),
+        )
     }
 
     /// Fires a due timer from `claimTimers` (the store's row of its `timer_id`): commits its event
