@@ -3,7 +3,6 @@
 #![cfg(target_arch = "wasm32")]
 
 use miniflow_core::conformance::{Harness, IdempotencyHarness};
-use miniflow_core::prelude::*;
 use miniflow_core::{IdempotencyPolicy, MemoryIdempotencyStore, MemoryStore};
 
 struct MemoryHarness;
