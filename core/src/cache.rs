@@ -54,6 +54,9 @@ struct Lru<S> {
     order: VecDeque<(u64, Key)>,
     clock: u64,
     stats: StateCacheStats,
+    /// What the store of each history answered to [`crate::EventLog::append_after`]: whether it
+    /// checks a commit's last event itself (and so keeps a commit's events as they are).
+    checks_last: Vec<(HistoryId, bool)>,
 }
 
 impl<S> StateCache<S> {
@@ -65,6 +68,7 @@ impl<S> StateCache<S> {
                 order: VecDeque::new(),
                 clock: 0,
                 stats: StateCacheStats::default(),
+                checks_last: Vec::new(),
             }),
         }
     }
@@ -124,6 +128,21 @@ impl<S> StateCache<S> {
         if lru.order.len() > 2 * lru.entries.len() + 64 {
             let Lru { entries, order, .. } = &mut *lru;
             order.retain(|(put, key)| entries.get(key).is_some_and(|(current, _)| current == put));
+        }
+    }
+
+    /// Whether the store of `history` checks a commit's last event itself, if known yet.
+    pub(crate) fn checks_last(&self, history: HistoryId) -> Option<bool> {
+        let lru = self.lock();
+        let known = lru.checks_last.iter().find(|(h, _)| *h == history);
+        known.map(|(_, checks)| *checks)
+    }
+
+    /// Remembers whether the store of `history` checks a commit's last event itself.
+    pub(crate) fn learn_checks_last(&self, history: HistoryId, checks: bool) {
+        let mut lru = self.lock();
+        if !lru.checks_last.iter().any(|(h, _)| *h == history) {
+            lru.checks_last.push((history, checks));
         }
     }
 

@@ -106,6 +106,21 @@ fn fold<W: Workflow + ?Sized>(
     Ok(last_seq)
 }
 
+/// `commit` marking `fires` fired, and carrying `context`.
+fn finish(
+    mut commit: Commit,
+    fires: Option<&Firing>,
+    context: Option<&TraceContext>,
+) -> Result<Commit, Error> {
+    if let Some(firing) = fires {
+        commit = firing.apply(commit)?;
+    }
+    if let Some(context) = context {
+        commit = commit.traced(context.clone());
+    }
+    Ok(commit)
+}
+
 /// A workflow's state folded for one call, with where it may be cached afterwards.
 struct Folded<S> {
     state: S,
@@ -127,6 +142,17 @@ impl<S> Folded<S> {
             },
         ))
     }
+}
+
+/// What became of a commit tried on a cached state ([`Engine::commit_on_cached`]).
+enum OnCached {
+    /// Written: what it handled.
+    Committed(Handled),
+    /// Refused: the workflow's last event is not the cached state's (a rival's commit came after it,
+    /// or another history): the workflow is read.
+    Conflict,
+    /// Not tried: no cached state, or a store that cannot check the last event in its commit.
+    NotTried,
 }
 
 /// A commit planned by [`Engine::plan_in`], with the state it was decided on: write
@@ -636,26 +662,6 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
-    /// Plans the commit of `event` from `store`'s events with the state cache. The store's reads are
-    /// committed ([`EventLog::history_id`]), so the folded state is kept at once, whatever becomes of
-    /// the commit.
-    fn plan_from<S: EventLog + ?Sized>(
-        &self,
-        store: &S,
-        workflow_id: &WorkflowId,
-        event: Event,
-        now: Timestamp,
-    ) -> Result<Commit, Error> {
-        let (commit, folded) =
-            self.plan_cached(store.history_id(), workflow_id, event, now, |after| {
-                store.load_after(workflow_id, after)
-            })?;
-        if let Some((key, entry)) = folded.into_entry() {
-            self.states.put(key, entry);
-        }
-        commit
-    }
-
     fn start_event<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
@@ -671,6 +677,99 @@ impl<W: Workflow> Engine<W> {
         }
         store.append_with_commands(&commit)?;
         Ok(Handled::of(&commit, 0))
+    }
+
+    /// The commit of `event` decided on the cached state of `workflow_id`, without reading the
+    /// workflow first: the store checks in its commit that the cached state's last event is still
+    /// the workflow's last ([`EventLog::append_after`]). On success the state folded through the new
+    /// event is kept. Tried only with a cached state and a store known to check (a commit through the
+    /// reading path finds that out); a conflict leaves the cached state to the reading path, which
+    /// folds what came after it.
+    fn commit_on_cached<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        workflow_id: &WorkflowId,
+        event: &Event,
+        now: Timestamp,
+        fires: Option<&Firing>,
+        context: Option<&TraceContext>,
+    ) -> Result<OnCached, Error> {
+        let Some(history) = store.history_id() else {
+            return Ok(OnCached::NotTried);
+        };
+        if self.states.capacity() == 0 || self.states.checks_last(history) != Some(true) {
+            return Ok(OnCached::NotTried);
+        }
+        let key = (history, workflow_id.clone());
+        let Some(entry) = self.states.take(&key) else {
+            return Ok(OnCached::NotTried);
+        };
+        let planned = self.plan_on(&entry, workflow_id, event, now, fires, context);
+        let commit = match planned {
+            Ok(commit) => commit,
+            Err(e) => {
+                self.states.put(key, entry);
+                return Err(e);
+            }
+        };
+        match store.append_after(&entry.last, &commit) {
+            Some(Ok(())) => {
+                self.states.count(Some(true));
+                let mut state = entry.state;
+                let folded = fold(&self.workflow, &mut state, entry.last.seq, commit.events());
+                if let (Ok(_), Some(last)) = (folded, commit.events().last()) {
+                    self.states.put(
+                        key,
+                        Entry {
+                            last: last.clone(),
+                            state,
+                        },
+                    );
+                }
+                Ok(OnCached::Committed(Handled::of(&commit, 0)))
+            }
+            Some(Err(Error::Conflict { .. })) => {
+                self.states.put(key, entry);
+                Ok(OnCached::Conflict)
+            }
+            Some(Err(e)) => {
+                self.states.put(key, entry);
+                Err(e)
+            }
+            None => {
+                self.states.put(key, entry);
+                Ok(OnCached::NotTried)
+            }
+        }
+    }
+
+    /// The commit of `event` decided on `entry`'s state, as the next event after its last one.
+    fn plan_on(
+        &self,
+        entry: &Entry<W::State>,
+        workflow_id: &WorkflowId,
+        event: &Event,
+        now: Timestamp,
+        fires: Option<&Firing>,
+        context: Option<&TraceContext>,
+    ) -> Result<Commit, Error> {
+        let record = EventRecord {
+            workflow_id: workflow_id.clone(),
+            seq: entry.last.seq.next()?,
+            kind: event.kind.clone(),
+            payload: event.payload.clone(),
+            recorded_at: now,
+        };
+        let decision = self.workflow.decide(&entry.state, &record);
+        let commit = Commit::with_limits(
+            workflow_id.clone(),
+            entry.last.seq,
+            event.clone(),
+            decision,
+            now,
+            self.limits,
+        )?;
+        finish(commit, fires, context)
     }
 
     fn commit_event<S: EventLog + ?Sized>(
@@ -689,22 +788,95 @@ impl<W: Workflow> Engine<W> {
             return Err(e);
         }
         let mut conflicts = 0;
+        match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
+            OnCached::Committed(handled) => return Ok(handled),
+            OnCached::Conflict => conflicts += 1,
+            OnCached::NotTried => {}
+        }
         loop {
-            let mut commit = self.plan_from(store, workflow_id, event.clone(), now)?;
-            if let Some(firing) = fires {
-                commit = firing.apply(commit)?;
-            }
-            if let Some(context) = context {
-                commit = commit.traced(context.clone());
-            }
-            match store.append_with_commands(&commit) {
-                Ok(()) => return Ok(Handled::of(&commit, conflicts)),
+            let history = store.history_id();
+            let (planned, folded) =
+                self.plan_cached(history, workflow_id, event.clone(), now, |after| {
+                    store.load_after(workflow_id, after)
+                })?;
+            let commit = match planned.and_then(|commit| finish(commit, fires, context)) {
+                Ok(commit) => commit,
+                Err(e) => {
+                    self.keep(folded);
+                    return Err(e);
+                }
+            };
+            match self.append(store, history, folded.last.as_ref(), &commit) {
+                Ok(()) => {
+                    self.keep_through(folded, &commit, history);
+                    return Ok(Handled::of(&commit, conflicts));
+                }
                 Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
+                    self.keep(folded);
                     conflicts += 1;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.keep(folded);
+                    return Err(e);
+                }
             }
         }
+    }
+
+    /// Writes `commit`, decided on a state folded up to `last` (none for a new workflow): through
+    /// [`EventLog::append_after`], which also tells whether the store checks the last event itself
+    /// (then later calls commit on their cached states without reading), or as a plain commit.
+    fn append<S: EventLog + ?Sized>(
+        &self,
+        store: &mut S,
+        history: Option<HistoryId>,
+        last: Option<&EventRecord>,
+        commit: &Commit,
+    ) -> Result<(), Error> {
+        let known_not = history.is_some_and(|h| self.states.checks_last(h) == Some(false));
+        let Some(last) = last.filter(|_| self.states.capacity() > 0 && !known_not) else {
+            return store.append_with_commands(commit);
+        };
+        let answer = store.append_after(last, commit);
+        if let Some(history) = history {
+            self.states.learn_checks_last(history, answer.is_some());
+        }
+        answer.unwrap_or_else(|| store.append_with_commands(commit))
+    }
+
+    /// Keeps a state folded from committed events (the store's reads are committed:
+    /// [`EventLog::history_id`]), whatever became of the commit planned on it.
+    fn keep(&self, folded: Folded<W::State>) {
+        if let Some((key, entry)) = folded.into_entry() {
+            self.states.put(key, entry);
+        }
+    }
+
+    /// Keeps the state folded through `commit`'s events, just written, when the store of `history`
+    /// keeps a commit's events as they are ([`EventLog::append_after`] answers), so the next call
+    /// can commit on it without reading; else keeps it as it was folded.
+    fn keep_through(
+        &self,
+        mut folded: Folded<W::State>,
+        commit: &Commit,
+        history: Option<HistoryId>,
+    ) {
+        let as_written = history.is_some_and(|h| self.states.checks_last(h) == Some(true));
+        if let (true, Some(last)) = (as_written, commit.events().last()) {
+            if fold(
+                &self.workflow,
+                &mut folded.state,
+                folded.last_seq,
+                commit.events(),
+            )
+            .is_ok()
+            {
+                folded.last = Some(last.clone());
+            } else {
+                return;
+            }
+        }
+        self.keep(folded);
     }
 }
 
@@ -760,12 +932,15 @@ mod tests {
         );
     }
 
-    /// A store that counts its reads and commits, passing both to a memory store.
+    /// A store that counts its reads and commits, passing both to a memory store; it checks a
+    /// commit's last event itself (`append_after`) when `checks_last`.
     #[derive(Default)]
     struct Counting {
         inner: MemoryStore,
         reads: std::cell::Cell<u32>,
         commits: u32,
+        checks_last: bool,
+        asked_after: u32,
     }
 
     impl EventLog for Counting {
@@ -780,6 +955,21 @@ mod tests {
         fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
             self.commits += 1;
             self.inner.append_with_commands(commit)
+        }
+        fn history_id(&self) -> Option<HistoryId> {
+            self.inner.history_id()
+        }
+        fn append_after(
+            &mut self,
+            last: &EventRecord,
+            commit: &Commit,
+        ) -> Option<Result<(), Error>> {
+            self.asked_after += 1;
+            if !self.checks_last {
+                return None;
+            }
+            self.commits += 1;
+            self.inner.append_after(last, commit)
         }
     }
 
@@ -851,5 +1041,130 @@ mod tests {
             .map(|row| row.payload["folded"].clone())
             .collect();
         assert_eq!(folded, [serde_json::json!(0), serde_json::json!(1)]);
+    }
+
+    /// Handles `n` events on `w`, checking each command was decided on the events before it, and
+    /// returns how many reads each call made.
+    fn handle_counting(
+        engine: &Engine<Counter>,
+        store: &mut Counting,
+        w: &str,
+        n: u64,
+    ) -> Vec<u32> {
+        let w = WorkflowId::new(w).unwrap();
+        (0..n)
+            .map(|_| {
+                let before = store.reads.get();
+                let handled = engine
+                    .handle(
+                        store,
+                        &w,
+                        Event::new("tick", serde_json::json!({})),
+                        Timestamp::EPOCH,
+                    )
+                    .unwrap();
+                let row = crate::store::Outbox::command(&store.inner, &handled.command_ids[0])
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(
+                    row.payload["folded"],
+                    serde_json::json!(handled.seq.get() - 1)
+                );
+                store.reads.get() - before
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_cached_workflow_is_committed_on_without_a_read_when_the_store_checks_its_last_event() {
+        let engine = Engine::new(Counter);
+        let mut store = Counting {
+            checks_last: true,
+            ..Counting::default()
+        };
+        let reads = handle_counting(&engine, &mut store, "w", 8);
+        // The first calls read (nothing cached yet; then the store is found to check), the rest not.
+        assert_eq!(reads[3..], [0; 5], "{reads:?}");
+        // A rival's commit: the cached state's last event is no longer the last, so the next call
+        // conflicts once, reads, and decides on the rival's event too.
+        let w = WorkflowId::new("w").unwrap();
+        let rival = Commit::new(
+            w.clone(),
+            Seq::new(8).unwrap(),
+            Event::new("rival", serde_json::json!({})),
+            Decision::none(),
+            Timestamp::EPOCH,
+        )
+        .unwrap();
+        store.inner.append_with_commands(&rival).unwrap();
+        let handled = engine
+            .handle(
+                &mut store,
+                &w,
+                Event::new("tick", serde_json::json!({})),
+                Timestamp::EPOCH,
+            )
+            .unwrap();
+        assert_eq!((handled.seq.get(), handled.conflicts), (10, 1));
+        let row = crate::store::Outbox::command(&store.inner, &handled.command_ids[0])
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.payload["folded"], serde_json::json!(9));
+        assert_eq!(handle_counting(&engine, &mut store, "w", 3), [0, 0, 0]);
+    }
+
+    #[test]
+    fn a_store_that_cannot_check_its_last_event_is_read_first_and_asked_once() {
+        let engine = Engine::new(Counter);
+        let mut store = Counting::default();
+        let reads = handle_counting(&engine, &mut store, "w", 6);
+        assert!(reads.iter().all(|r| *r == 1), "{reads:?}");
+        assert_eq!(store.asked_after, 1, "asked once, then read first");
+    }
+
+    /// A store that keeps its own time for each event (as a store on a database's clock does) and
+    /// cannot check a commit's last event itself.
+    #[derive(Default)]
+    struct OwnClock {
+        inner: MemoryStore,
+    }
+
+    impl EventLog for OwnClock {
+        fn load(&self, id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+            self.inner.load(id)
+        }
+        fn history_id(&self) -> Option<HistoryId> {
+            self.inner.history_id()
+        }
+        fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+            let event = &commit.events()[0];
+            let stored = Commit::new(
+                commit.workflow_id().clone(),
+                commit.expected_seq(),
+                Event::new(event.kind.clone(), event.payload.clone()),
+                Decision::none(),
+                Timestamp::from_millis(event.recorded_at.as_millis() + 1_000),
+            )?;
+            self.inner.append_with_commands(&stored)
+        }
+    }
+
+    #[test]
+    fn a_state_is_kept_as_the_store_holds_its_events_when_the_store_may_rewrite_them() {
+        let engine = Engine::new(Counter);
+        let mut store = OwnClock::default();
+        let w = WorkflowId::new("w").unwrap();
+        for _ in 0..6 {
+            engine
+                .handle(
+                    &mut store,
+                    &w,
+                    Event::new("tick", serde_json::json!({})),
+                    Timestamp::EPOCH,
+                )
+                .unwrap();
+        }
+        let stats = engine.state_cache_stats();
+        assert_eq!((stats.stale, stats.hits), (0, 4), "{stats:?}");
     }
 }

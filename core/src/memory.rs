@@ -447,6 +447,15 @@ impl EventLog for MemoryStore {
         );
         Ok(())
     }
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        Some(commit.check_follows(last).and_then(|()| {
+            let found = self.events.get(commit.workflow_id()).and_then(|e| e.last());
+            if found != Some(last) {
+                return Err(commit.conflict(self.last_seq(commit.workflow_id())));
+            }
+            self.append_with_commands(commit)
+        }))
+    }
 }
 
 /// What a commit changes besides its own events and commands, staged before anything is written.

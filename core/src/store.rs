@@ -307,6 +307,26 @@ impl Commit {
         self.events.last().map_or(self.expected_seq, |e| e.seq)
     }
 
+    /// Checks that `last` is an event this commit can follow (see [`EventLog::append_after`]): of
+    /// its workflow, at its expected seq.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] naming what differs.
+    pub fn check_follows(&self, last: &EventRecord) -> Result<(), Error> {
+        if last.workflow_id != self.workflow_id || last.seq != self.expected_seq {
+            return Err(Error::invalid(
+                "last",
+                format!("{}:{}", last.workflow_id, last.seq),
+                format!(
+                    "is not the event a commit on {} at seq {} follows",
+                    self.workflow_id, self.expected_seq
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// When the commit was made.
     pub fn now(&self) -> Timestamp {
         self.now
@@ -477,6 +497,28 @@ pub trait EventLog {
     /// [`Error::Conflict`] when the workflow moved on; [`Error::TimerNotScheduled`] when the timer it
     /// fires is no longer scheduled; any error means nothing of the commit was written.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error>;
+
+    /// Writes `commit` as [`EventLog::append_with_commands`] does if and only if the workflow's last
+    /// event is still `last`, equal in every field (its seq is `commit.expected_seq()`), checked
+    /// inside the commit's transaction: the engine's commit on a cached state, decided without
+    /// reading the workflow first. `None` (the default) when the store cannot check that in its
+    /// commit; nothing is written then, and the engine reads the workflow first, as it always can.
+    ///
+    /// A store that answers should keep a commit's events exactly as the commit holds them (no time
+    /// or payload rewritten): the engine then keeps the last of them as the event its state was
+    /// folded up to. Correctness does not rest on it (a state whose last event is not found again
+    /// as it was is never used), only the saved read does.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Conflict`] when the workflow's last event is not `last` (it moved on, or its history
+    /// is not the one `last` came from); [`Error::InvalidInput`] when `last` is not of the commit's
+    /// workflow at its expected seq; otherwise as [`EventLog::append_with_commands`]. Any error
+    /// means nothing of the commit was written.
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        let _ = (last, commit);
+        None
+    }
 }
 
 /// The outbox: what a worker needs to take, extend and settle deliveries (DESIGN rules 5–9, 15). The

@@ -35,11 +35,14 @@ impl Workflow for Recorder {
 }
 
 /// A store under one history ID, which may lose its last events, and may let a rival commit just
-/// before the next commit.
+/// before the next commit. One that `checks_last` checks a commit's last event itself
+/// ([`EventLog::append_after`]), so the engine commits on its cached states without reading; the
+/// other cannot, so the engine reads first.
 struct Log {
     store: MemoryStore,
     history: HistoryId,
     race: Option<Event>,
+    checks_last: bool,
 }
 
 impl EventLog for Log {
@@ -53,22 +56,35 @@ impl EventLog for Log {
         Some(self.history)
     }
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        self.rival_first(commit);
+        self.store.append_with_commands(commit)
+    }
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        if !self.checks_last {
+            return None;
+        }
+        self.rival_first(commit);
+        self.store.append_after(last, commit)
+    }
+}
+
+impl Log {
+    fn new(checks_last: bool) -> Self {
+        Self {
+            store: MemoryStore::new(),
+            history: HistoryId::unique(),
+            race: None,
+            checks_last,
+        }
+    }
+
+    /// The rival's commit, if one is to race `commit`.
+    fn rival_first(&mut self, commit: &Commit) {
         if let Some(event) = self.race.take() {
             let w = commit.workflow_id().clone();
             let last = last_seq(&self.store, &w);
             let rival = Commit::new(w, last, event, Decision::none(), commit.now()).unwrap();
             self.store.append_with_commands(&rival).unwrap();
-        }
-        self.store.append_with_commands(commit)
-    }
-}
-
-impl Log {
-    fn new() -> Self {
-        Self {
-            store: MemoryStore::new(),
-            history: HistoryId::unique(),
-            race: None,
         }
     }
 
@@ -135,7 +151,7 @@ impl Run {
             seed,
             rng: Rng(seed),
             engine: Engine::new(Recorder).state_cache(3),
-            logs: [Log::new(), Log::new()],
+            logs: [Log::new(true), Log::new(false)],
             current: 0,
             epoch: 0,
             log: Vec::new(),

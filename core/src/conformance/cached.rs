@@ -47,6 +47,83 @@ pub fn load_after_returns_the_events_after_a_seq<H: Harness>(h: &mut H) {
     check(&store);
 }
 
+/// [`EventLog::append_after`], for a store that answers it: a commit after an event is written only
+/// while that event, equal in every field, is its workflow's last, and then its events are kept as
+/// the commit holds them; otherwise nothing is written. A store that does not answer writes nothing.
+pub fn a_commit_after_an_event_is_written_only_while_it_is_the_last<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let w = wid("w");
+    append(&mut store, "w", &[]);
+    let first = store.load(&w).unwrap().remove(0);
+    let next = |expected: u64, n: i64| {
+        Commit::new(
+            w.clone(),
+            Seq::new(expected).unwrap(),
+            Event::new("next", json!({ "n": n, "x": 1.5 })),
+            Decision::new().command(Command::new("c", json!({ "n": n }))),
+            at(7),
+        )
+        .unwrap()
+    };
+    let commit = next(1, 1);
+    let Some(answer) = store.append_after(&first, &commit) else {
+        assert_eq!(
+            seqs(&store.load(&w).unwrap()),
+            [1],
+            "an unanswered call wrote"
+        );
+        return;
+    };
+    answer.unwrap();
+    let events = store.load(&w).unwrap();
+    assert_eq!(
+        events[1..],
+        commit.events()[..],
+        "the events are kept as the commit holds them"
+    );
+    assert_eq!(store.commands(&w).unwrap().len(), 1);
+
+    // `first` is no longer the last event.
+    let refused = store.append_after(&first, &next(1, 2)).unwrap();
+    assert!(
+        matches!(refused, Err(Error::Conflict { .. })),
+        "{refused:?}"
+    );
+    // An event at the last seq that differs from the stored one in any field.
+    let second = events[1].clone();
+    let mut others = vec![second.clone(), second.clone(), second.clone()];
+    others[0].kind = "other".into();
+    others[1].payload = json!({ "n": 1, "x": 2.5 });
+    others[2].recorded_at = at(8);
+    for other in &others {
+        let refused = store.append_after(other, &next(2, 3)).unwrap();
+        assert!(
+            matches!(refused, Err(Error::Conflict { .. })),
+            "{other:?}: {refused:?}"
+        );
+    }
+    // An event of another workflow, or at another seq than the commit expects.
+    let mut elsewhere = second.clone();
+    elsewhere.workflow_id = wid("v");
+    let refused = store.append_after(&elsewhere, &next(2, 3)).unwrap();
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
+    let refused = store.append_after(&first, &next(2, 3)).unwrap();
+    assert!(
+        matches!(refused, Err(Error::InvalidInput { .. })),
+        "{refused:?}"
+    );
+    let store = h.reopen(store);
+    assert_eq!(
+        store.load(&w).unwrap(),
+        events,
+        "nothing refused was written"
+    );
+    assert_eq!(store.commands(&w).unwrap().len(), 1);
+}
+
 /// Sums the `n` of every event; decides one command carrying the sum and count it decided on.
 struct Summer;
 

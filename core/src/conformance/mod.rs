@@ -419,6 +419,7 @@ macro_rules! store_conformance_tests {
             a_limit_counts_the_leases_taken_before_it,
             bulk_retry_and_resolve_dead_commands_of_a_kind,
             load_after_returns_the_events_after_a_seq,
+            a_commit_after_an_event_is_written_only_while_it_is_the_last,
             cached_states_decide_as_replay_does,
         );
     };

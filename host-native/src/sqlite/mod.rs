@@ -14,7 +14,10 @@ use miniflow_core::{
     Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
-use rusqlite::{params, Connection, ErrorCode, OpenFlags, Row, Transaction, TransactionBehavior};
+use rusqlite::{
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    TransactionBehavior,
+};
 use rusqlite_migration::{Migrations, M};
 
 use crate::writer::{made_work, Isolation, Writer};
@@ -490,14 +493,33 @@ impl EventLog for SqliteStore {
     fn history_id(&self) -> Option<HistoryId> {
         Some(self.history)
     }
-    /// The payloads are written out on the caller's thread, and the commit goes back to it to be
-    /// dropped there: the writer thread, which every caller waits for, does only the SQL.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        self.append_checked(commit, None)
+    }
+    /// The last event is checked in the writer's transaction, with the commit's other checks, so
+    /// nothing is read before the write.
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        let last = commit
+            .check_follows(last)
+            .and_then(|()| StoredEvent::of(last));
+        Some(last.and_then(|last| self.append_checked(commit, Some(last))))
+    }
+}
+
+impl SqliteStore {
+    /// Writes `commit` through the writer, after checking that `last`, if any, is stored as the
+    /// workflow's last event. The payloads are written out on the caller's thread, and the commit
+    /// goes back to it to be dropped there: the writer thread, which every caller waits for, does
+    /// only the SQL.
+    fn append_checked(&mut self, commit: &Commit, last: Option<StoredEvent>) -> Result<(), Error> {
         let span = crate::telemetry::send_span(commit);
         let _send = span.enter();
         let (commit, json) = (commit.clone(), CommitJson::of(commit));
         let result = self
             .write_checked(move |tx| {
+                if let Some(last) = &last {
+                    check_last_event(tx, &commit, last)?;
+                }
                 write_commit(tx, &commit, &json)?;
                 Ok((commit, json))
             })

@@ -260,6 +260,59 @@ impl CommitJson {
     }
 }
 
+/// An event as stored, to be found again as a workflow's last (see [`EventLog::append_after`]).
+pub(super) struct StoredEvent {
+    seq: i64,
+    kind: String,
+    payload: String,
+    recorded_at: i64,
+}
+
+impl StoredEvent {
+    /// `event` as it would be stored; written out on the caller's thread.
+    pub(super) fn of(event: &EventRecord) -> Result<Self, Error> {
+        Ok(Self {
+            seq: i64::try_from(event.seq.get()).unwrap_or(i64::MAX),
+            kind: event.kind.clone(),
+            payload: canonical_json(&event.payload),
+            recorded_at: to_sql_time("recorded_at", event.recorded_at)?,
+        })
+    }
+}
+
+/// Refuses `commit` with [`Error::Conflict`] unless the event `last` is stored at its seq, equal in
+/// every column. Only reads: with [`write_commit`]'s own check that `last`'s seq is the workflow's
+/// last, the commit is written only while `last` is the workflow's last event.
+pub(super) fn check_last_event(
+    tx: &Connection,
+    commit: &Commit,
+    last: &StoredEvent,
+) -> Result<(), Error> {
+    let workflow_id = commit.workflow_id().as_str();
+    let stored: Option<(String, String, i64)> = tx
+        .prepare_cached(
+            "SELECT kind, payload, recorded_at FROM events WHERE workflow_id = ?1 AND seq = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![workflow_id, last.seq], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(storage)?;
+    let equal = stored.is_some_and(|(kind, payload, recorded_at)| {
+        kind == last.kind && payload == last.payload && recorded_at == last.recorded_at
+    });
+    if equal {
+        return Ok(());
+    }
+    let actual: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
+        .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
+        .map_err(storage)?;
+    Err(commit.conflict(Seq::new(u64::try_from(actual).unwrap_or(0))?))
+}
+
 /// Writes `commit`, whose payloads are `json`, on `tx`, which the caller has opened and will commit
 /// or roll back (see [`EventLog::append_with_commands`] for what is written, and
 /// [`SqliteStore::append_in`]).
