@@ -9,9 +9,10 @@
 //!   schema, whose other indexes (a workflow's unfinished commands, dead letters, purges, and the
 //!   claim order with priorities) a claim and an ack maintain too, and whose checks they pass — the
 //!   part of the gap the schema costs.
-//! - `e2e`: producers flat out, each starting new workflows (32 and 128 threads with `Engine::start`,
-//!   and 32 with `Engine::handle`, which reads first), 2 commands per workflow, while a
-//!   `Dispatcher` with 4 workers delivers: workflows committed and commands delivered per second,
+//! - `e2e`: producers flat out, 2 commands per event (32 and 128 threads starting new workflows
+//!   with `Engine::start`; 32 starting them with `Engine::handle`, which reads first; 32 with
+//!   `Engine::handle` on 16 workflows each, in turn, committed on the engine's cached states), while
+//!   a `Dispatcher` with 4 workers delivers: workflows committed and commands delivered per second,
 //!   commit-to-delivery latency (from the producer's return to the handler's call), and the backlog.
 //!
 //! Every file is WAL with `synchronous=FULL`. Sides take turns, round after round, each on a fresh
@@ -137,13 +138,14 @@ fn main() {
         }
     }
     if only("e2e") {
-        for (producers, read_first) in [
-            (PRODUCERS, false),
-            (4 * PRODUCERS, false),
-            (PRODUCERS, true),
+        for (producers, producing) in [
+            (PRODUCERS, Producing::Start),
+            (4 * PRODUCERS, Producing::Start),
+            (PRODUCERS, Producing::HandleNew),
+            (PRODUCERS, Producing::HandleOwn),
         ] {
             println!();
-            end_to_end(dir, &sizes, producers, read_first);
+            end_to_end(dir, &sizes, producers, producing);
         }
     }
 }
@@ -530,10 +532,24 @@ impl Clocks {
     }
 }
 
-/// Producers flat out, each starting new workflows: with `Engine::start`, or with `Engine::handle`
-/// (`read_first`), which first reads the workflow's events to fold its state.
-fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
-    let path = dir.join(format!("e2e-{producers}-{read_first}.db"));
+/// What each producer of the end-to-end run commits.
+#[derive(Debug, Clone, Copy)]
+enum Producing {
+    /// A new workflow per event, with `Engine::start` (no read).
+    Start,
+    /// A new workflow per event, with `Engine::handle` (which reads the workflow first).
+    HandleNew,
+    /// The next event of one of its own 16 workflows in turn, with `Engine::handle`: after the
+    /// first events, the engine commits on its cached states without reading.
+    HandleOwn,
+}
+
+/// Workflows per producer when producers handle events of their own workflows.
+const OWN_WORKFLOWS: usize = 16;
+
+/// Producers flat out, committing as `producing` says.
+fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, producing: Producing) {
+    let path = dir.join(format!("e2e-{producers}-{producing:?}.db"));
     drop(SqliteStore::open(&path).unwrap());
     let capacity = (sizes.e2e.as_secs_f64() * 200_000.0) as usize + 1_000;
     let clocks = Arc::new(Clocks {
@@ -565,24 +581,30 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
     let engine = Arc::new(Engine::new(Trip));
     let clock = Stopwatch::start();
     let threads: Vec<_> = (0..producers)
-        .map(|_| {
+        .map(|p| {
             let (next, stop, engine, clocks) =
                 (next.clone(), stop.clone(), engine.clone(), clocks.clone());
             let mut store = SqliteStore::open(&path).unwrap();
             std::thread::spawn(move || {
+                let mut turn = 0;
                 while !stop.load(Ordering::SeqCst) {
                     let n = next.fetch_add(1, Ordering::SeqCst) as usize;
                     if n >= clocks.committed.len() {
                         break;
                     }
-                    let id = WorkflowId::new(format!("trip-{n}")).unwrap();
+                    let id = match producing {
+                        Producing::HandleOwn => format!("trip-{p}-{}", turn % OWN_WORKFLOWS),
+                        _ => format!("trip-{n}"),
+                    };
+                    turn += 1;
+                    let id = WorkflowId::new(id).unwrap();
                     let event = Event::new("trip_requested", json!({ "n": n }));
                     let now = miniflow::Clock::now(&miniflow::SystemClock);
-                    if read_first {
-                        engine.handle(&mut store, &id, event, now).unwrap();
-                    } else {
-                        engine.start(&mut store, &id, event, now).unwrap();
+                    match producing {
+                        Producing::Start => engine.start(&mut store, &id, event, now),
+                        _ => engine.handle(&mut store, &id, event, now),
                     }
+                    .unwrap();
                     clocks.committed[n].store(clocks.micros(), Ordering::SeqCst);
                 }
             })
@@ -608,7 +630,7 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
         thread.join().unwrap();
     }
     let run = clock.stop_with_writer();
-    let workflows = committed_commands() / 2;
+    let workflows = committed_commands() / 2; // events: a workflow each but in `HandleOwn`
     let delivered_in_run = clocks.delivered.load(Ordering::SeqCst);
     // Drain what is left, then stop.
     let drained = Instant::now();
@@ -631,15 +653,19 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
     let third = backlog.len() / 3;
     let tail_max = |from: usize| backlog[from..].iter().copied().max().unwrap_or(0);
     println!(
-        "### End to end: {producers} producers flat out (`Engine::{}`, 2 commands per \
-         workflow) + `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
-        if read_first { "handle" } else { "start" },
+        "### End to end: {producers} producers flat out ({}, 2 commands per event) + \
+         `Dispatcher` ({WORKERS} workers, batches of 256), {:.1} s",
+        match producing {
+            Producing::Start => "`Engine::start`, a new workflow each",
+            Producing::HandleNew => "`Engine::handle`, a new workflow each",
+            Producing::HandleOwn => "`Engine::handle`, each on its own 16 workflows in turn",
+        },
         secs
     );
     println!();
     println!("| measure | value |");
     println!("|---|---:|");
-    println!("| workflows committed/s | {:.0} |", workflows as f64 / secs);
+    println!("| events committed/s | {:.0} |", workflows as f64 / secs);
     println!(
         "| commands delivered/s (during the run) | {:.0} |",
         delivered_in_run as f64 / secs
@@ -662,12 +688,12 @@ fn end_to_end(dir: &Path, sizes: &Sizes, producers: usize, read_first: bool) {
         drain.as_secs_f64() * 1e3
     );
     println!(
-        "| CPU µs per workflow (commit + 2 deliveries) | {:.1} |",
+        "| CPU µs per event (commit + 2 deliveries) | {:.1} |",
         run.cpu.as_secs_f64() * 1e6 / workflows.max(1) as f64
     );
     let writer = run.writer.unwrap_or_default().as_secs_f64();
     println!(
-        "| writer thread: CPU µs per workflow, busy | {:.1}, {:.0}% |",
+        "| writer thread: CPU µs per event, busy | {:.1}, {:.0}% |",
         writer * 1e6 / workflows.max(1) as f64,
         100.0 * writer / secs
     );
