@@ -15,12 +15,16 @@ use crate::store::HistoryId;
 /// The key of a cached state: the history it was folded from and its workflow.
 pub(crate) type Key = (HistoryId, WorkflowId);
 
-/// A state folded from a history's events up to and including `last`.
+/// A state folded from a history's events up to and including `last`, and the events the engine
+/// committed after it, not folded yet.
 pub(crate) struct Entry<S> {
     /// The last event folded, as the store returned it: the entry is used again only if the store
-    /// still holds exactly this event at its seq.
+    /// still holds exactly this event at its seq (or, with `unfolded`, the last of those).
     pub(crate) last: EventRecord,
     pub(crate) state: S,
+    /// Events the engine committed after `last` on this state, folded into it when it is next used:
+    /// the workflow's code runs before a commit, never after it.
+    pub(crate) unfolded: Vec<EventRecord>,
 }
 
 /// How the state cache has been doing since the engine was built.
@@ -182,6 +186,7 @@ mod tests {
                 recorded_at: Timestamp::EPOCH,
             },
             state,
+            unfolded: Vec::new(),
         }
     }
 

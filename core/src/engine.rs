@@ -139,6 +139,7 @@ impl<S> Folded<S> {
             Entry {
                 last,
                 state: self.state,
+                unfolded: Vec::new(),
             },
         ))
     }
@@ -585,8 +586,9 @@ impl<W: Workflow> Engine<W> {
             .filter(|_| self.states.capacity() > 0)
             .map(|history| (history, workflow_id.clone()));
         if let Some(key) = &key {
-            let cached = self.states.take(key);
+            let cached = self.states.take(key).map(|entry| self.catch_up(entry));
             if let Some(entry) = cached {
+                let entry = entry?;
                 // Read from the cached last event on, to find it again as it was.
                 let events = load_after(Seq::new(entry.last.seq.get() - 1)?)?;
                 let found = events.first() == Some(&entry.last);
@@ -681,8 +683,9 @@ impl<W: Workflow> Engine<W> {
 
     /// The commit of `event` decided on the cached state of `workflow_id`, without reading the
     /// workflow first: the store checks in its commit that the cached state's last event is still
-    /// the workflow's last ([`EventLog::append_after`]). On success the state folded through the new
-    /// event is kept. Tried only with a cached state and a store known to check (a commit through the
+    /// the workflow's last ([`EventLog::append_after`]). On success the state is kept with the new
+    /// event, folded when the state is next used (the workflow's code runs before a commit, never
+    /// after it). Tried only with a cached state and a store known to check (a commit through the
     /// reading path finds that out); a conflict leaves the cached state to the reading path, which
     /// folds what came after it.
     fn commit_on_cached<S: EventLog + ?Sized>(
@@ -704,6 +707,7 @@ impl<W: Workflow> Engine<W> {
         let Some(entry) = self.states.take(&key) else {
             return Ok(OnCached::NotTried);
         };
+        let entry = self.catch_up(entry)?;
         let planned = self.plan_on(&entry, workflow_id, event, now, fires, context);
         let commit = match planned {
             Ok(commit) => commit,
@@ -715,18 +719,15 @@ impl<W: Workflow> Engine<W> {
         match store.append_after(&entry.last, &commit) {
             Some(Ok(())) => {
                 self.states.count(Some(true));
-                let mut state = entry.state;
-                let folded = fold(&self.workflow, &mut state, entry.last.seq, commit.events());
-                if let (Ok(_), Some(last)) = (folded, commit.events().last()) {
-                    self.states.put(
-                        key,
-                        Entry {
-                            last: last.clone(),
-                            state,
-                        },
-                    );
-                }
-                Ok(OnCached::Committed(Handled::of(&commit, 0)))
+                let handled = Handled::of(&commit, 0);
+                self.states.put(
+                    key,
+                    Entry {
+                        unfolded: commit.into_rows().1,
+                        ..entry
+                    },
+                );
+                Ok(OnCached::Committed(handled))
             }
             Some(Err(Error::Conflict { .. })) => {
                 self.states.put(key, entry);
@@ -852,31 +853,41 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
-    /// Keeps the state folded through `commit`'s events, just written, when the store of `history`
-    /// keeps a commit's events as they are ([`EventLog::append_after`] answers), so the next call
-    /// can commit on it without reading; else keeps it as it was folded.
-    fn keep_through(
-        &self,
-        mut folded: Folded<W::State>,
-        commit: &Commit,
-        history: Option<HistoryId>,
-    ) {
+    /// Keeps the state with `commit`'s events, just written, to fold when it is next used, when the
+    /// store of `history` keeps a commit's events as they are ([`EventLog::append_after`] answers),
+    /// so the next call can commit on it without reading; else keeps it as it was folded.
+    fn keep_through(&self, folded: Folded<W::State>, commit: &Commit, history: Option<HistoryId>) {
         let as_written = history.is_some_and(|h| self.states.checks_last(h) == Some(true));
-        if let (true, Some(last)) = (as_written, commit.events().last()) {
-            if fold(
-                &self.workflow,
-                &mut folded.state,
-                folded.last_seq,
-                commit.events(),
-            )
-            .is_ok()
-            {
-                folded.last = Some(last.clone());
-            } else {
-                return;
-            }
+        match folded {
+            Folded {
+                state,
+                key: Some(key),
+                last: Some(last),
+                ..
+            } if as_written => self.states.put(
+                key,
+                Entry {
+                    last,
+                    state,
+                    unfolded: commit.events().to_vec(),
+                },
+            ),
+            folded => self.keep(folded),
         }
-        self.keep(folded);
+    }
+
+    /// `entry` with the events the engine committed after its last one folded in.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Corrupt`] for events out of seq order.
+    fn catch_up(&self, mut entry: Entry<W::State>) -> Result<Entry<W::State>, Error> {
+        let unfolded = std::mem::take(&mut entry.unfolded);
+        fold(&self.workflow, &mut entry.state, entry.last.seq, &unfolded)?;
+        if let Some(last) = unfolded.into_iter().last() {
+            entry.last = last;
+        }
+        Ok(entry)
     }
 }
 
@@ -1166,5 +1177,54 @@ mod tests {
         }
         let stats = engine.state_cache_stats();
         assert_eq!((stats.stale, stats.hits), (0, 4), "{stats:?}");
+    }
+
+    /// Counts its events, and cannot fold a `poison` event.
+    struct Fragile;
+
+    impl Workflow for Fragile {
+        type State = u64;
+        fn evolve(&self, seen: &mut u64, event: &EventRecord) {
+            assert!(event.kind != "poison", "cannot fold poison");
+            *seen += 1;
+        }
+        fn decide(&self, seen: &u64, _: &EventRecord) -> Decision {
+            Decision::new().command(crate::Command::new(
+                "count",
+                serde_json::json!({ "seen": seen }),
+            ))
+        }
+    }
+
+    #[test]
+    fn the_workflows_code_runs_before_a_commit_never_after_it() {
+        let engine = Engine::new(Fragile);
+        let mut store = Counting {
+            checks_last: true,
+            ..Counting::default()
+        };
+        let w = WorkflowId::new("w").unwrap();
+        let handle = |store: &mut Counting, kind: &str| {
+            engine.handle(
+                store,
+                &w,
+                Event::new(kind, serde_json::json!({})),
+                Timestamp::EPOCH,
+            )
+        };
+        for _ in 0..4 {
+            handle(&mut store, "tick").unwrap();
+        }
+        // Deciding on a poison event needs no fold of it: the call commits and returns.
+        assert_eq!(handle(&mut store, "poison").unwrap().seq.get(), 5);
+        // The next call folds it first, and fails before writing anything.
+        let next =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&mut store, "tick")));
+        assert!(next.is_err(), "folding the poison event panics");
+        assert_eq!(
+            store.inner.load(&w).unwrap().len(),
+            5,
+            "nothing written after it"
+        );
     }
 }
