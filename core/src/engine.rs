@@ -984,12 +984,14 @@ mod tests {
         }
     }
 
-    /// Decides one command naming the state it decided from: how many events it had folded.
+    /// Decides one command naming the state it decided from: how many events it had folded. It
+    /// cannot fold a `poison` event.
     struct Counter;
 
     impl Workflow for Counter {
         type State = u64;
-        fn evolve(&self, state: &mut u64, _: &EventRecord) {
+        fn evolve(&self, state: &mut u64, event: &EventRecord) {
+            assert!(event.kind != "poison", "cannot fold poison");
             *state += 1;
         }
         fn decide(&self, state: &u64, _: &EventRecord) -> Decision {
@@ -1179,26 +1181,9 @@ mod tests {
         assert_eq!((stats.stale, stats.hits), (0, 4), "{stats:?}");
     }
 
-    /// Counts its events, and cannot fold a `poison` event.
-    struct Fragile;
-
-    impl Workflow for Fragile {
-        type State = u64;
-        fn evolve(&self, seen: &mut u64, event: &EventRecord) {
-            assert!(event.kind != "poison", "cannot fold poison");
-            *seen += 1;
-        }
-        fn decide(&self, seen: &u64, _: &EventRecord) -> Decision {
-            Decision::new().command(crate::Command::new(
-                "count",
-                serde_json::json!({ "seen": seen }),
-            ))
-        }
-    }
-
     #[test]
     fn the_workflows_code_runs_before_a_commit_never_after_it() {
-        let engine = Engine::new(Fragile);
+        let engine = Engine::new(Counter);
         let mut store = Counting {
             checks_last: true,
             ..Counting::default()
