@@ -233,7 +233,7 @@ impl PostgresStore {
         let (mut savepoint, statements) = db.savepoint()?;
         let mut inner = Db::new(&mut savepoint, statements);
         let clock = self.clock(&mut inner, commit.now())?;
-        match write_commit(&mut inner, commit, clock) {
+        match write_commit(&mut inner, commit, clock, None) {
             Ok(work) => {
                 // The caller commits: the hint goes with its transaction.
                 if work && self.shared.options.notifies() {
@@ -590,13 +590,17 @@ fn last_seq(db: &mut Db<'_, impl GenericClient>, workflow_id: &WorkflowId) -> Re
 /// workflow's last seq (`$2`) is the one the commit expects, and the statement returns that last
 /// seq and how many events it inserted. Commands go in only together with the events.
 const INSERT_COMMIT: &str = "WITH last AS (\
-         SELECT COALESCE(MAX(seq), 0) AS seq FROM events WHERE workflow_id = $1), \
+         SELECT COALESCE(MAX(seq), 0) AS seq, \
+             ($16::text IS NULL OR EXISTS (SELECT 1 FROM events f WHERE f.workflow_id = $1 \
+                 AND f.seq = $2 AND f.kind = $16 AND f.payload = $17 AND f.recorded_at = $18)) \
+                 AS follows \
+         FROM events WHERE workflow_id = $1), \
      e AS (\
          INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
          SELECT $1, n.seq, n.kind, n.payload, n.recorded_at \
          FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bigint[]) \
              AS n (seq, kind, payload, recorded_at), last \
-         WHERE last.seq = $2 \
+         WHERE last.seq = $2 AND last.follows \
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
@@ -678,6 +682,25 @@ fn is_plain(commit: &Commit) -> bool {
         && commit.timers().is_empty()
 }
 
+/// The event a commit follows, as stored (see [`EventLog::append_after`]): [`INSERT_COMMIT`] writes
+/// the commit only while it is stored at the commit's expected seq, equal in every column.
+struct LastEvent {
+    kind: String,
+    payload: String,
+    recorded_at: i64,
+}
+
+impl LastEvent {
+    /// `last` as a store on the caller's clock stores it.
+    fn of(last: &EventRecord) -> Result<Self, Error> {
+        Ok(Self {
+            kind: last.kind.clone(),
+            payload: canonical_json(&last.payload),
+            recorded_at: to_sql_time("recorded_at", last.recorded_at)?,
+        })
+    }
+}
+
 /// Inserts `commit`'s events, and its commands unless `commands` is false, in one statement (see
 /// [`INSERT_COMMIT`]): a workflow whose last seq is not the one expected is a conflict, and a commit
 /// that raced another one of the same workflow (a unique violation on a key it writes) is
@@ -687,6 +710,7 @@ fn insert_events(
     commit: &Commit,
     clock: Clock,
     commands: bool,
+    last: Option<&LastEvent>,
 ) -> Result<(), CommitError> {
     let events = commit.events();
     let mut seqs = Vec::with_capacity(events.len());
@@ -723,6 +747,9 @@ fn insert_events(
             &columns.priorities,
             &columns.traceparent,
             &columns.tracestate,
+            &last.map(|last| last.kind.as_str()),
+            &last.map(|last| last.payload.as_str()),
+            &last.map(|last| last.recorded_at),
         ],
     );
     let row = match row {
@@ -778,11 +805,12 @@ fn write_commit(
     db: &mut Db<'_, impl GenericClient>,
     commit: &Commit,
     clock: Clock,
+    last: Option<&LastEvent>,
 ) -> Result<bool, CommitError> {
     // Commands a commit cancels are withdrawn before its own are written (the cancellation may
     // name their kind): then the commands go in after the cancellation, not with the events.
     let cancels = !commit.cancel_commands().is_empty();
-    insert_events(db, commit, clock, !cancels)?;
+    insert_events(db, commit, clock, !cancels, last)?;
     if let Some(timer_id) = commit.fires() {
         fire_timer(db, timer_id, clock.now)?;
     }
@@ -1271,20 +1299,39 @@ impl EventLog for PostgresStore {
     /// A commit without timers or cancellations, on the caller's clock, is one statement in a
     /// transaction of its own; any other is one transaction of several.
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
-        crate::telemetry::sending(commit, || self.append(commit))
+        crate::telemetry::sending(commit, || self.append(commit, None))
+    }
+    /// On the caller's clock the last event is checked in the commit's own statement, so nothing is
+    /// read before it. On the database's clock (whose times the engine does not hold) `None`.
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        if self.shared.options.uses_database_clock() {
+            return None;
+        }
+        let last = commit
+            .check_follows(last)
+            .and_then(|()| LastEvent::of(last));
+        Some(last.and_then(|last| {
+            crate::telemetry::sending(commit, || self.append(commit, Some(&last)))
+        }))
     }
 }
 
 impl PostgresStore {
-    /// [`EventLog::append_with_commands`], without its span.
-    fn append(&self, commit: &Commit) -> Result<(), Error> {
+    /// [`EventLog::append_with_commands`], without its span, written only while `last`, if any, is
+    /// the workflow's last event.
+    fn append(&self, commit: &Commit, last: Option<&LastEvent>) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
         let written = if is_plain(commit) && !self.shared.options.uses_database_clock() {
-            write_commit(&mut connection.db(), commit, Clock::caller(commit.now()))
+            write_commit(
+                &mut connection.db(),
+                commit,
+                Clock::caller(commit.now()),
+                last,
+            )
         } else {
             connection.in_transaction(|db| {
                 let clock = self.clock(db, commit.now())?;
-                write_commit(db, commit, clock)
+                write_commit(db, commit, clock, last)
             })
         };
         match written {
