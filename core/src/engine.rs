@@ -246,7 +246,9 @@ impl Handled {
 /// The engine keeps the states it folded, for up to [`Engine::DEFAULT_STATE_CACHE`] workflows by
 /// default ([`Engine::state_cache`]), least recently used first out. A call on a cached workflow reads
 /// from its store only the events after the cached state ([`EventLog::load_after`]), so the cost of
-/// [`Engine::handle`] does not grow with the workflow's history. Replay from the first event stays the
+/// [`Engine::handle`] does not grow with the workflow's history; with a store that checks, inside the
+/// commit, that the cached state's last event is still the workflow's last
+/// ([`EventLog::append_after`]), it reads nothing and decides on the cached state at once. Replay from the first event stays the
 /// definition: a state is cached only once the events it was folded from are committed, it is used
 /// only with the history it was folded from ([`EventLog::history_id`]), and only after the store is
 /// found to hold, unchanged, the last event it was folded from; newer events (a rival's commits too)
