@@ -150,8 +150,8 @@ enum OnCached {
     /// Written: what it handled.
     Committed(Handled),
     /// Refused: the workflow's last event is not the cached state's (a rival's commit came after it,
-    /// or another history): the workflow is read.
-    Conflict,
+    /// or another history): the workflow is read, unless no retry is allowed.
+    Conflict(Error),
     /// Not tried: no cached state, or a store that cannot check the last event in its commit.
     NotTried,
 }
@@ -731,9 +731,9 @@ impl<W: Workflow> Engine<W> {
                 );
                 Ok(OnCached::Committed(handled))
             }
-            Some(Err(Error::Conflict { .. })) => {
+            Some(Err(e @ Error::Conflict { .. })) => {
                 self.states.put(key, entry);
-                Ok(OnCached::Conflict)
+                Ok(OnCached::Conflict(e))
             }
             Some(Err(e)) => {
                 self.states.put(key, entry);
@@ -793,7 +793,8 @@ impl<W: Workflow> Engine<W> {
         let mut conflicts = 0;
         match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
             OnCached::Committed(handled) => return Ok(handled),
-            OnCached::Conflict => conflicts += 1,
+            OnCached::Conflict(e) if self.max_conflict_retries == 0 => return Err(e),
+            OnCached::Conflict(_) => conflicts += 1,
             OnCached::NotTried => {}
         }
         loop {
@@ -1126,6 +1127,31 @@ mod tests {
             .unwrap();
         assert_eq!(row.payload["folded"], serde_json::json!(9));
         assert_eq!(handle_counting(&engine, &mut store, "w", 3), [0, 0, 0]);
+
+        // Without retries, a commit on a cached state that finds a rival's event is the conflict.
+        let strict = Engine::new(Counter).max_conflict_retries(0);
+        handle_counting(&strict, &mut store, "w", 3);
+        let last = store.inner.load(&w).unwrap().len() as u64;
+        let rival = Commit::new(
+            w.clone(),
+            Seq::new(last).unwrap(),
+            Event::new("rival", serde_json::json!({})),
+            Decision::none(),
+            Timestamp::EPOCH,
+        )
+        .unwrap();
+        store.inner.append_with_commands(&rival).unwrap();
+        let refused = strict.handle(
+            &mut store,
+            &w,
+            Event::new("tick", serde_json::json!({})),
+            Timestamp::EPOCH,
+        );
+        assert!(
+            matches!(refused, Err(Error::Conflict { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(store.inner.load(&w).unwrap().len() as u64, last + 1);
     }
 
     #[test]
