@@ -14,13 +14,10 @@
 use std::time::{Duration, Instant};
 
 use miniflow::prelude::*;
-use miniflow::{
-    json, ClaimOrder, ClaimRequest, Command, Commit, Decision, Event, MemoryStore, Seq, Timestamp,
-    WorkflowId,
-};
+use miniflow::{ClaimOrder, ClaimRequest, Commit, MemoryStore, Seq, Timestamp, WorkflowId};
 
 mod support;
-use support::process_cpu as cpu_time;
+use support::{decision, event, process_cpu as cpu_time};
 
 const NOW: Timestamp = Timestamp::from_millis(1);
 
@@ -96,17 +93,7 @@ struct Workload {
 fn fill(store: &mut MemoryStore, workflows: usize) {
     for n in 0..workflows {
         let id = WorkflowId::new(format!("trip-{n}")).unwrap();
-        let event = Event::new("trip_requested", json!({ "city": "成都", "travellers": 2 }));
-        let decision = Decision::new()
-            .command(Command::new(
-                "lock_budget",
-                json!({ "trip_id": "t", "amount": 1200 }),
-            ))
-            .command(Command::new(
-                "book_flight",
-                json!({ "to": "成都", "class": "economy" }),
-            ));
-        let commit = Commit::new(id, Seq::ZERO, event, decision, NOW).unwrap();
+        let commit = Commit::new(id, Seq::ZERO, event(), decision(), NOW).unwrap();
         store.append_with_commands(&commit).unwrap();
     }
 }
