@@ -471,22 +471,44 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Commit, Error> {
-        if let Err(e) = self.limits.check("event.payload", &event.payload) {
-            crate::limits::drop_deep(event.payload);
-            return Err(e);
-        }
+        let event = self.checked(event)?;
         let replayed = replay(&self.workflow, events)?;
+        self.decide_commit(&replayed.state, replayed.last_seq, workflow_id, event, now)
+    }
+
+    /// `event`, if its payload is within the engine's limits; one past them is taken apart without
+    /// recursion (it may nest deeper than a recursive copy or drop survives).
+    fn checked(&self, event: Event) -> Result<Event, Error> {
+        match self.limits.check("event.payload", &event.payload) {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                crate::limits::drop_deep(event.payload);
+                Err(e)
+            }
+        }
+    }
+
+    /// Decides on `event` as the event after `last_seq` of `workflow_id`, whose state is `state`,
+    /// and builds the commit of the decision.
+    fn decide_commit(
+        &self,
+        state: &W::State,
+        last_seq: Seq,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Commit, Error> {
         let record = EventRecord {
             workflow_id: workflow_id.clone(),
-            seq: replayed.last_seq.next()?,
+            seq: last_seq.next()?,
             kind: event.kind.clone(),
             payload: event.payload.clone(),
             recorded_at: now,
         };
-        let decision = self.workflow.decide(&replayed.state, &record);
+        let decision = self.workflow.decide(state, &record);
         Commit::with_limits(
             workflow_id.clone(),
-            replayed.last_seq,
+            last_seq,
             event,
             decision,
             now,
@@ -552,27 +574,9 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
         load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
     ) -> Result<(Result<Commit, Error>, Folded<W::State>), Error> {
-        if let Err(e) = self.limits.check("event.payload", &event.payload) {
-            crate::limits::drop_deep(event.payload);
-            return Err(e);
-        }
+        let event = self.checked(event)?;
         let folded = self.fold_cached(history, workflow_id, load_after)?;
-        let record = EventRecord {
-            workflow_id: workflow_id.clone(),
-            seq: folded.last_seq.next()?,
-            kind: event.kind.clone(),
-            payload: event.payload.clone(),
-            recorded_at: now,
-        };
-        let decision = self.workflow.decide(&folded.state, &record);
-        let commit = Commit::with_limits(
-            workflow_id.clone(),
-            folded.last_seq,
-            event,
-            decision,
-            now,
-            self.limits,
-        );
+        let commit = self.decide_commit(&folded.state, folded.last_seq, workflow_id, event, now);
         Ok((commit, folded))
     }
 
@@ -756,21 +760,12 @@ impl<W: Workflow> Engine<W> {
         fires: Option<&Firing>,
         context: Option<&TraceContext>,
     ) -> Result<Commit, Error> {
-        let record = EventRecord {
-            workflow_id: workflow_id.clone(),
-            seq: entry.last.seq.next()?,
-            kind: event.kind.clone(),
-            payload: event.payload.clone(),
-            recorded_at: now,
-        };
-        let decision = self.workflow.decide(&entry.state, &record);
-        let commit = Commit::with_limits(
-            workflow_id.clone(),
+        let commit = self.decide_commit(
+            &entry.state,
             entry.last.seq,
+            workflow_id,
             event.clone(),
-            decision,
             now,
-            self.limits,
         )?;
         finish(commit, fires, context)
     }
@@ -786,10 +781,7 @@ impl<W: Workflow> Engine<W> {
     ) -> Result<Handled, Error> {
         // Checked before the event is copied for each try: a payload past the limits may nest deeper
         // than a recursive copy survives.
-        if let Err(e) = self.limits.check("event.payload", &event.payload) {
-            crate::limits::drop_deep(event.payload);
-            return Err(e);
-        }
+        let event = self.checked(event)?;
         let mut conflicts = 0;
         match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
             OnCached::Committed(handled) => return Ok(handled),
