@@ -15,7 +15,6 @@ use serde_json::Value;
 
 use super::transaction::Undo;
 use super::Tx;
-use crate::sqlite::load_events_after;
 use crate::{SqliteOptions, SqliteStore, SystemClock, Writer};
 
 /// A miniflow store on a SQLite file for async code on tokio: a handle that is `Send + Sync +
@@ -214,15 +213,7 @@ impl AsyncStore {
         let history = self.shared.history;
         let (workflow_id, forget) = (workflow_id.clone(), workflow_id.clone());
         self.submit(
-            move |tx| {
-                let planned = engine.plan_in(history, &workflow_id, event, now, |after| {
-                    load_events_after(tx, &workflow_id, after)
-                })?;
-                SqliteStore::append_in(tx, planned.commit())?;
-                let handled = Handled::of(planned.commit(), 0);
-                engine.remember(planned);
-                Ok(handled)
-            },
+            move |tx| super::transaction::handle_in(tx, &engine, history, &workflow_id, event, now),
             move |result| {
                 if result.is_err() {
                     failed.forget(history, &forget);

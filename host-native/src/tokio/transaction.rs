@@ -89,13 +89,7 @@ impl<'a> Tx<'a> {
         W: Workflow + Send + Sync + 'static,
         W::State: Send,
     {
-        let tx = self.tx;
-        let planned = engine.plan_in(self.history, workflow_id, event, self.now, |after| {
-            load_events_after(tx, workflow_id, after)
-        })?;
-        SqliteStore::append_in(tx, planned.commit())?;
-        let handled = Handled::of(planned.commit(), 0);
-        engine.remember(planned);
+        let handled = handle_in(self.tx, engine, self.history, workflow_id, event, self.now)?;
         let (engine, history, workflow_id) = (engine.clone(), self.history, workflow_id.clone());
         self.undo
             .lock()
@@ -114,4 +108,27 @@ impl<'a> Tx<'a> {
     pub fn append(&mut self, commit: &Commit) -> Result<(), Error> {
         SqliteStore::append_in(self.tx, commit)
     }
+}
+
+/// [`Engine::handle`] in the writer's transaction `tx`: folds the workflow there (from the engine's
+/// cached state when it has one), decides, writes the commit, and remembers the state at once; the
+/// caller makes the engine forget it if the transaction fails.
+pub(super) fn handle_in<W>(
+    tx: &Transaction<'_>,
+    engine: &Engine<W>,
+    history: HistoryId,
+    workflow_id: &WorkflowId,
+    event: Event,
+    now: Timestamp,
+) -> Result<Handled, Error>
+where
+    W: Workflow,
+{
+    let planned = engine.plan_in(history, workflow_id, event, now, |after| {
+        load_events_after(tx, workflow_id, after)
+    })?;
+    SqliteStore::append_in(tx, planned.commit())?;
+    let handled = Handled::of(planned.commit(), 0);
+    engine.remember(planned);
+    Ok(handled)
 }
