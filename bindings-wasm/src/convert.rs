@@ -438,19 +438,27 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// An optional integer field that fits an `i32` (a priority: negative too).
-    pub fn optional_i32(&self, name: &'static str) -> Result<Option<i32>, JsValue> {
+    /// An optional field that must be a number when present, with its path for errors.
+    fn optional_f64(&self, name: &'static str) -> Result<Option<(String, f64)>, JsValue> {
         let value = self.get(name);
         if value.is_undefined() {
             return Ok(None);
         }
         let field = self.path(name);
-        let number = value.as_f64().ok_or_else(|| {
-            invalid(
+        match value.as_f64() {
+            Some(number) => Ok(Some((field, number))),
+            None => Err(invalid(
                 &field,
                 format!("expected a number, got {}", type_of(&value)),
-            )
-        })?;
+            )),
+        }
+    }
+
+    /// An optional integer field that fits an `i32` (a priority: negative too).
+    pub fn optional_i32(&self, name: &'static str) -> Result<Option<i32>, JsValue> {
+        let Some((field, number)) = self.optional_f64(name)? else {
+            return Ok(None);
+        };
         if number.fract() == 0.0 && number >= f64::from(i32::MIN) && number <= f64::from(i32::MAX) {
             return Ok(Some(number as i32));
         }
@@ -465,17 +473,9 @@ impl<'a> Fields<'a> {
 
     /// An optional finite number field.
     pub fn optional_number(&self, name: &'static str) -> Result<Option<f64>, JsValue> {
-        let value = self.get(name);
-        if value.is_undefined() {
+        let Some((field, number)) = self.optional_f64(name)? else {
             return Ok(None);
-        }
-        let field = self.path(name);
-        let number = value.as_f64().ok_or_else(|| {
-            invalid(
-                &field,
-                format!("expected a number, got {}", type_of(&value)),
-            )
-        })?;
+        };
         json_number(number)
             .map(|_| Some(number))
             .map_err(|reason| invalid(&field, reason))
