@@ -12,6 +12,9 @@ use crate::id::WorkflowId;
 use crate::model::EventRecord;
 use crate::store::HistoryId;
 
+/// How many stores' answers to [`crate::EventLog::append_after`] an engine keeps.
+const KNOWN_STORES: usize = 64;
+
 /// The key of a cached state: the history it was folded from and its workflow.
 pub(crate) type Key = (HistoryId, WorkflowId);
 
@@ -142,10 +145,15 @@ impl<S> StateCache<S> {
         known.map(|(_, checks)| *checks)
     }
 
-    /// Remembers whether the store of `history` checks a commit's last event itself.
+    /// Remembers whether the store of `history` checks a commit's last event itself, for the last
+    /// [`KNOWN_STORES`] histories, so that an engine used with store after store does not grow (a
+    /// store forgotten is asked again).
     pub(crate) fn learn_checks_last(&self, history: HistoryId, checks: bool) {
         let mut lru = self.lock();
         if !lru.checks_last.iter().any(|(h, _)| *h == history) {
+            if lru.checks_last.len() >= KNOWN_STORES {
+                lru.checks_last.remove(0);
+            }
             lru.checks_last.push((history, checks));
         }
     }
@@ -248,5 +256,18 @@ mod tests {
         off.put(key(h1, "w"), entry("w", 1));
         assert!(off.take(&key(h1, "w")).is_none());
         assert_eq!(off.stats().len, 0);
+    }
+
+    #[test]
+    fn what_stores_answered_is_kept_for_the_last_histories_only() {
+        let cache: StateCache<u32> = StateCache::new(2);
+        let first = HistoryId::unique();
+        cache.learn_checks_last(first, true);
+        assert_eq!(cache.checks_last(first), Some(true));
+        for _ in 0..KNOWN_STORES {
+            cache.learn_checks_last(HistoryId::unique(), false);
+        }
+        assert_eq!(cache.checks_last(first), None, "the oldest is asked again");
+        assert_eq!(cache.lock().checks_last.len(), KNOWN_STORES);
     }
 }

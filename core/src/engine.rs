@@ -819,9 +819,11 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
-    /// Writes `commit`, decided on a state folded up to `last` (none for a new workflow): through
-    /// [`EventLog::append_after`], which also tells whether the store checks the last event itself
-    /// (then later calls commit on their cached states without reading), or as a plain commit.
+    /// Writes `commit`, decided on a state folded up to `last` (none for a new workflow). While it is
+    /// not known whether the store of `history` checks the last event itself, through
+    /// [`EventLog::append_after`], whose answer tells (then later calls commit on their cached
+    /// states without reading); else as a plain commit, whose seq check is all a state just read
+    /// needs.
     fn append<S: EventLog + ?Sized>(
         &self,
         store: &mut S,
@@ -829,14 +831,13 @@ impl<W: Workflow> Engine<W> {
         last: Option<&EventRecord>,
         commit: &Commit,
     ) -> Result<(), Error> {
-        let known_not = history.is_some_and(|h| self.states.checks_last(h) == Some(false));
-        let Some(last) = last.filter(|_| self.states.capacity() > 0 && !known_not) else {
+        let unknown =
+            history.filter(|h| self.states.capacity() > 0 && self.states.checks_last(*h).is_none());
+        let (Some(history), Some(last)) = (unknown, last) else {
             return store.append_with_commands(commit);
         };
         let answer = store.append_after(last, commit);
-        if let Some(history) = history {
-            self.states.learn_checks_last(history, answer.is_some());
-        }
+        self.states.learn_checks_last(history, answer.is_some());
         answer.unwrap_or_else(|| store.append_with_commands(commit))
     }
 
