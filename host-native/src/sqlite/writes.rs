@@ -307,7 +307,7 @@ pub(super) fn check_last_event(
         return Ok(());
     }
     let actual: i64 = tx
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = ?1")
+        .prepare_cached(LAST_SEQ_AND_RETIRED)
         .and_then(|mut stmt| stmt.query_row([workflow_id], |row| row.get(0)))
         .map_err(storage)?;
     Err(commit.conflict(Seq::new(u64::try_from(actual).unwrap_or(0))?))
