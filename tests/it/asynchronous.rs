@@ -511,10 +511,12 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
         let engine = Arc::new(Engine::new(Counter));
         seed(&store, &engine, 2).await;
         let saw_cancel = Arc::new(Mutex::new(Vec::new()));
+        let started = Arc::new(AtomicUsize::new(0));
         let handler = {
-            let saw_cancel = saw_cancel.clone();
+            let (saw_cancel, started) = (saw_cancel.clone(), started.clone());
             move |delivery: Delivery| {
                 let saw_cancel = saw_cancel.clone();
+                started.fetch_add(1, Ordering::SeqCst);
                 async move {
                     // Four lease TTLs: only the heartbeat keeps the lease.
                     for _ in 0..40 {
@@ -536,6 +538,10 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
             .lease_ttl(Duration::from_millis(200))
             .start()
             .unwrap();
+        // Both leased and in their handlers, then past their first TTL.
+        while started.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let rival = store
             .claim(

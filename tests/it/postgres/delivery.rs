@@ -1216,7 +1216,21 @@ pub fn recover(url: &str, orders: usize, lease: Duration, context: &str) -> Repo
                  attempts || ' ' || coalesce(last_error, '') FROM outbox \
              WHERE processed_at IS NULL LIMIT 10",
         );
-        panic!("{context}: recovery did not settle everything: {report:?}, left: {left:?}");
+        // What else `settled` waits for: every order placed, every timer settled.
+        let placed = count(
+            &mut db,
+            "SELECT count(*) FROM events WHERE kind = 'order_placed'",
+        );
+        let timers = strings(
+            &mut db,
+            "SELECT timer_id || ' ' || status || ' available_at=' || available_at || \
+                 ' now=' || floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint \
+             FROM timers WHERE processed_at IS NULL LIMIT 10",
+        );
+        panic!(
+            "{context}: recovery did not settle everything: {report:?}, left: {left:?}, \
+             orders placed: {placed} of {orders}, timers left: {timers:?}"
+        );
     }
     report
 }
