@@ -654,7 +654,11 @@ impl OutboxRow {
         }
     }
 
-    /// Settles the holder's failed delivery: back to pending after a backoff, or dead.
+    /// Settles the holder's failed delivery: back to pending after a backoff, or dead. A retryable
+    /// failure of a command its workflow withdrew meanwhile ([`Self::cancel`]) ends it `cancelled`,
+    /// on its last allowed attempt too: it would not have been tried again, so it did not run out
+    /// of attempts, and nothing is fed back. A permanent failure is dead all the same, and fed back
+    /// as `command_failed`: it is what the delivery did.
     pub fn fail(
         &mut self,
         token: u64,
@@ -664,13 +668,13 @@ impl OutboxRow {
     ) -> Result<Settled, Error> {
         self.check_lease(token)?;
         self.last_error = Some(bounded_error(&failure.error));
+        if failure.retryable && self.cancel_requested {
+            self.finish(Status::Cancelled, now);
+            return Ok(Settled::Cancelled);
+        }
         if !failure.retryable || self.attempts >= policy.attempts_allowed() {
             self.finish(Status::Dead, now);
             return Ok(Settled::Dead);
-        }
-        if self.cancel_requested {
-            self.finish(Status::Cancelled, now);
-            return Ok(Settled::Cancelled);
         }
         let backoff = policy.backoff(&self.command_id, self.attempts);
         let at = now + backoff;

@@ -151,7 +151,7 @@ pub fn completions_feed_results_back_exactly_once<H: Harness>(h: &mut H) {
 /// A decision withdraws earlier commands of its workflow (DESIGN rule 16): not yet delivered, they
 /// become `cancelled` and are never handed out; being delivered, they are marked, the holder's
 /// heartbeat learns it, and the real outcome is still recorded — a completion is fed back, a
-/// retryable failure leaves it cancelled, a lease that runs out does too. Finished commands and other
+/// retryable failure leaves it cancelled (on its last attempt too), a lease that runs out does too. Finished commands and other
 /// workflows' commands are left alone.
 pub fn cancelled_commands_are_never_delivered<H: Harness>(h: &mut H) {
     let mut store = h.open();
@@ -245,13 +245,14 @@ pub fn cancelled_commands_are_never_delivered<H: Harness>(h: &mut H) {
             at(40),
         )
         .unwrap();
-    // A retryable failure of a cancelled command leaves it cancelled; a permanent one is dead.
+    // A retryable failure of a cancelled command leaves it cancelled, on its last allowed attempt
+    // too (nothing fed back); a permanent one is dead.
     let settled = store
         .fail(
             &o2_notice.command_id,
             o2_notice.token,
             &Failure::retryable("503"),
-            &policy(),
+            &policy().max_attempts(1),
             at(40),
         )
         .unwrap();

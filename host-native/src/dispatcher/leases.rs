@@ -109,9 +109,9 @@ impl Drop for CurrentDelivery {
 /// Whether the workflow of the command this handler is delivering has cancelled it
 /// ([`miniflow_core::Decision::cancel_command`]). The dispatcher's heartbeat learns it when it
 /// extends the lease; a long handler may check it and stop. Whatever the handler then reports is
-/// still recorded — a completion is fed back to the workflow as `command_completed`, a failure
-/// leaves the command `cancelled` — and the command is not delivered again. Outside a handler it
-/// is `false`.
+/// still recorded — a completion is fed back to the workflow as `command_completed`, a retryable
+/// failure leaves the command `cancelled` (on its last attempt too), a permanent failure makes it
+/// dead like any other — and the command is not delivered again. Outside a handler it is `false`.
 ///
 /// ```no_run
 /// use miniflow_core::Delivery;
