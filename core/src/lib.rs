@@ -125,7 +125,9 @@ pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
 pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
-pub use timer::{feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
+pub use timer::{
+    feedback, withdrawn_feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus,
+};
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.

@@ -21,7 +21,7 @@ use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
 use crate::store::{Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
-use crate::timer::feedback;
+use crate::timer::{feedback, withdrawn_feedback};
 use crate::timer::{TimerId, TimerRow};
 
 /// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.
@@ -254,11 +254,25 @@ impl MemoryStore {
             }
         };
         let feedback = feedback(before, row, now);
+        let withdrawn = withdrawn_feedback(before, row);
         self.unfinished.put(row);
         if let Some(timer) = feedback {
             self.put_timer(timer);
         }
+        if let Some(timer_id) = withdrawn {
+            self.cancel_timer(&timer_id, now);
+        }
         Ok(value)
+    }
+
+    /// Cancels the timer `timer_id` at `now` if it is still scheduled.
+    fn cancel_timer(&mut self, timer_id: &TimerId, now: Timestamp) {
+        let key: TimerKey = timer_id.to_string().into();
+        if let Some(mut timer) = self.timers.get(&key).cloned() {
+            if timer.cancel(now) {
+                self.put_timer(timer);
+            }
+        }
     }
 
     /// Writes a timer row, new or changed, and keeps the timer index true.

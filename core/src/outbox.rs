@@ -406,8 +406,9 @@ pub(crate) fn lease_expired_error(attempts: u32) -> String {
 }
 
 /// A row change the core computed ([`OutboxRow::change`]): what the rule answered, the row after it,
-/// and the feedback timer the change schedules. A store writes the row and the feedback together, in
-/// one transaction, so no store can forget the feedback (DESIGN rules 12 and 15).
+/// the feedback timer the change schedules, and the one it withdraws. A store writes the row and the
+/// feedback together, in one transaction, so no store can forget the feedback (DESIGN rules 12 and
+/// 15).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Changed<T> {
     /// What the rule answered (a delivery, a settlement, …).
@@ -416,6 +417,12 @@ pub struct Changed<T> {
     pub row: OutboxRow,
     /// The `command_completed` / `command_failed` / `command_resolved` timer to insert with it.
     pub feedback: Option<TimerRow>,
+    /// The feedback timer to cancel with it, at [`Self::at`], if it is still scheduled
+    /// ([`TimerRow::cancel`]): the `command_failed` of a dead command put back to pending, not fed
+    /// back yet ([`crate::withdrawn_feedback`]).
+    pub withdrawn: Option<crate::TimerId>,
+    /// When the change was made.
+    pub at: Timestamp,
 }
 
 impl OutboxRow {
@@ -461,10 +468,13 @@ impl OutboxRow {
         let before = self.status;
         let value = change(&mut self)?;
         let feedback = crate::timer::feedback(before, &self, now);
+        let withdrawn = crate::timer::withdrawn_feedback(before, &self);
         Ok(Changed {
             value,
             row: self,
             feedback,
+            withdrawn,
+            at: now,
         })
     }
 
@@ -700,7 +710,9 @@ impl OutboxRow {
         }
     }
 
-    /// Puts a dead command back to pending, due at `now`, with a fresh set of attempts.
+    /// Puts a dead command back to pending, due at `now`, with a fresh set of attempts. The
+    /// `command_failed` of its death is withdrawn if it has not been fed back yet
+    /// ([`crate::withdrawn_feedback`]): the workflow does not compensate a failure that was retried.
     pub fn retry(&mut self, now: Timestamp) -> Result<(), Error> {
         if self.status != Status::Dead {
             return Err(self.invalid_state("retry"));

@@ -536,6 +536,22 @@ impl TimerRow {
     }
 }
 
+/// The feedback timer a store must cancel, in the same transaction, if it is still scheduled, when a
+/// change took an outbox row from status `before` to `after`: a dead command put back to pending
+/// ([`OutboxRow::retry`]) withdraws the `command_failed` of the death it is retried from. Not yet
+/// fired, that event would tell the workflow of a failure that is being tried again, and its
+/// decision would compensate an effect the retry may still make. Fired already, it is left as it
+/// is: the workflow knew.
+pub fn withdrawn_feedback(before: Status, after: &OutboxRow) -> Option<TimerId> {
+    match (before, after.status) {
+        (Status::Dead, Status::Pending) => Some(TimerId::failure(
+            after.command_id.clone(),
+            after.manual_retries,
+        )),
+        _ => None,
+    }
+}
+
 /// The feedback a store must schedule, in the same transaction, when a change took an outbox row from
 /// status `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a
 /// dead command was resolved by hand (DESIGN rule 12), `command_completed` when a command that reports

@@ -884,13 +884,21 @@ fn fire_timer(
     Ok(())
 }
 
-/// Writes a row change the core computed ([`OutboxRow::change`]) and the feedback it schedules, in
-/// the caller's transaction; says whether there was feedback.
+/// Writes a row change the core computed ([`OutboxRow::change`]), the feedback it schedules and the
+/// feedback it withdraws, in the caller's transaction; says whether there was feedback.
 fn write_change<T>(
     db: &mut Db<'_, impl GenericClient>,
     changed: &Changed<T>,
 ) -> Result<bool, Error> {
     write_row(db, &changed.row)?;
+    if let Some(timer_id) = &changed.withdrawn {
+        db.execute(
+            "UPDATE timers SET status = 'cancelled', processed_at = $2 \
+             WHERE timer_id = $1 AND processed_at IS NULL",
+            &[&timer_id.to_string(), &to_sql_time("now", changed.at)?],
+        )
+        .map_err(storage)?;
+    }
     match &changed.feedback {
         Some(timer) => insert_timer(db, timer).map(|()| true),
         None => Ok(false),

@@ -400,6 +400,7 @@ macro_rules! store_conformance_tests {
             cancelled_timers_never_fire,
             racing_firers_commit_one_event,
             failure_feedback_is_committed_exactly_once,
+            a_retry_withdraws_the_failure_not_yet_fed_back,
             payloads_over_the_limits_are_refused_naming_their_path,
             extend_never_shortens_a_lease,
             rejected_timers_end_rejected_and_are_not_taken_again,

@@ -223,6 +223,71 @@ pub fn racing_firers_commit_one_event<H: Harness>(h: &mut H) {
     );
 }
 
+/// A dead command retried before its `command_failed` was fed back takes that feedback back: the
+/// workflow never hears of the failure, so it compensates nothing, and the retried delivery's
+/// success is the only outcome it learns. A death fed back already stays fed back.
+pub fn a_retry_withdraws_the_failure_not_yet_fed_back<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    let engine = Engine::new(Saga);
+    engine
+        .handle(&mut store, &wid("trip"), Event::new("start", json!({})), T0)
+        .unwrap();
+    let book = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
+    store
+        .fail(
+            &book.command_id,
+            book.token,
+            &Failure::permanent("503 for now"),
+            &policy(),
+            at(1),
+        )
+        .unwrap();
+    store.retry(&book.command_id, at(2)).unwrap();
+    let mut store = h.reopen(store);
+    assert_eq!(
+        timer_states(&store, "trip")[0],
+        "trip:1:0:failed1 command_failed cancelled"
+    );
+    let due = store
+        .claim_timers(10, Duration::from_millis(100), at(3))
+        .unwrap();
+    assert!(due.is_empty(), "nothing to feed back: {due:?}");
+    let again = claim(&mut store, "w1", 10, 1_000, at(3))
+        .into_iter()
+        .find(|d| d.command_id == book.command_id)
+        .expect("retried");
+    store
+        .complete(&again.command_id, again.token, None, at(4))
+        .unwrap();
+    assert_eq!(kinds(&store, "trip"), ["start"], "no compensation");
+
+    // Fed back before the retry: the workflow knew, and the retry leaves that as it was.
+    let mut store = h.open();
+    engine
+        .handle(&mut store, &wid("trip"), Event::new("start", json!({})), T0)
+        .unwrap();
+    let book = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
+    store
+        .fail(
+            &book.command_id,
+            book.token,
+            &Failure::permanent("422"),
+            &policy(),
+            at(1),
+        )
+        .unwrap();
+    let due = store
+        .claim_timers(10, Duration::from_millis(100), at(2))
+        .unwrap();
+    engine.fire(&mut store, &due[0], at(2)).unwrap().unwrap();
+    store.retry(&book.command_id, at(3)).unwrap();
+    assert_eq!(
+        timer_states(&store, "trip")[0],
+        "trip:1:0:failed1 command_failed fired"
+    );
+    assert_eq!(kinds(&store, "trip"), ["start", COMMAND_FAILED]);
+}
+
 /// A command that becomes dead feeds one `command_failed` event back, whose decision compensates; a
 /// second death after a retry feeds a second one; resolving by hand feeds `command_resolved`; a lease
 /// that runs out on the last attempt counts as a death too.

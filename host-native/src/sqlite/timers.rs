@@ -138,13 +138,24 @@ pub(super) fn cancel_timers(conn: &Connection, commit: &Commit) -> Result<(), Er
     Ok(())
 }
 
-/// Writes a row change the core computed and the feedback it schedules, in the caller's transaction.
+/// Cancels the timer `?1` at `?2` if it is still scheduled ([`TimerRow::cancel`]).
+pub(super) const CANCEL_TIMER: &str = "UPDATE timers SET status = 'cancelled', processed_at = ?2 \
+     WHERE timer_id = ?1 AND processed_at IS NULL";
+
+/// Writes a row change the core computed, the feedback it schedules and the feedback it withdraws,
+/// in the caller's transaction.
 pub(super) fn write_change<T>(conn: &Connection, changed: &Changed<T>) -> Result<(), Error> {
     write_row(conn, &changed.row)?;
-    match &changed.feedback {
-        Some(timer) => insert_timer(conn, timer),
-        None => Ok(()),
+    if let Some(timer) = &changed.feedback {
+        insert_timer(conn, timer)?;
     }
+    if let Some(timer_id) = &changed.withdrawn {
+        let at = to_sql_time("now", changed.at)?;
+        conn.prepare_cached(CANCEL_TIMER)
+            .and_then(|mut stmt| stmt.execute(params![timer_id.to_string(), at]))
+            .map_err(storage)?;
+    }
+    Ok(())
 }
 
 /// Takes up to `limit_rows` due timers for `lease_ttl` (see [`Timers::claim_timers`]), inside the
