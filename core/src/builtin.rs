@@ -50,6 +50,17 @@ pub const COMMAND_FAILED: &str = "command_failed";
 /// The kind of the event committed when a dead command is resolved by hand.
 pub const COMMAND_RESOLVED: &str = "command_resolved";
 
+/// The kinds of the events miniflow writes itself. [`crate::Engine::handle`] and
+/// [`crate::Engine::start`] refuse them in a caller's event: a workflow that reads one decodes its
+/// payload as miniflow wrote it ([`EventRecord::decode`]), which a look-alike would not match.
+pub const BUILT_IN_KINDS: [&str; 5] = [
+    TIMER_FIRED,
+    SCHEDULE_FIRED,
+    COMMAND_COMPLETED,
+    COMMAND_FAILED,
+    COMMAND_RESOLVED,
+];
+
 /// A payload of an event miniflow writes, with the kind it comes with.
 pub trait BuiltInEvent: Serialize + DeserializeOwned {
     /// The event kind.

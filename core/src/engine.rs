@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::builtin::BUILT_IN_KINDS;
 use crate::cache::{Entry, Key, StateCache, StateCacheStats};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
@@ -368,6 +369,7 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
         self.commit_event(store, workflow_id, event, now, None, None)
     }
 
@@ -386,6 +388,7 @@ impl<W: Workflow> Engine<W> {
         context: &TraceContext,
         now: Timestamp,
     ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
         self.commit_event(store, workflow_id, event, now, None, Some(context))
     }
 
@@ -437,6 +440,7 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
         self.start_event(store, workflow_id, event, now, None)
     }
 
@@ -454,6 +458,7 @@ impl<W: Workflow> Engine<W> {
         context: &TraceContext,
         now: Timestamp,
     ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
         self.start_event(store, workflow_id, event, now, Some(context))
     }
 
@@ -471,15 +476,34 @@ impl<W: Workflow> Engine<W> {
         event: Event,
         now: Timestamp,
     ) -> Result<Commit, Error> {
+        let event = self.callers(event)?;
         let event = self.checked(event)?;
         let replayed = replay(&self.workflow, events)?;
         self.decide_commit(&replayed.state, replayed.last_seq, workflow_id, event, now)
     }
 
-    /// `event`, if its payload is within the engine's limits; one past them is taken apart without
-    /// recursion (it may nest deeper than a recursive copy or drop survives).
+    /// A caller's `event`, if its kind is not one miniflow writes itself ([`BUILT_IN_KINDS`]): those
+    /// come from timers and feedback, through [`Engine::fire`].
+    fn callers(&self, event: Event) -> Result<Event, Error> {
+        if BUILT_IN_KINDS.contains(&event.kind.as_str()) {
+            let reason =
+                "is the kind of an event miniflow writes itself (a timer's or a command's \
+                          feedback, fired through Engine::fire); give the caller's event a kind \
+                          of its own";
+            return Err(Error::invalid("event.kind", &event.kind, reason));
+        }
+        Ok(event)
+    }
+
+    /// `event`, if its payload is within the engine's limits (themselves checked first: limits out
+    /// of bounds are refused naming the limit); one past them is taken apart without recursion (it
+    /// may nest deeper than a recursive copy or drop survives).
     fn checked(&self, event: Event) -> Result<Event, Error> {
-        match self.limits.check("event.payload", &event.payload) {
+        let checked = self
+            .limits
+            .validate()
+            .and_then(|()| self.limits.check("event.payload", &event.payload));
+        match checked {
             Ok(()) => Ok(event),
             Err(e) => {
                 crate::limits::drop_deep(event.payload);
@@ -539,6 +563,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
         load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
     ) -> Result<Planned<W::State>, Error> {
+        let event = self.callers(event)?;
         let (commit, folded) =
             self.plan_cached(Some(history), workflow_id, event, now, load_after)?;
         Ok(Planned {
@@ -995,6 +1020,60 @@ mod tests {
                 "count",
                 serde_json::json!({ "folded": state }),
             ))
+        }
+    }
+
+    #[test]
+    fn a_callers_event_of_a_kind_miniflow_writes_itself_is_refused_naming_it() {
+        let engine = Engine::new(Counter);
+        let mut store = MemoryStore::new();
+        let w = WorkflowId::new("w").unwrap();
+        for kind in crate::BUILT_IN_KINDS {
+            let event = || Event::new(kind, serde_json::json!({ "spoof": true }));
+            let refused = [
+                engine.handle(&mut store, &w, event(), Timestamp::EPOCH),
+                engine.start(&mut store, &w, event(), Timestamp::EPOCH),
+            ];
+            for err in refused.into_iter().map(Result::unwrap_err) {
+                assert_eq!(err.code(), "INVALID_INPUT", "{err}");
+                assert!(err.to_string().contains("event.kind"), "{err}");
+                assert!(err.to_string().contains(kind), "{err}");
+            }
+            assert!(engine.plan(&[], &w, event(), Timestamp::EPOCH).is_err());
+        }
+        assert!(store.load(&w).unwrap().is_empty(), "nothing written");
+    }
+
+    #[test]
+    fn limits_out_of_bounds_are_refused_naming_the_limit_before_any_payload() {
+        let mut store = MemoryStore::new();
+        let w = WorkflowId::new("w").unwrap();
+        for (limits, named) in [
+            (
+                JsonLimits {
+                    max_depth: 0,
+                    max_bytes: 0,
+                },
+                "max_depth",
+            ),
+            (
+                JsonLimits {
+                    max_depth: 8,
+                    max_bytes: 0,
+                },
+                "max_bytes",
+            ),
+        ] {
+            let engine = Engine::new(Counter).json_limits(limits);
+            let err = engine
+                .handle(
+                    &mut store,
+                    &w,
+                    Event::new("a", serde_json::json!({})),
+                    Timestamp::EPOCH,
+                )
+                .unwrap_err();
+            assert!(err.to_string().contains(named), "{err}");
         }
     }
 

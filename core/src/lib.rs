@@ -97,7 +97,8 @@ pub mod conformance;
 
 pub use builtin::{
     BuiltInEvent, CommandCompleted, CommandFailed, CommandResolved, ScheduleFired, TimerFired,
-    COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED, TIMER_FIRED,
+    BUILT_IN_KINDS, COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED,
+    TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
 pub use control::{check_bulk, Admission, KindChange, KindControl, MAX_BULK_BATCH};

@@ -53,6 +53,31 @@ impl JsonLimits {
     /// The highest `max_bytes` a configuration may set (64 MiB).
     pub const MAX_BYTES: usize = 64 << 20;
 
+    /// Room kept under [`Self::max_bytes`] for what miniflow wraps around a value it feeds back in
+    /// an event of its own: the other fields of `command_completed` around a result, of
+    /// `command_resolved` around a note (a command ID, a kind, a count: well under 1 KiB).
+    pub const FEEDBACK_ROOM: usize = 1024;
+
+    /// The limits of a value miniflow feeds back into a workflow inside an event of its own: a
+    /// command's result (`command_completed`) and a resolution's note (`command_resolved`). The
+    /// default limits, one level and [`Self::FEEDBACK_ROOM`] bytes less, so that the event that
+    /// carries the value is itself within the limits, and fires.
+    ///
+    /// ```
+    /// use miniflow_core::{json, JsonLimits};
+    ///
+    /// let result = json!("x".repeat(JsonLimits::default().max_bytes - 100));
+    /// assert!(JsonLimits::default().check("result", &result).is_ok());
+    /// assert!(JsonLimits::fed_back().check("result", &result).is_err(), "no room for its event");
+    /// ```
+    pub fn fed_back() -> Self {
+        let limits = Self::default();
+        Self {
+            max_depth: limits.max_depth - 1,
+            max_bytes: limits.max_bytes - Self::FEEDBACK_ROOM,
+        }
+    }
+
     /// Checks the limits themselves.
     ///
     /// # Errors

@@ -619,8 +619,9 @@ impl OutboxRow {
         Ok(())
     }
 
-    /// Marks the holder's delivery done, with the handler's `result` if it gave one (checked against
-    /// the JSON limits).
+    /// Marks the holder's delivery done, with the handler's `result` if it gave one, checked against
+    /// the limits of a value fed back ([`crate::JsonLimits::fed_back`]): its `command_completed`
+    /// event must fit in the limits too.
     ///
     /// # Errors
     ///
@@ -633,7 +634,7 @@ impl OutboxRow {
     ) -> Result<(), Error> {
         self.check_lease(token)?;
         if let Some(result) = result {
-            crate::limits::check_json("result", result)?;
+            crate::JsonLimits::fed_back().check("result", result)?;
         }
         self.result = result.cloned();
         self.finish(Status::Done, now);
@@ -725,11 +726,19 @@ impl OutboxRow {
         Ok(())
     }
 
-    /// Closes a dead command by hand with a `note`; it becomes done and keeps its last error.
+    /// Closes a dead command by hand with a `note`; it becomes done and keeps its last error. The
+    /// note is fed back in the `command_resolved` event, so it keeps the limits of a value fed back
+    /// ([`crate::JsonLimits::fed_back`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidState`] unless the command is dead; [`Error::InvalidInput`] for a note over
+    /// the limits (nothing changes).
     pub fn resolve(&mut self, note: &str, now: Timestamp) -> Result<(), Error> {
         if self.status != Status::Dead {
             return Err(self.invalid_state("resolve"));
         }
+        crate::JsonLimits::fed_back().check("note", &Value::String(note.to_owned()))?;
         self.resolution = Some(note.to_owned());
         self.finish(Status::Done, now);
         Ok(())

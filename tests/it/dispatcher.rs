@@ -870,6 +870,49 @@ fn error_log() -> (
     })
 }
 
+/// A handler that did its work but returns a result no store keeps: the command is completed without
+/// the result (its effect is neither repeated by a redelivery nor compensated by a failure), and the
+/// refusal is reported naming the command.
+#[test]
+fn a_result_past_the_limits_completes_the_command_without_it_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 2)]);
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let (errors, on_error) = error_log();
+    let stats = Dispatcher::sqlite(&path, move |d: &Delivery| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        match d.command_id.index() {
+            0 => Outcome::done_with(json!("x".repeat(2 << 20))),
+            _ => Outcome::done_with(json!({ "kept": true })),
+        }
+    })
+    .lease_ttl(Duration::from_millis(200))
+    .on_error(on_error)
+    .run_until_idle()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300)); // past the lease: nothing comes back
+    let again = Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+        .run_until_idle()
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "each delivered once");
+    assert_eq!((stats.completed, stats.store_errors), (2, 0), "{stats:?}");
+    assert_eq!(again.claimed, 0, "{again:?}");
+    let row = |id: &str| store.command(&cid(id)).unwrap().unwrap();
+    assert_eq!(
+        (row("w:1:0").status, row("w:1:0").result),
+        (Status::Done, None)
+    );
+    assert_eq!(row("w:1:1").result, Some(json!({ "kept": true })));
+    let errors = errors.lock().unwrap();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].contains("w:1:0") && errors[0].contains("completed without it"),
+        "{errors:?}"
+    );
+}
+
 #[test]
 fn run_until_idle_returns_a_storage_error_at_once_and_reports_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -359,6 +359,14 @@ pub fn retry_and_resolve_dead_commands<H: Harness>(h: &mut H) {
         Some("no"),
         "the last error stays for the record"
     );
+    // The note rides in the `command_resolved` event: one with no room for that event is refused.
+    let long = "x".repeat(JsonLimits::fed_back().max_bytes);
+    let err = store.resolve(&cid("w:1:1"), &long, at(11)).unwrap_err();
+    assert!(
+        err.code() == "INVALID_INPUT" && err.to_string().contains("note"),
+        "{err}"
+    );
+    assert_eq!(status(&store, "w:1:1"), Status::Dead, "nothing changed");
     store
         .resolve(&cid("w:1:1"), "refunded by phone", at(11))
         .unwrap();

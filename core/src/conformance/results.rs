@@ -146,6 +146,25 @@ pub fn completions_feed_results_back_exactly_once<H: Harness>(h: &mut H) {
         .unwrap_err();
     assert_eq!(err.code(), "INVALID_INPUT", "{err}");
     assert_eq!(status(&store, "order-2:1:0"), Status::Leased);
+    // So is one within the limits that leaves no room for the `command_completed` event around it;
+    // one at the limits of a value fed back is kept, and its event fires.
+    let limits = JsonLimits::fed_back();
+    let no_room = json!("x".repeat(limits.max_bytes));
+    let err = store
+        .complete(&d[0].command_id, d[0].token, Some(&no_room), at(401))
+        .unwrap_err();
+    assert!(
+        err.code() == "INVALID_INPUT" && err.to_string().contains("result"),
+        "{err}"
+    );
+    let fits = json!("x".repeat(limits.max_bytes - 2));
+    store
+        .complete(&d[0].command_id, d[0].token, Some(&fits), at(402))
+        .unwrap();
+    assert_eq!(fire_feedback(&mut store, at(403)), 1);
+    let completed = store.load(&wid("order-2")).unwrap().pop().unwrap();
+    let completed = completed.decode::<CommandCompleted>().unwrap().unwrap();
+    assert_eq!(completed.result, fits);
 }
 
 /// A decision withdraws earlier commands of its workflow (DESIGN rule 16): not yet delivered, they

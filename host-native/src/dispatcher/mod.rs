@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use miniflow_core::{
     Ack, ClaimOrder, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Extended, Failure,
-    Handled, Handover, RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
+    Handled, Handover, JsonLimits, RetryPolicy, Settled, Store, TimerRow, Timestamp, Workflow,
 };
 
 use serde_json::Value;

@@ -370,7 +370,30 @@ impl<S: Store> Worker<S> {
             self.report(delivery, Settlement::LeaseLost, tally);
             return None;
         }
-        Some(outcome.verdict())
+        Some(match outcome.verdict() {
+            Verdict::Done(Some(result)) => Verdict::Done(self.kept(process, delivery, result)),
+            verdict => verdict,
+        })
+    }
+
+    /// The handler's `result` for `delivery`, if a store keeps it ([`JsonLimits::fed_back`]). One
+    /// past the limits is dropped and reported: the handler did its work, so the command is
+    /// completed without the result, rather than delivered again (its effect repeated) or failed
+    /// (its effect compensated).
+    fn kept(&self, process: &tracing::Span, delivery: &Delivery, result: Value) -> Option<Value> {
+        let Err(refused) = JsonLimits::fed_back().check("result", &result) else {
+            return Some(result);
+        };
+        process.record("error.type", "result_refused");
+        self.report_error(&Error::invalid(
+            "result",
+            &delivery.command_id,
+            format!(
+                "the handler's result is not kept, and the command is completed without it: \
+                 {refused}"
+            ),
+        ));
+        None
     }
 
     /// Completes `done` in one durable transaction, then reports them.
