@@ -287,6 +287,23 @@ fn no_command_turns_what_is_not_a_store_into_one_or_touches_it() {
         .unwrap()
         .execute_batch("CREATE TABLE later (x); PRAGMA user_version = 99;")
         .unwrap();
+    // The same in WAL mode, closed: no -wal or -shm beside them, and none may appear.
+    for (name, sql) in [
+        (
+            "foreign-wal.db",
+            "CREATE TABLE accounts (id INTEGER PRIMARY KEY);",
+        ),
+        (
+            "future-wal.db",
+            "CREATE TABLE later (x); PRAGMA user_version = 99;",
+        ),
+    ] {
+        rusqlite::Connection::open(path(name))
+            .unwrap()
+            .execute_batch(&format!("PRAGMA journal_mode = WAL; {sql}"))
+            .unwrap();
+        assert!(!path(&format!("{name}-shm")).exists());
+    }
     version_1_store(&path("v1.db"));
     let before = snapshot(dir.path());
 
@@ -306,6 +323,14 @@ fn no_command_turns_what_is_not_a_store_into_one_or_touches_it() {
         ),
         (
             "future.db",
+            &format!("schema version 99, this miniflow supports up to {SCHEMA_VERSION}: upgrade miniflow"),
+        ),
+        (
+            "foreign-wal.db",
+            "is a SQLite database but not a miniflow store (user_version 0, tables: accounts)",
+        ),
+        (
+            "future-wal.db",
             &format!("schema version 99, this miniflow supports up to {SCHEMA_VERSION}: upgrade miniflow"),
         ),
         (

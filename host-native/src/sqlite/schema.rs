@@ -197,6 +197,17 @@ pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Err
     };
     let cannot_read =
         |e: rusqlite::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
+    // SQLite opens a WAL database, even read-only, through a `-shm` index and a `-wal` log that it
+    // creates beside it when nobody has it open. So such a file is checked first as the file alone
+    // (immutable: all there is while no `-wal` holds commits), and one that is not a store of this
+    // version is refused with nothing created beside it.
+    if wal && !beside(path, "-shm").exists() {
+        if let Ok(uri) = immutable_uri(path) {
+            let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
+            let (alone, version) = open(Path::new(&uri), flags).map_err(cannot_read)?;
+            check_schema(&alone, path, version)?;
+        }
+    }
     let (conn, version) = match open(&sqlite_path(path), OpenFlags::SQLITE_OPEN_READ_ONLY) {
         Ok(opened) => opened,
         // SQLite reads a WAL database through its `-shm` index, which it cannot create on a
