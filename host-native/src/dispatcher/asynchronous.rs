@@ -751,7 +751,9 @@ impl Future for CatchUnwind {
     }
 }
 
-/// An [`AsyncDispatcher`] delivering in the background.
+/// An [`AsyncDispatcher`] delivering in the background. Dropping it stops it: keep it for as long as
+/// it is to deliver.
+#[must_use = "dropping a RunningAsyncDispatcher stops it at once: keep it, and call `shutdown`"]
 pub struct RunningAsyncDispatcher {
     control: Arc<Control>,
     deliveries: Option<::tokio::task::JoinHandle<Finished>>,

@@ -374,7 +374,7 @@ impl Dispatcher<SqliteStore> {
 impl<S: Store + 'static> Dispatcher<S> {
     /// A dispatcher whose workers each call `open` for a store of their own, with the defaults: 1
     /// worker, batches of 64, 30 s leases, [`RetryPolicy::default`], [`ClaimOrder::DueFirst`], polling
-    /// every 50 ms when idle, acks grouped for up to 10 ms, the system clock.
+    /// every 50 ms when idle, acks grouped for 10 ms ([`Dispatcher::ack_delay`]), the system clock.
     ///
     /// The builder methods keep what they are given; [`Dispatcher::start`] and
     /// [`Dispatcher::run_until_idle`] refuse a setting out of the bounds each method documents with
@@ -466,9 +466,16 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
-    /// The longest a completed delivery waits to be acknowledged together with the next ones: 0 (each
-    /// on its own) to 60 s. Larger values group more acks per transaction; a completion is only
+    /// How long a worker keeps the acks of completed deliveries to write them together: 0 (each on
+    /// its own) to 60 s. Larger values group more acks per transaction; a completion is only
     /// reported once durable.
+    ///
+    /// A worker runs the handlers of its batch one after another, and writes the acks it keeps when
+    /// a handler returns once they have waited this long, and before it claims again. So a handler
+    /// that runs long holds the acks of the deliveries before it in its batch until it returns
+    /// (their leases are kept by the heartbeat meanwhile); if it outlives a shutdown's deadline,
+    /// they are not written, and those commands are delivered again. With long handlers, keep
+    /// batches small or set 0, which writes each ack as its handler returns.
     #[must_use]
     pub fn ack_delay(mut self, delay: Duration) -> Self {
         self.config.ack_delay = delay;
@@ -626,7 +633,9 @@ impl<S: Store + 'static> Dispatcher<S> {
     }
 }
 
-/// Dispatcher workers running in the background.
+/// Dispatcher workers running in the background. Dropping it tells them to stop, without waiting
+/// for them ([`RunningDispatcher::shutdown`] waits): keep it for as long as they are to run.
+#[must_use = "dropping a RunningDispatcher stops its workers at once: keep it, and call `shutdown`"]
 pub struct RunningDispatcher {
     /// Tells the workers to stop claiming.
     stop: Arc<AtomicBool>,
