@@ -521,7 +521,10 @@ fn heartbeats_keep_a_long_delivery_leased_and_cancellations_reach_the_handler() 
                     // Four lease TTLs: only the heartbeat keeps the lease.
                     for _ in 0..40 {
                         tokio::time::sleep(Duration::from_millis(20)).await;
-                        if miniflow::tokio::cancellation_requested() {
+                        // The function the synchronous dispatcher's handlers ask answers here too.
+                        let requested = miniflow::cancellation_requested();
+                        assert_eq!(requested, miniflow::tokio::cancellation_requested());
+                        if requested {
                             saw_cancel
                                 .lock()
                                 .unwrap()

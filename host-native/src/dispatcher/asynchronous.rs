@@ -34,13 +34,19 @@ type AsyncHandler = dyn Fn(Delivery) -> BoxedOutcome + Send + Sync;
     static DELIVERY: (Arc<HeldLeases>, CommandId);
 }
 
-/// Whether the workflow of the command this async handler is delivering has cancelled it: the
-/// async twin of [`crate::cancellation_requested`], for handlers run by an [`AsyncDispatcher`] (it
-/// answers inside the handler's own task; `false` anywhere else).
+/// Whether the workflow of the command this async handler is delivering has cancelled it, for
+/// handlers run by an [`AsyncDispatcher`] (it answers inside the handler's own task; `false`
+/// anywhere else). [`crate::cancellation_requested`] answers the same in them, and in the
+/// synchronous dispatcher's handlers too.
 pub fn cancellation_requested() -> bool {
+    requested_in_this_task().unwrap_or(false)
+}
+
+/// [`cancellation_requested`] inside the task of an async handler; `None` outside one.
+pub(crate) fn requested_in_this_task() -> Option<bool> {
     DELIVERY
         .try_with(|(held, id)| held.is_cancel_requested(id))
-        .unwrap_or(false)
+        .ok()
 }
 
 /// Delivers outbox commands to an async handler on the caller's tokio runtime: at most

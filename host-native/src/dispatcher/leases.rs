@@ -111,7 +111,9 @@ impl Drop for CurrentDelivery {
 /// extends the lease; a long handler may check it and stop. Whatever the handler then reports is
 /// still recorded — a completion is fed back to the workflow as `command_completed`, a retryable
 /// failure leaves the command `cancelled` (on its last attempt too), a permanent failure makes it
-/// dead like any other — and the command is not delivered again. Outside a handler it is `false`.
+/// dead like any other — and the command is not delivered again. It answers in the handlers of
+/// both dispatchers, the synchronous one and the [`crate::tokio::AsyncDispatcher`] (inside the
+/// handler's own task); outside a handler it is `false`.
 ///
 /// ```no_run
 /// use miniflow_core::Delivery;
@@ -128,6 +130,10 @@ impl Drop for CurrentDelivery {
 /// }
 /// ```
 pub fn cancellation_requested() -> bool {
+    #[cfg(feature = "tokio")]
+    if let Some(requested) = super::asynchronous::requested_in_this_task() {
+        return requested;
+    }
     CURRENT.with(|current| {
         current
             .borrow()
