@@ -155,6 +155,20 @@ pub fn check_bulk(kind: &str, batch: usize) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks the `batch` of a retention call ([`crate::Operations::purge_done`],
+/// [`crate::IdempotencyStore::purge`]): at least 1. A batch of 0 would purge nothing and return 0,
+/// which the documented loop ("call it until it returns less than `batch`") never leaves.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming `batch` for 0.
+pub fn check_purge_batch(batch: usize) -> Result<(), Error> {
+    if batch == 0 {
+        return Err(Error::invalid("batch", batch, "must be at least 1"));
+    }
+    Ok(())
+}
+
 /// Checks the name of the person or tool that changes a control: 1 to 128 bytes, no control
 /// characters.
 fn check_operator(by: &str) -> Result<(), Error> {

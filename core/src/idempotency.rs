@@ -518,6 +518,10 @@ pub trait IdempotencyStore {
 
     /// Forgets up to `batch` records whose retention ended at or before `now`; returns how many.
     /// Call it until it returns less than `batch`: each call is one short write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::check_purge_batch`]); the store's errors.
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error>;
 }
 
@@ -625,6 +629,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
+        crate::check_purge_batch(batch)?;
         let expired: Vec<IdempotencyKey> = self
             .records
             .values()

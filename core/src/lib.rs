@@ -101,7 +101,9 @@ pub use builtin::{
     TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
-pub use control::{check_bulk, Admission, KindChange, KindControl, MAX_BULK_BATCH};
+pub use control::{
+    check_bulk, check_purge_batch, Admission, KindChange, KindControl, MAX_BULK_BATCH,
+};
 pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};

@@ -671,6 +671,10 @@ pub trait Operations {
     /// Retention: deletes up to `batch` done rows processed at least `older_than` before `now` (see
     /// [`OutboxRow::is_purgeable`]) and returns how many. Pending, leased and dead rows stay. Call it
     /// until it returns less than `batch`: each call is one short write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::check_purge_batch`]); the store's errors.
     fn purge_done(
         &mut self,
         older_than: Duration,

@@ -303,6 +303,7 @@ impl IdempotencyStore for PostgresIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
+        miniflow_core::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
         let mut db = connection.db();
         let clock = Clock::read(&self.shared.options, &mut db, now)?;

@@ -1587,6 +1587,7 @@ impl Operations for PostgresStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
+        miniflow_core::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
         let mut db = connection.db();
         let clock = self.clock(&mut db, now)?;

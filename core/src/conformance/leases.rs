@@ -540,6 +540,13 @@ pub fn purge_done_removes_only_old_done_rows<H: Harness>(h: &mut H) {
         )
         .unwrap();
     let keep = Duration::from_millis(1_000);
+    // A batch of 0 would purge nothing and return 0: the loop "until it returns less than batch"
+    // would never end.
+    let err = store.purge_done(keep, at(1_000), 0).unwrap_err();
+    assert!(
+        err.code() == "INVALID_INPUT" && err.to_string().contains("batch"),
+        "{err}"
+    );
     assert_eq!(
         store.purge_done(keep, at(999), 10).unwrap(),
         0,

@@ -249,6 +249,11 @@ pub fn records_expire_after_retention_and_not_before<H: IdempotencyHarness>(h: &
         store.begin(&key("k0"), booking("a"), at(10_099)).unwrap(),
         Begin::Completed { result: json!(0) }
     );
+    let err = store.purge(at(10_100), 0).unwrap_err();
+    assert!(
+        err.code() == "INVALID_INPUT" && err.to_string().contains("batch"),
+        "{err}"
+    );
     assert_eq!(store.purge(at(10_100), 2).unwrap(), 2, "bounded batch");
     assert_eq!(store.purge(at(10_100), 2).unwrap(), 2);
     assert_eq!(store.purge(at(10_100), 2).unwrap(), 1);

@@ -670,6 +670,7 @@ impl Operations for SqliteStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
+        miniflow_core::check_purge_batch(batch)?;
         // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
         let Some(cutoff) = now.checked_sub(older_than) else {
             return Ok(0);
