@@ -75,6 +75,18 @@ fn a_store_from_a_newer_version_is_refused_and_left_alone() {
 }
 
 #[test]
+fn names_that_are_no_file_are_refused_naming_the_path() {
+    for (path, says) in [("", "is empty"), (":memory:", "MemoryStore")] {
+        let err = SqliteStore::open(path).unwrap_err();
+        assert_eq!(err.code(), "INVALID_INPUT", "{path:?}: {err}");
+        assert!(
+            err.to_string().contains("path") && err.to_string().contains(says),
+            "{path:?}: {err}"
+        );
+    }
+}
+
+#[test]
 fn reopening_keeps_the_schema_and_the_data() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("flow.db");

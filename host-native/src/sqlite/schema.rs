@@ -5,6 +5,7 @@ use super::*;
 /// Opens a connection to the miniflow database at `path`: durable pragmas set and checked, schema
 /// migrated to [`SCHEMA_VERSION`] (a newer file is refused untouched).
 pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Connection, Error> {
+    check_store_path(path)?;
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
@@ -32,6 +33,27 @@ pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Co
     migrate(&mut conn)?;
     give_back_space_from_now_on(&conn)?;
     Ok(conn)
+}
+
+/// Refuses the names SQLite does not read as a file: the empty name (a temporary database) and
+/// `:memory:` — a store is shared by its writer thread and its reads, and lasts after they close.
+fn check_store_path(path: &Path) -> Result<(), Error> {
+    if path.as_os_str().is_empty() {
+        return Err(Error::invalid(
+            "path",
+            "\"\"",
+            "is empty: give the file the store lives in",
+        ));
+    }
+    if path == Path::new(":memory:") {
+        return Err(Error::invalid(
+            "path",
+            ":memory:",
+            "names no file: a store is kept in a file that its writer thread and its reads share; \
+             for a store in memory use MemoryStore (`./:memory:` is a file of that name)",
+        ));
+    }
+    Ok(())
 }
 
 /// The schema version that made the outbox lean and added retired workflows (migration 0007).
