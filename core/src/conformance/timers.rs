@@ -223,25 +223,32 @@ pub fn racing_firers_commit_one_event<H: Harness>(h: &mut H) {
     );
 }
 
+/// Starts the saga `trip` in `store` at `T0` and fails its booking for good at `at(1)` with `error`:
+/// the booking is dead, its `command_failed` scheduled. Returns the booking's delivery.
+fn a_dead_booking<S: Store>(store: &mut S, engine: &Engine<Saga>, error: &str) -> crate::Delivery {
+    engine
+        .handle(store, &wid("trip"), Event::new("start", json!({})), T0)
+        .unwrap();
+    let book = claim(store, "w1", 1, 1_000, T0).remove(0);
+    store
+        .fail(
+            &book.command_id,
+            book.token,
+            &Failure::permanent(error),
+            &policy(),
+            at(1),
+        )
+        .unwrap();
+    book
+}
+
 /// A dead command retried before its `command_failed` was fed back takes that feedback back: the
 /// workflow never hears of the failure, so it compensates nothing, and the retried delivery's
 /// success is the only outcome it learns. A death fed back already stays fed back.
 pub fn a_retry_withdraws_the_failure_not_yet_fed_back<H: Harness>(h: &mut H) {
     let mut store = h.open();
     let engine = Engine::new(Saga);
-    engine
-        .handle(&mut store, &wid("trip"), Event::new("start", json!({})), T0)
-        .unwrap();
-    let book = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
-    store
-        .fail(
-            &book.command_id,
-            book.token,
-            &Failure::permanent("503 for now"),
-            &policy(),
-            at(1),
-        )
-        .unwrap();
+    let book = a_dead_booking(&mut store, &engine, "503 for now");
     store.retry(&book.command_id, at(2)).unwrap();
     let mut store = h.reopen(store);
     assert_eq!(
@@ -263,19 +270,7 @@ pub fn a_retry_withdraws_the_failure_not_yet_fed_back<H: Harness>(h: &mut H) {
 
     // Fed back before the retry: the workflow knew, and the retry leaves that as it was.
     let mut store = h.open();
-    engine
-        .handle(&mut store, &wid("trip"), Event::new("start", json!({})), T0)
-        .unwrap();
-    let book = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
-    store
-        .fail(
-            &book.command_id,
-            book.token,
-            &Failure::permanent("422"),
-            &policy(),
-            at(1),
-        )
-        .unwrap();
+    let book = a_dead_booking(&mut store, &engine, "422");
     let due = store
         .claim_timers(10, Duration::from_millis(100), at(2))
         .unwrap();
@@ -294,19 +289,7 @@ pub fn a_retry_withdraws_the_failure_not_yet_fed_back<H: Harness>(h: &mut H) {
 pub fn failure_feedback_is_committed_exactly_once<H: Harness>(h: &mut H) {
     let mut store = h.open();
     let engine = Engine::new(Saga);
-    engine
-        .handle(&mut store, &wid("trip"), Event::new("start", json!({})), T0)
-        .unwrap();
-    let book = claim(&mut store, "w1", 1, 1_000, T0).remove(0);
-    store
-        .fail(
-            &book.command_id,
-            book.token,
-            &Failure::permanent("422 no rooms"),
-            &policy(),
-            at(1),
-        )
-        .unwrap();
+    let book = a_dead_booking(&mut store, &engine, "422 no rooms");
     let feedback: Vec<TimerRow> = store
         .timers(&wid("trip"))
         .unwrap()
