@@ -486,10 +486,8 @@ impl<W: Workflow> Engine<W> {
     /// come from timers and feedback, through [`Engine::fire`].
     fn callers(&self, event: Event) -> Result<Event, Error> {
         if BUILT_IN_KINDS.contains(&event.kind.as_str()) {
-            let reason =
-                "is the kind of an event miniflow writes itself (a timer's or a command's \
-                          feedback, fired through Engine::fire); give the caller's event a kind \
-                          of its own";
+            let reason = "is a kind miniflow writes itself (timers, feedback): give the event a \
+                          kind of its own";
             return Err(Error::invalid("event.kind", &event.kind, reason));
         }
         Ok(event)
