@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use js_sys::{Array, Function, Object, Reflect};
+use js_sys::{Array, Function, Reflect};
 use miniflow_core::{CommandId, Timestamp, WorkflowId};
 use serde::Serialize;
 use serde_json::{Map, Number, Value};
@@ -32,9 +32,57 @@ pub fn name(name: &'static str) -> JsValue {
     })
 }
 
-/// Field `name` of `object` (`undefined` when absent).
-pub fn field(object: &JsValue, name: &'static str) -> JsValue {
-    Reflect::get(object, &self::name(name)).unwrap_or(JsValue::UNDEFINED)
+/// Field `name` of `object` (`undefined` when absent), or why reading it threw (a getter, a
+/// `Proxy`'s trap).
+pub fn field(object: &JsValue, name: &'static str) -> Result<JsValue, String> {
+    Reflect::get(object, &self::name(name)).map_err(|e| threw(&e))
+}
+
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    // The reads of a value that may run the caller's code (a getter, a `Proxy`'s trap, a revoked
+    // `Proxy`), each catching what it throws: an exception that crossed the module unwinding would
+    // leave its stack and borrows behind.
+    #[wasm_bindgen(catch, js_namespace = Array, js_name = isArray)]
+    fn js_is_array(value: &JsValue) -> Result<bool, JsValue>;
+    #[wasm_bindgen(catch, js_namespace = Object, js_name = keys)]
+    fn js_keys(value: &JsValue) -> Result<Array, JsValue>;
+}
+
+/// Why reading a value threw.
+fn threw(error: &JsValue) -> String {
+    format!("threw when read: {}", describe(error))
+}
+
+/// Whether `value` is an array (`Array.isArray`), or why asking threw.
+pub fn is_array(value: &JsValue) -> Result<bool, String> {
+    js_is_array(value).map_err(|e| threw(&e))
+}
+
+/// The length of the array `value`, or why reading it threw.
+fn length(value: &JsValue) -> Result<u32, String> {
+    Ok(field(value, "length")?.as_f64().unwrap_or(0.0) as u32)
+}
+
+/// Item `i` of the array `value`, or why reading it threw (a getter may).
+fn item(value: &JsValue, i: u32) -> Result<JsValue, String> {
+    Reflect::get_u32(value, i).map_err(|e| threw(&e))
+}
+
+/// Whether `value` (an object) is a plain object, whose prototype is `Object.prototype` (of any
+/// realm: the prototype at the root of its chain) or `null`: what JSON holds. A class instance, a
+/// `Map`, a `Promise` would read as `{}`.
+fn is_plain(value: &JsValue) -> Result<bool, String> {
+    let mut prototype: JsValue = value.clone();
+    for _ in 0..2 {
+        prototype = Reflect::get_prototype_of(&prototype)
+            .map_err(|e| threw(&e))?
+            .into();
+        if prototype.is_null() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The largest integer JavaScript represents exactly: 2^53 − 1.
@@ -58,7 +106,7 @@ fn type_of(value: &JsValue) -> String {
     if value.is_null() {
         return "null".into();
     }
-    if Array::is_array(value) {
+    if is_array(value) == Ok(true) {
         return "an array".into();
     }
     value
@@ -178,10 +226,10 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
             "nests deeper than {MAX_WALK_DEPTH} levels (or contains itself)"
         )));
     }
-    if Array::is_array(value) {
-        let array: &Array = value.unchecked_ref();
-        let mut items = Vec::with_capacity(array.length() as usize);
-        for (i, item) in array.iter().enumerate() {
+    if is_array(value).map_err(Fault::new)? {
+        let mut items = Vec::new();
+        for i in 0..length(value).map_err(Fault::new)? {
+            let item = self::item(value, i).map_err(|why| Fault::new(why).at(format!("[{i}]")))?;
             if item.is_undefined() {
                 return Err(Fault::new("is undefined, not JSON").at(format!("[{i}]")));
             }
@@ -190,7 +238,7 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
         return Ok(Value::Array(items));
     }
     {
-        let to_json = field(value, "toJSON");
+        let to_json = field(value, "toJSON").map_err(Fault::new)?;
         if let Some(to_json) = to_json.dyn_ref::<Function>() {
             let converted = to_json
                 .call0(value)
@@ -198,10 +246,14 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
             return walk(&converted, depth + 1, stored);
         }
     }
+    if !is_plain(value).map_err(Fault::new)? {
+        return Err(Fault::new(NOT_PLAIN));
+    }
     let mut map = Map::new();
-    for key in Object::keys(value.unchecked_ref::<Object>()).iter() {
+    for key in js_keys(value).map_err(|e| Fault::new(threw(&e)))?.iter() {
         let name = key.as_string().unwrap_or_default();
-        let member = Reflect::get(value, &key).unwrap_or(JsValue::UNDEFINED);
+        let member =
+            Reflect::get(value, &key).map_err(|e| Fault::new(threw(&e)).at(member_path(&name)))?;
         if member.is_undefined() {
             continue;
         }
@@ -211,7 +263,11 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
     Ok(Value::Object(map))
 }
 
+/// Why an object that is not a plain one is refused.
+const NOT_PLAIN: &str = "is no plain object (a Promise, a Map, a class instance), not JSON";
+
 /// `.name`, or `["name"]` for a name that is not an identifier.
+#[inline(never)]
 fn member_path(name: &str) -> String {
     let identifier = !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())
@@ -323,7 +379,7 @@ impl<'a> Fields<'a> {
     ) -> Result<Self, JsValue> {
         let fields = Self::any(path, value)?;
         // Fast path: as many own keys as allowed fields present means no other key.
-        let keys = Object::keys(value.unchecked_ref::<Object>());
+        let keys = js_keys(value).map_err(|e| invalid(path, threw(&e)))?;
         let present = allowed
             .iter()
             .filter(|name| Reflect::has(value, &self::name(name)).unwrap_or(false))
@@ -357,11 +413,14 @@ impl<'a> Fields<'a> {
 
     /// `value` as an object whose other fields are ignored (stored rows read back).
     pub fn any(path: &'a str, value: &'a JsValue) -> Result<Self, JsValue> {
-        if !value.is_object() || Array::is_array(value) {
+        if !value.is_object() || is_array(value).map_err(|why| invalid(path, why))? {
             return Err(invalid(
                 path,
                 format!("expected an object, got {}", type_of(value)),
             ));
+        }
+        if !is_plain(value).map_err(|why| invalid(path, why))? {
+            return Err(invalid(path, NOT_PLAIN));
         }
         Ok(Self {
             object: value,
@@ -401,9 +460,9 @@ impl<'a> Fields<'a> {
         format!("{}.{name}", self.path)
     }
 
-    /// Field `name`, `undefined` when absent.
+    /// Field `name`, `undefined` when absent (or when reading it threw: an option object's getter).
     pub fn get(&self, name: &'static str) -> JsValue {
-        field(self.object, name)
+        field(self.object, name).unwrap_or(JsValue::UNDEFINED)
     }
 
     /// A required string field.
@@ -522,19 +581,21 @@ fn whole_or_none(value: &JsValue) -> Option<u64> {
 }
 
 /// The items of an array argument with their paths (`commands[1]`).
+#[inline(never)]
 pub fn items(path: &str, value: &JsValue) -> Result<Vec<(String, JsValue)>, JsValue> {
-    if !Array::is_array(value) {
+    if !is_array(value).map_err(|why| invalid(path, why))? {
         return Err(invalid(
             path,
             format!("expected an array, got {}", type_of(value)),
         ));
     }
-    let array: &Array = value.unchecked_ref();
-    Ok(array
-        .iter()
-        .enumerate()
-        .map(|(i, item)| (format!("{path}[{i}]"), item))
-        .collect())
+    let mut items = Vec::new();
+    for i in 0..length(value).map_err(|why| invalid(path, why))? {
+        let path = format!("{path}[{i}]");
+        let item = item(value, i).map_err(|why| invalid(&path, why))?;
+        items.push((path, item));
+    }
+    Ok(items)
 }
 
 /// `lease_ttl_ms` → `leaseTtlMs`.

@@ -4,8 +4,8 @@ use std::cell::{Cell, RefCell};
 
 use js_sys::Function;
 use miniflow_core::{
-    Decision, Engine, Error, Event, EventRecord, Handled, MemoryStore, TimerId, Timestamp,
-    Workflow, WorkflowId,
+    Commit, Decision, Engine, Error, Event, EventLog, EventRecord, Handled, HistoryId, MemoryStore,
+    Seq, TimerId, TimerRow, Timers, Timestamp, Workflow, WorkflowId,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
@@ -78,6 +78,58 @@ impl Workflow for JsWorkflow {
     }
 }
 
+/// The store the engine records events and fires timers into: the store itself, except that a
+/// timer is not rejected when the rejection stands for a callback's exception. The workflow threw: nothing is written, the
+/// exception is rethrown, and the timer stays as it was, to be fired again once its lease runs out
+/// (as a panic leaves it in Rust). Only a decision's own `reject` rejects a timer.
+struct Firing<'a> {
+    store: &'a mut MemoryStore,
+    workflow: &'a JsWorkflow,
+}
+
+impl EventLog for Firing<'_> {
+    fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        self.store.load(workflow_id)
+    }
+    fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        self.store.load_after(workflow_id, after)
+    }
+    fn history_id(&self) -> Option<HistoryId> {
+        self.store.history_id()
+    }
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        self.store.append_with_commands(commit)
+    }
+    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+        self.store.append_after(last, commit)
+    }
+}
+
+impl Timers for Firing<'_> {
+    fn claim_timers(
+        &mut self,
+        limit: usize,
+        lease_ttl: std::time::Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        self.store.claim_timers(limit, lease_ttl, now)
+    }
+    fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        if self.workflow.failed() {
+            return Ok(());
+        }
+        self.store.reject_timer(timer_id, reason, now)
+    }
+    fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        self.store.timers(workflow_id)
+    }
+}
+
 /// Runs a JS workflow against a `MemoryStore`: replay → decide → commit, retrying conflicts. An
 /// exception thrown by `init`, `evolve` or `decide` is rethrown as it is, and nothing is written.
 #[wasm_bindgen(js_name = Engine)]
@@ -123,7 +175,7 @@ impl JsEngine {
         now_ms: &JsValue,
         commit: impl FnOnce(
             &Engine<JsWorkflow>,
-            &mut MemoryStore,
+            &mut Firing<'_>,
             &WorkflowId,
             Event,
             Timestamp,
@@ -133,7 +185,12 @@ impl JsEngine {
         let event = types::event("event", event)?;
         let now = now(now_ms)?;
         self.guarded(|engine| {
-            let handled = commit(engine, &mut *store.write()?, &workflow, event, now).js()?;
+            // Through the same store type as `fire`, so that the engine's code is in the module once.
+            let mut store = Firing {
+                store: &mut *store.write()?,
+                workflow: engine.workflow(),
+            };
+            let handled = commit(engine, &mut store, &workflow, event, now).js()?;
             to_js(&HandledOutput::from(handled))
         })
     }
@@ -259,7 +316,11 @@ impl JsEngine {
                     format!("{id} is not a timer of this store"),
                 ));
             };
-            match engine.fire(&mut *store, &timer, now).js()? {
+            let mut firing = Firing {
+                store: &mut store,
+                workflow: engine.workflow(),
+            };
+            match engine.fire(&mut firing, &timer, now).js()? {
                 Some(handled) => to_js(&HandledOutput::from(handled)),
                 None => Ok(JsValue::NULL),
             }

@@ -323,7 +323,7 @@ fn missed(path: &str, value: &JsValue) -> Result<Missed, JsValue> {
 /// A workflow's decision (`DecisionInput`): a list of commands or a decision object.
 pub fn decision(value: &JsValue) -> Result<Decision, JsValue> {
     const PATH: &str = "decision";
-    if js_sys::Array::is_array(value) {
+    if crate::convert::is_array(value).map_err(|why| invalid(PATH, why))? {
         return commands(PATH, value);
     }
     let fields = Fields::of(

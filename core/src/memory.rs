@@ -253,6 +253,18 @@ impl MemoryStore {
                 return Err(error);
             }
         };
+        self.changed(command_id, before, now);
+        Ok(value)
+    }
+
+    /// What follows a change of the row `command_id` from status `before` at `now`: the indexes
+    /// kept true, its feedback scheduled and the feedback it withdraws cancelled. Not generic, so
+    /// that it is compiled once rather than with every rule (the web module's size).
+    #[inline(never)]
+    fn changed(&mut self, command_id: &CommandId, before: Status, now: Timestamp) {
+        let Some(row) = self.outbox.get(command_id) else {
+            return;
+        };
         let feedback = feedback(before, row, now);
         let withdrawn = withdrawn_feedback(before, row);
         self.unfinished.put(row);
@@ -262,7 +274,6 @@ impl MemoryStore {
         if let Some(timer_id) = withdrawn {
             self.cancel_timer(&timer_id, now);
         }
-        Ok(value)
     }
 
     /// Cancels the timer `timer_id` at `now` if it is still scheduled.

@@ -117,3 +117,64 @@ test("payloads past the nesting and size limits are INVALID_INPUT naming their p
   store.appendWithCommands("x", 0, { kind: "e", payload: nest(64) }, [{ kind: "a", payload: nest(64) }], 0);
   assert.deepEqual(MemoryStore.fromSnapshot(store.exportSnapshot()).load("x")[0].payload, nest(64));
 });
+
+test("a value that throws when read, or is no plain object, is INVALID_INPUT naming its path; the store and engine go on", () => {
+  const store = seeded();
+  const before = store.exportSnapshot();
+  const revoked = Proxy.revocable({}, {});
+  revoked.revoke();
+  const throwingItem = [1, 2];
+  Object.defineProperty(throwingItem, 1, { get() { throw new Error("item boom"); } });
+  class Money { constructor() { this.amount = 5; } }
+  const cases = [
+    [{ get amount() { throw new Error("getter boom"); } }, "event.payload.amount: threw when read: getter boom"],
+    [throwingItem, "event.payload[1]: threw when read: item boom"],
+    [revoked.proxy, "event.payload: threw when read"],
+    [new Proxy({}, { ownKeys() { throw new Error("keys boom"); } }), "event.payload: threw when read: keys boom"],
+    [Promise.resolve(1), "event.payload: is no plain object"],
+    [new Map([["a", 1]]), "event.payload: is no plain object"],
+    [new Money(), "event.payload: is no plain object"],
+    [{ nested: [new Set()] }, "event.payload.nested[0]: is no plain object"],
+  ];
+  for (const [payload, says] of cases) {
+    throwsCode(assert, () => store.appendWithCommands("w", 1, { kind: "e", payload }, [], 0), "INVALID_INPUT", says);
+  }
+  assert.equal(store.exportSnapshot(), before, "nothing written");
+  // Plain objects without a prototype, and objects with toJSON (dates), are JSON.
+  store.appendWithCommands("w", 1, { kind: "e", payload: Object.assign(Object.create(null), { a: 1 }) }, [], 0);
+  store.appendWithCommands("w", 2, { kind: "e", payload: { at: new Date(0) } }, [], 0);
+  assert.equal(store.load("w")[2].payload.at, "1970-01-01T00:00:00.000Z");
+
+  // An async decide fails the call and nothing else.
+  const engine = new Engine({
+    evolve: (s) => s,
+    decide: (_s, event) =>
+      event.kind === "async" ? Promise.resolve([{ kind: "lost" }])
+        : [{ kind: "ok" }],
+  });
+  throwsCode(assert, () => engine.handle(store, "x", { kind: "async" }, 0), "INVALID_INPUT", "decision: is no plain object");
+  assert.deepEqual(store.load("x"), [], "nothing written");
+  assert.equal(engine.handle(store, "x", { kind: "fine" }, 1).command_ids[0], "x:1:0", "the engine and store go on");
+  assert.ok(store.exportSnapshot().length > 0);
+});
+
+test("a workflow that throws while a timer fires leaves the timer to fire again; only its own reject rejects it", () => {
+  const store = new MemoryStore();
+  let broken = true;
+  const engine = new Engine({
+    evolve: (s) => s,
+    decide: (_s, event) => {
+      if (event.kind === "timer_fired" && broken) throw new Error("not deployed yet");
+      return event.kind === "start" ? { timers: [{ name: "remind", afterMs: 0 }] } : [{ kind: "remind" }];
+    },
+  });
+  engine.handle(store, "w", { kind: "start" }, 0);
+  const [timer] = store.claimTimers(10, 1_000, 0);
+  assert.throws(() => engine.fire(store, timer, 0), /not deployed yet/);
+  assert.equal(store.timers("w")[0].status, "scheduled", "not rejected");
+  assert.deepEqual(store.claimTimers(10, 1_000, 500), [], "leased until its lease runs out");
+  broken = false;
+  const [again] = store.claimTimers(10, 1_000, 1_000);
+  assert.equal(engine.fire(store, again, 1_000).command_ids[0], "w:2:0");
+  assert.equal(store.timers("w")[0].status, "fired");
+});
