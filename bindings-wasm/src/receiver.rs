@@ -8,6 +8,7 @@ use std::cell::{RefCell, RefMut};
 
 use js_sys::Function;
 use miniflow_core::{Begin, Digest, IdempotencyKey, IdempotencyStore, MemoryIdempotencyStore};
+use serde_json::Value;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 
@@ -191,7 +192,9 @@ impl JsIdempotencyStore {
     /// result; on a repeat returns the stored result without running it. Throws
     /// `IDEMPOTENCY_CONFLICT` when the key comes back with other parameters, `IN_PROGRESS` while
     /// another caller holds it; if `effect` throws, the reservation is released and the exception
-    /// rethrown.
+    /// rethrown. `effect` must be synchronous. A result that cannot be stored (not JSON, past the
+    /// limits, a Promise) is `INVALID_INPUT`, and the key keeps `null`: the effect ran, and a
+    /// repeat must not run it again.
     #[wasm_bindgen(unchecked_return_type = "Json")]
     pub fn run(
         &self,
@@ -222,18 +225,23 @@ impl JsIdempotencyStore {
                 ))
             }
         };
-        let outcome = effect.call0(&JsValue::UNDEFINED).and_then(|result| {
-            let stored = json("effect result", &result)?;
-            Ok((result, stored))
-        });
-        match outcome {
-            Ok((result, stored)) => {
-                self.write()?.finish(&key, token, &stored, now).js()?;
-                Ok(result)
-            }
+        let result = match effect.call0(&JsValue::UNDEFINED) {
+            Ok(result) => result,
             Err(thrown) => {
                 self.write()?.abandon(&key, token).js()?;
-                Err(thrown)
+                return Err(thrown);
+            }
+        };
+        // The effect ran: its key is completed whatever becomes of its result. One that cannot be
+        // stored (not JSON, past the limits, a Promise of an async effect) is refused, and the key
+        // keeps `null` instead, so that no repeat runs the effect again.
+        let kept = json("effect result", &result)
+            .and_then(|stored| self.write()?.finish(&key, token, &stored, now).js());
+        match kept {
+            Ok(()) => Ok(result),
+            Err(refused) => {
+                self.write()?.finish(&key, token, &Value::Null, now).js()?;
+                Err(refused)
             }
         }
     }

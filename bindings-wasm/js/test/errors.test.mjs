@@ -88,6 +88,15 @@ test("receivers fold repeats, refuse changed parameters, and check retention aga
   assert.equal(receiver.begin("k", d2, 10).outcome, "conflict");
   assert.throws(() => receiver.run("x", d1, () => { throw new RangeError("no seat"); }, 0), RangeError);
   assert.deepEqual(receiver.begin("x", d1, 0), { outcome: "fresh", token: 2 }, "a failed effect released its key");
+  // An effect that ran but whose result cannot be stored (NaN, an async effect's Promise, past the
+  // limits) is refused, and its key completed with null: a repeat does not run it again.
+  for (const [n, result] of [[1, { total: NaN }], [2, Promise.resolve(1)], [3, "x".repeat(1 << 20)]]) {
+    let effects = 0;
+    const charge = () => { effects += 1; return result; };
+    throwsCode(assert, () => receiver.run(`charge-${n}`, d1, charge, 0), "INVALID_INPUT", "result");
+    assert.equal(receiver.run(`charge-${n}`, d1, charge, 1), null);
+    assert.equal(effects, 1, `charge-${n} ran once`);
+  }
   // A reservation taken over after its timeout fences the first holder off.
   const taken = receiver.begin("k", d1, 60_000);
   assert.equal(taken.outcome, "fresh");
