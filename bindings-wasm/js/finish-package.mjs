@@ -2,7 +2,9 @@
 // bindings-wasm/pkg/web): what the Rust attributes cannot say.
 //
 // - The errors wasm-bindgen's glue throws itself get a `code` and a message in JS terms, like every
-//   other miniflow error: a call on an object after its `free()` is USED_AFTER_FREE.
+//   other miniflow error: a call on an object after its `free()` is USED_AFTER_FREE (checked before
+//   the call enters the module), an argument of the wrong class INVALID_INPUT; a `free()` from one of
+//   the object's own callbacks frees it once the call returns.
 // - The built-in event kinds are exported as constants (`TIMER_FIRED`, …; their types come from the
 //   crate's TypeScript section).
 // - The declarations compile for any ES2022 project: `[Symbol.dispose]` (which needs the
@@ -55,14 +57,41 @@ function miniflowGlueError(message) {
   error.code = code;
   return error;
 }
+
+/** The pointer of \`object\`, checked here: a freed object refused before the call enters the module
+ * (a refusal thrown from inside it would leave a little of its stack behind, every time). */
+function miniflowLive(object) {
+  if (object.__wbg_ptr === 0) throw miniflowGlueError("null pointer passed to rust");
+  return object.__wbg_ptr;
+}
 `;
 const constants = Object.entries(KINDS)
   .map(([name, kind]) => (target === "web" ? `export const ${name} = "${kind}";` : `exports.${name} = "${kind}";`))
   .join("\n");
 
+/** `text` with every match of `pattern` replaced by `to`: at least `least` of them. */
+function replaceAll(text, pattern, to, least) {
+  const found = text.match(pattern)?.length ?? 0;
+  if (found < least) throw new Error(`expected at least ${least} × ${pattern} in the generated code, found ${found}`);
+  return text.replace(pattern, to);
+}
+
 edit("miniflow.js", (js) => {
   const thrown = "throw new Error(getStringFromWasm0(arg0, arg1));";
-  return `${replace(js, thrown, "throw miniflowGlueError(getStringFromWasm0(arg0, arg1));")}${glue}\n${constants}\n`;
+  js = replace(js, thrown, "throw miniflowGlueError(getStringFromWasm0(arg0, arg1));");
+  // Every object passed into the module is checked alive first (see miniflowLive).
+  js = replaceAll(js, /([(,] ?)(this|store)\.__wbg_ptr(?=[,)])/g, "$1miniflowLive($2)", 20);
+  // An object passed as an argument is of the expected class, or INVALID_INPUT.
+  js = replace(
+    js,
+    "throw new Error(`expected instance of ${klass.name}`);",
+    "throw Object.assign(new Error(`expected a ${klass.name} here, got ${instance === null ? \"null\" : typeof instance === \"object\" ? instance.constructor?.name ?? \"an object\" : typeof instance}`), { code: \"INVALID_INPUT\" });",
+  );
+  // free() may be called while a call of the object runs (from one of its callbacks): it frees the
+  // object once that call returns (wasm-bindgen's delayed free, as its finalizers do), instead of
+  // throwing from inside the module after giving up the object (which left it half freed).
+  js = replaceAll(js, /(free\(\) \{\n        const ptr = this\.__destroy_into_raw\(\);\n        wasm\.\w+\(ptr, )0\);/g, "$11);", 2);
+  return `${js}${glue}\n${constants}\n`;
 });
 
 edit("miniflow.d.ts", (dts) => {

@@ -115,6 +115,26 @@ test("a call after free() is USED_AFTER_FREE, with a message in JS terms", () =>
   const freed = new MemoryStore();
   freed.free();
   throwsCode(assert, () => new Engine(echo([])).handle(freed, "w", { kind: "e" }, 0), "USED_AFTER_FREE");
+  // Refused before the call enters the module: however many times, nothing of the module is spent.
+  const live = seeded();
+  for (let i = 0; i < 50_000; i += 1) {
+    throwsCode(assert, () => store.pending(), "USED_AFTER_FREE");
+  }
+  assert.equal(live.pending().length, 2, "other objects go on");
+  assert.ok(live.exportSnapshot().length > 0);
+});
+
+test("an argument of the wrong class is INVALID_INPUT; free() from a callback frees the object once the call returns", () => {
+  const engine = new Engine(echo([]));
+  throwsCode(assert, () => engine.handle(undefined, "w", { kind: "e" }, 0), "INVALID_INPUT", "expected a MemoryStore here, got undefined");
+  throwsCode(assert, () => engine.handle("w", new MemoryStore(), { kind: "e" }, 0), "INVALID_INPUT", "expected a MemoryStore here, got string");
+  throwsCode(assert, () => engine.handle(new Engine(echo([])), "w", { kind: "e" }, 0), "INVALID_INPUT", "got Engine");
+  const store = seeded();
+  const freeing = new Engine({ evolve: (s) => s, decide: () => (store.free(), [{ kind: "a" }]) });
+  assert.equal(freeing.handle(store, "x", { kind: "e" }, 0).command_ids[0], "x:1:0", "the call ran to its end");
+  throwsCode(assert, () => store.pending(), "USED_AFTER_FREE");
+  const other = seeded();
+  assert.equal(other.pending().length, 2, "the module goes on");
 });
 
 test("the built-in event kinds are exported, and are the kinds of the events miniflow writes", () => {
