@@ -23,8 +23,8 @@ pub use miniflow_native::rusqlite;
 
 #[cfg(feature = "postgres")]
 pub use miniflow_postgres::{
-    PostgresIdempotencyStore, PostgresOptions, PostgresStore, Wakeups, NOTIFY_CHANNEL,
-    SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION,
+    redact_password, PostgresIdempotencyStore, PostgresOptions, PostgresStore, Wakeups,
+    NOTIFY_CHANNEL, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION,
 };
 
 /// `Dispatcher::postgres`: the dispatcher over a [`PostgresStore`], woken by notifications.

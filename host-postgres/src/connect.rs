@@ -318,7 +318,12 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     /// A pool on `url` without TLS.
     pub(crate) fn connect(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
-        Self::open(parse_url(url)?, NoTls, options, ("url", redact(url)))
+        Self::open(
+            parse_url(url)?,
+            NoTls,
+            options,
+            ("url", redact_password(url)),
+        )
     }
 
     /// A pool on `config` through `tls`: checks the server's durability, migrates the schema.
@@ -427,7 +432,11 @@ impl Shared {
 fn parse_url(url: &str) -> Result<Config, Error> {
     url.parse().map_err(|e: postgres::Error| {
         let e = DriverError(e);
-        Error::invalid("url", redact(url), format!("is not a PostgreSQL URL: {e}"))
+        Error::invalid(
+            "url",
+            redact_password(url),
+            format!("is not a PostgreSQL URL: {e}"),
+        )
     })
 }
 
@@ -475,9 +484,20 @@ fn check_schema(client: &mut Client, (field, value): (&'static str, String)) -> 
     }
 }
 
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+/// `url` without its password, for messages: the password of a URL's user (`app:***@host`), and
+/// every `password=` setting, in a URL's query (`?password=***`) or a `key=value` string
+/// (`password=***`, quoted or not).
+///
+/// ```
+/// use miniflow_postgres::redact_password;
+///
+/// assert_eq!(redact_password("postgresql://app:s3cret@db/flow"), "postgresql://app:***@db/flow");
+/// assert_eq!(redact_password("postgresql://app@db/flow?password=s3cret&sslmode=disable"),
+///            "postgresql://app@db/flow?password=***&sslmode=disable");
+/// assert_eq!(redact_password("host=db password='s3 cret' dbname=flow"), "host=db password=*** dbname=flow");
+/// ```
+pub fn redact_password(url: &str) -> String {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];
             match userinfo.split_once(':') {
@@ -486,7 +506,36 @@ fn redact(url: &str) -> String {
             }
         }
         _ => url.to_owned(),
+    };
+    const KEY: &str = "password=";
+    let (lower, bytes) = (url.to_ascii_lowercase(), url.as_bytes());
+    let (mut out, mut kept, mut at) = (String::with_capacity(url.len()), 0, 0);
+    while let Some(found) = lower[at..].find(KEY) {
+        let key = at + found;
+        let start = key + KEY.len();
+        at = start;
+        // A setting of its own: at the start, or after a separator (not `old_password=`).
+        if key > 0 && !matches!(bytes[key - 1], b'?' | b'&' | b' ' | b'\t' | b'\n') {
+            continue;
+        }
+        let end = if bytes.get(start) == Some(&b'\'') {
+            // Quoted, up to the closing quote that no backslash escapes.
+            let mut end = start + 1;
+            while end < bytes.len() && !(bytes[end] == b'\'' && bytes[end - 1] != b'\\') {
+                end += 1;
+            }
+            (end + 1).min(bytes.len())
+        } else {
+            url[start..]
+                .find(|c: char| c == '&' || c.is_whitespace())
+                .map_or(url.len(), |len| start + len)
+        };
+        out.push_str(&url[kept..start]);
+        out.push_str("***");
+        (kept, at) = (end, end);
     }
+    out.push_str(&url[kept..]);
+    out
 }
 
 /// A driver error whose message says what went wrong: the driver's own says only "db error" or
@@ -692,15 +741,32 @@ mod tests {
 
     #[test]
     fn urls_in_messages_hide_the_password() {
-        assert_eq!(
-            redact("postgresql://app:s3cret@db:5432/flow"),
-            "postgresql://app:***@db:5432/flow"
-        );
-        assert_eq!(
-            redact("postgresql://app@db/flow"),
-            "postgresql://app@db/flow"
-        );
-        assert_eq!(redact("host=db user=app"), "host=db user=app");
+        for (url, shown) in [
+            (
+                "postgresql://app:s3cret@db:5432/flow",
+                "postgresql://app:***@db:5432/flow",
+            ),
+            ("postgresql://app@db/flow", "postgresql://app@db/flow"),
+            ("host=db user=app", "host=db user=app"),
+            (
+                "postgresql://app@db/flow?password=s3cret",
+                "postgresql://app@db/flow?password=***",
+            ),
+            (
+                "postgresql://app@db/flow?sslmode=disable&PASSWORD=s3cret&port=abc",
+                "postgresql://app@db/flow?sslmode=disable&PASSWORD=***&port=abc",
+            ),
+            (
+                "host=db user=app password=s3cret dbname=flow",
+                "host=db user=app password=*** dbname=flow",
+            ),
+            ("password='it\\'s secret' host=db", "password=*** host=db"),
+            ("host=db password=", "host=db password=***"),
+            ("host=db old_password=x", "host=db old_password=x"),
+        ] {
+            assert_eq!(redact_password(url), shown, "{url}");
+            assert!(!redact_password(url).contains("s3cret"), "{url}");
+        }
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod store;
 mod telemetry;
 mod wakeup;
 
-pub use connect::{PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};
+pub use connect::{redact_password, PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};
 pub use idempotency::PostgresIdempotencyStore;
 /// The PostgreSQL driver miniflow is built on, re-exported so that the caller's-transaction entry
 /// points ([`PostgresStore::append_in`], …) take a transaction of the same `postgres` version.

@@ -378,20 +378,6 @@ fn with_password(url: &str) -> Cow<'_, str> {
     ))
 }
 
-/// `url` without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
-}
-
 /// Opens the store to read it: nothing in or beside the file changes, and a path without a miniflow
 /// store of this version is refused. A database is read in read-only sessions, without migrating
 /// it, and must hold miniflow's schema at this version.
@@ -1447,7 +1433,7 @@ fn purge_finished(
 fn migrate(out: &mut impl Write, db: &Path) -> Done {
     if let Some(url) = database_url(db) {
         let found = PostgresStore::migrate(&with_password(url))?;
-        let (url, version) = (redact(url), POSTGRES_SCHEMA_VERSION);
+        let (url, version) = (miniflow::redact_password(url), POSTGRES_SCHEMA_VERSION);
         match found {
             0 => writeln!(out, "{url}: created miniflow's schema, version {version}")?,
             found if found == version => writeln!(
