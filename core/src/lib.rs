@@ -114,7 +114,7 @@ pub use idempotency::{
 pub use limits::JsonLimits;
 pub use memory::MemoryStore;
 pub use model::{
-    canonical_json, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,
+    canonical_json, check_kind, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,
 };
 pub use outbox::{
     Cancelled, Changed, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow,

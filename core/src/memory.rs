@@ -771,6 +771,7 @@ impl Operations for MemoryStore {
         Ok(control)
     }
     fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        crate::check_kind("kind", kind)?;
         Ok(self
             .outbox
             .values()

@@ -12,8 +12,13 @@ use crate::timer::Timer;
 /// The longest event or command kind, in bytes.
 pub const MAX_KIND_LEN: usize = 128;
 
-/// Checks an event or command kind: 1 to [`MAX_KIND_LEN`] bytes, no control characters.
-pub(crate) fn check_kind(field: &'static str, kind: &str) -> Result<(), Error> {
+/// Checks an event or command kind, named `field` in the error: 1 to [`MAX_KIND_LEN`] bytes, no
+/// control characters. A store checks a kind it is given this way before it sends it anywhere.
+///
+/// # Errors
+///
+/// [`Error::InvalidInput`] naming `field` and the kind.
+pub fn check_kind(field: &'static str, kind: &str) -> Result<(), Error> {
     if kind.is_empty() {
         return Err(Error::invalid(field, kind, "must not be empty"));
     }

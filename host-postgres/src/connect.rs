@@ -243,6 +243,9 @@ pub(crate) trait Connections: Send + Sync {
 /// The pool's connections: `r2d2_postgres`'s, each with its statement cache.
 struct Manager<T>(PostgresConnectionManager<T>);
 
+/// How long a pooled connection may have been idle and still be handed out untested.
+const TRUSTED_IDLE: Duration = Duration::from_secs(1);
+
 impl<T> r2d2::ManageConnection for Manager<T>
 where
     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
@@ -257,11 +260,19 @@ where
         self.0.connect().map(Connection::new)
     }
 
+    /// Asks the server only about a connection that has been idle a while: the server may have
+    /// closed it meanwhile (an idle-session timeout, a restart, a proxy), and a connection taken
+    /// back at once is still open. So a busy pool pays no round trip per operation, and an idle one
+    /// pays one per checkout instead of failing its caller's operation.
     fn is_valid(&self, connection: &mut Connection) -> Result<(), postgres::Error> {
+        if connection.idle_since.elapsed() < TRUSTED_IDLE {
+            return Ok(());
+        }
         self.0.is_valid(&mut connection.client)
     }
 
     fn has_broken(&self, connection: &mut Connection) -> bool {
+        connection.idle_since = std::time::Instant::now(); // given back: idle from now on
         self.0.has_broken(&mut connection.client)
     }
 }
@@ -378,9 +389,9 @@ impl Shared {
             .max_size(options.pool_size)
             .min_idle(Some(0))
             .connection_timeout(options.connect_timeout)
-            // A connection the server closed fails its next operation with a storage error and is
-            // then dropped; testing each checkout would cost a round trip on every operation.
-            .test_on_check_out(false)
+            // A connection idle for longer than `TRUSTED_IDLE` is tested before it is handed out
+            // (see `Manager::is_valid`); one the server closed is replaced, not given to a caller.
+            .test_on_check_out(true)
             .build(manager)
             .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
         let connections: Arc<dyn Connections> = Arc::new(Pool { pool, config, tls });

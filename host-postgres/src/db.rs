@@ -14,6 +14,8 @@ use miniflow_core::Error;
 pub(crate) struct Connection {
     pub(crate) client: Client,
     pub(crate) statements: Statements,
+    /// When it was last given back to the pool (or opened): how long it has been idle.
+    pub(crate) idle_since: std::time::Instant,
 }
 
 impl Connection {
@@ -21,6 +23,7 @@ impl Connection {
         Self {
             client,
             statements: Statements::default(),
+            idle_since: std::time::Instant::now(),
         }
     }
 

@@ -38,7 +38,7 @@ pub use idempotency::PostgresIdempotencyStore;
 pub use postgres;
 #[doc(hidden)]
 pub use store::hot_queries;
-pub use store::{Listing, PostgresStore, UnreadableCommand};
+pub use store::{Listing, PostgresStore, UnreadableCommand, MAX_FALLBACK};
 pub use wakeup::Wakeups;
 #[cfg(feature = "dispatcher")]
 pub use wakeup::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};

@@ -180,10 +180,11 @@ impl PostgresStore {
     /// the earliest due time that claim saw arrives, or `fallback` has passed. A worker that polls
     /// often then costs the database one query per `fallback` while idle, and still starts within
     /// its poll interval of a notifying commit. `fallback` catches what no notification announces
-    /// (a transaction that locked due rows and rolled back, a listener reconnecting).
+    /// (a transaction that locked due rows and rolled back, a listener reconnecting). A `fallback`
+    /// longer than [`MAX_FALLBACK`] (an hour) is taken as that.
     #[must_use]
     pub fn woken_by(mut self, wakeups: &Wakeups, fallback: Duration) -> Self {
-        self.wakeups = Some((wakeups.clone(), fallback));
+        self.wakeups = Some((wakeups.clone(), fallback.min(MAX_FALLBACK)));
         self.idle_commands = Idle::default();
         self.idle_timers = Idle::default();
         self
@@ -193,6 +194,9 @@ impl PostgresStore {
     /// with the event and its commands, or not at all. The store never commits `tx`; on an error
     /// nothing of the commit stays in it (a savepoint is rolled back) and the caller decides whether
     /// to roll back the rest. `tx` must be on the store's database, in `READ COMMITTED` or stronger.
+    /// In `REPEATABLE READ` or `SERIALIZABLE`, a commit that lost its race to another transaction
+    /// is a [`Error::Conflict`] whose `actual` is the last seq `tx`'s snapshot sees (which may be
+    /// `expected` itself): `tx` cannot see the newer events, so roll it back and run it again.
     ///
     /// ```no_run
     /// use miniflow_core::prelude::*;
@@ -556,6 +560,9 @@ const CLAIM_TIMERS: &str = select_timers!(
 );
 const SELECT_TIMER_FOR_UPDATE: &str = select_timers!("WHERE timer_id = $1 FOR UPDATE");
 const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = $1 ORDER BY timer_id");
+/// The longest an idle store skips the database for ([`PostgresStore::woken_by`]).
+pub const MAX_FALLBACK: Duration = Duration::from_secs(3600);
+
 /// The oldest done rows first; rows another purge is deleting are left to it.
 const PURGE_DONE: &str = "DELETE FROM outbox WHERE (workflow_id, event_seq, idx) IN \
      (SELECT workflow_id, event_seq, idx FROM outbox \
@@ -1647,6 +1654,8 @@ impl Operations for PostgresStore {
         by: &str,
         now: Timestamp,
     ) -> Result<KindControl, Error> {
+        // Checked before it is sent: a kind the server cannot hold (a NUL) is the caller's mistake.
+        miniflow_core::check_kind("kind", kind)?;
         let mut connection = self.shared.connection()?;
         let control = connection.in_transaction(|db| {
             let clock = self.clock(db, now)?;
@@ -1657,6 +1666,7 @@ impl Operations for PostgresStore {
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        miniflow_core::check_kind("kind", kind)?;
         let mut connection = self.shared.connection()?;
         crate::controls::dead_of_kind(&mut connection.db(), kind, limit, false)
     }

@@ -236,6 +236,7 @@ pub fn paused_kinds_are_skipped_until_resumed<H: Harness>(h: &mut H) {
     // Bad input is refused and changes nothing.
     for (kind, change, by) in [
         ("", KindChange::Resume, "bob"),
+        ("b\0ok", KindChange::Pause, "bob"),
         ("book", KindChange::Resume, ""),
         ("book", KindChange::Limit(0), "bob"),
     ] {
@@ -417,6 +418,15 @@ pub fn bulk_retry_and_resolve_dead_commands_of_a_kind<H: Harness>(h: &mut H) {
     assert_eq!(dead(&store, "mail"), ["w1:1:2"]);
     assert!(dead(&store, "none").is_empty());
     assert_eq!(store.dead_letters_of_kind("book", 1).unwrap().len(), 1);
+    for bad in ["", "b\0ok"] {
+        assert!(
+            matches!(
+                store.dead_letters_of_kind(bad, 10),
+                Err(Error::InvalidInput { field: "kind", .. })
+            ),
+            "{bad:?}"
+        );
+    }
 
     for (kind, batch, field) in [
         ("", 10, "kind"),

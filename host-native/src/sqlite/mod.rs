@@ -724,6 +724,7 @@ impl Operations for SqliteStore {
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters_of_kind(&self, kind: &str, limit_rows: usize) -> Result<Vec<OutboxRow>, Error> {
+        miniflow_core::check_kind("kind", kind)?;
         dead_of_kind(&self.conn, kind, limit_rows)
     }
     fn retry_dead_of_kind(

@@ -52,6 +52,36 @@ fn a_store_connects_and_migrates_a_fresh_database() {
     assert_eq!(version, miniflow::POSTGRES_SCHEMA_VERSION);
 }
 
+/// A pooled connection the server closed while it sat idle (an idle-session timeout here; a
+/// restart or a proxy alike) is tested and replaced when it is next checked out, not handed to the
+/// caller's operation to fail.
+#[test]
+fn connections_the_server_closed_while_idle_are_replaced_not_failed() {
+    let database = TestDatabase::new();
+    let name: String = database
+        .client()
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    database
+        .client()
+        .batch_execute(&format!(
+            "ALTER DATABASE \"{name}\" SET idle_session_timeout = '200ms'"
+        ))
+        .unwrap();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    for round in 0..3 {
+        append(&mut store, &format!("w{round}"), 1, T0);
+        // Past the server's timeout: it closes every idle connection of the pool.
+        std::thread::sleep(Duration::from_millis(1_300));
+        assert_eq!(
+            store.pending(10).unwrap().len(),
+            round + 1,
+            "round {round}: the operation after the idle time succeeds"
+        );
+    }
+}
+
 #[test]
 fn processes_migrating_at_once_apply_each_migration_once() {
     let database = TestDatabase::new();
