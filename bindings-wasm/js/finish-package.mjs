@@ -25,6 +25,7 @@ const KINDS = {
   COMMAND_COMPLETED: "command_completed",
   COMMAND_FAILED: "command_failed",
   COMMAND_RESOLVED: "command_resolved",
+  SCHEDULE_FIRED: "schedule_fired",
 };
 
 function edit(file, change) {

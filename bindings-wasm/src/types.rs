@@ -80,6 +80,7 @@ export interface OutboxRow {
   attempts: number;
   last_error: string | null;
   available_at: number;
+  /** The current lease while `leased`; after it, the last one (kept for the record), `null` if never leased. */
   lease: Lease | null;
   created_at: number;
   processed_at: number | null;
@@ -138,6 +139,8 @@ export declare const COMMAND_COMPLETED: "command_completed";
 export declare const COMMAND_FAILED: "command_failed";
 /** The kind of the event committed when a dead command is resolved by hand. */
 export declare const COMMAND_RESOLVED: "command_resolved";
+/** The kind of the event an occurrence of a recurring schedule commits. */
+export declare const SCHEDULE_FIRED: "schedule_fired";
 /** The payload of a `timer_fired` event. */
 export interface TimerFired { timer_id: string; name: string; payload: Json }
 /** The payload of a `schedule_fired` event: one occurrence of a schedule, standing also for the

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { miniflow, throwsCode } from "./miniflow.mjs";
 
 const { MemoryStore, Engine, IdempotencyStore, digest, isMiniflowError, errorCodes } = miniflow;
-const { TIMER_FIRED, COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED } = miniflow;
+const { TIMER_FIRED, COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED } = miniflow;
 
 function seeded() {
   const store = new MemoryStore();
@@ -138,7 +138,10 @@ test("an argument of the wrong class is INVALID_INPUT; free() from a callback fr
 });
 
 test("the built-in event kinds are exported, and are the kinds of the events miniflow writes", () => {
-  assert.deepEqual([TIMER_FIRED, COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED], ["timer_fired", "command_completed", "command_failed", "command_resolved"]);
+  assert.deepEqual(
+    [TIMER_FIRED, COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED, SCHEDULE_FIRED],
+    ["timer_fired", "command_completed", "command_failed", "command_resolved", "schedule_fired"],
+  );
   const store = new MemoryStore();
   let step = 0;
   const engine = new Engine({
