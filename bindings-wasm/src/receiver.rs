@@ -65,6 +65,19 @@ fn digest_of(request: &JsValue, fields: &JsValue) -> Result<String, JsValue> {
     Ok(match fields {
         Some(fields) => {
             let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
+            // A list that selects nothing of the request gives every request the same digest, so
+            // a receiver would answer one request with another's result: refused.
+            let present = |field: &&str| match field.strip_prefix('/') {
+                Some(_) => request.pointer(field).is_some(),
+                None => request.get(field).is_some(),
+            };
+            if !fields.iter().any(present) {
+                return Err(invalid(
+                    "fields",
+                    "select nothing of the request (none of them is in it): every request would \
+                     have the same digest; name the fields that define its intent",
+                ));
+            }
             Digest::of_intent(&request, &fields)
         }
         None => Digest::of(&request),

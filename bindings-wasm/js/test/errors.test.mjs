@@ -49,6 +49,9 @@ test("bad arguments are INVALID_INPUT errors, never a crash of the module", () =
     [() => new Engine({ evolve: (s) => s }), "workflow.decide"],
     [() => new Engine(null), "workflow"],
     [() => digest({ a: 1 }, "a"), "fields"],
+    [() => digest({ a: 1 }, []), "fields: select nothing of the request"],
+    [() => digest({ traveller: "Li Lei" }, ["travellr"]), "fields: select nothing of the request"],
+    [() => digest("a scalar", ["traveller"]), "fields: select nothing of the request"],
     [() => new IdempotencyStore().begin("k", "not-a-digest", 0), "digest"],
   ];
   for (const [call, mentions] of cases) throwsCode(assert, call, "INVALID_INPUT", mentions);
