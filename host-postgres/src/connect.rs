@@ -403,7 +403,13 @@ impl Shared {
         };
         // The checks on a connection of their own: a server that cannot be reached fails the
         // connect at once with what went wrong, where the pool would retry until its timeout.
-        let mut client = shared.dedicated()?;
+        let mut client = shared.dedicated().map_err(|e| match e {
+            Error::Storage(source) => Error::Storage(Box::new(Connecting {
+                target: format!("{} {}", target.0, target.1),
+                source,
+            })),
+            other => other,
+        })?;
         if options.require_durable_commits && !options.read_only {
             check_durability(&mut client)?;
         }
@@ -547,6 +553,26 @@ pub fn redact_password(url: &str) -> String {
     }
     out.push_str(&url[kept..]);
     out
+}
+
+/// A failed first connection, naming where it went (the URL without its password, or the
+/// database); the driver's error stays its source.
+#[derive(Debug)]
+struct Connecting {
+    target: String,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl std::fmt::Display for Connecting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot connect to {}: {}", self.target, self.source)
+    }
+}
+
+impl std::error::Error for Connecting {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
 }
 
 /// A driver error whose message says what went wrong: the driver's own says only "db error" or

@@ -189,7 +189,14 @@ fn connection_failures_and_bad_settings_are_reported_as_their_kinds() {
     let unreachable = "postgresql://nobody@127.0.0.1:1/none";
     let options = PostgresOptions::new().connect_timeout(Duration::from_secs(2));
     match PostgresStore::connect_with(unreachable, &options) {
-        Err(e @ Error::Storage(_)) => assert_eq!(e.code(), "STORAGE"),
+        Err(e @ Error::Storage(_)) => {
+            assert_eq!(e.code(), "STORAGE");
+            assert!(
+                e.to_string()
+                    .contains("cannot connect to url postgresql://nobody@127.0.0.1:1/none"),
+                "the message says where: {e}"
+            );
+        }
         other => panic!("an unreachable server gave {other:?}"),
     }
     match PostgresStore::connect("postgresql://[not a url") {
