@@ -267,7 +267,6 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
 const NOT_PLAIN: &str = "is no plain object (a Promise, a Map, a class instance), not JSON";
 
 /// `.name`, or `["name"]` for a name that is not an identifier.
-#[inline(never)]
 fn member_path(name: &str) -> String {
     let identifier = !name.is_empty()
         && !name.starts_with(|c: char| c.is_ascii_digit())

@@ -486,8 +486,7 @@ impl<W: Workflow> Engine<W> {
     /// come from timers and feedback, through [`Engine::fire`].
     fn callers(&self, event: Event) -> Result<Event, Error> {
         if BUILT_IN_KINDS.contains(&event.kind.as_str()) {
-            let reason = "is a kind miniflow writes itself (timers, feedback): give the event a \
-                          kind of its own";
+            let reason = "is a kind of miniflow's own events (timers, feedback)";
             return Err(Error::invalid("event.kind", &event.kind, reason));
         }
         Ok(event)

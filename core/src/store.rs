@@ -199,6 +199,17 @@ impl Commit {
             inside_its_event.check(&format!("schedules[{i}].payload"), &schedule.payload)?;
             check_kind("schedule.name", &schedule.name)?;
             schedule.check(self.now)?;
+            // A name is one schedule: two of one name in a decision would both run.
+            if decision.schedules[..i]
+                .iter()
+                .any(|s| s.name == schedule.name)
+            {
+                return Err(Error::invalid(
+                    "schedule.name",
+                    &schedule.name,
+                    "is started twice by one decision",
+                ));
+            }
         }
         for name in decision
             .timers

@@ -484,6 +484,16 @@ pub fn bad_schedules_are_refused_before_anything_is_written<H: Harness>(h: &mut 
     .unwrap_err();
     assert_eq!(err.code(), "INVALID_INPUT", "{err}");
     assert!(err.to_string().contains("schedules[0].payload"), "{err}");
+    // A name is one schedule: one decision cannot start it twice (both would run).
+    let twice = Decision::new()
+        .schedule(Schedule::every("report", Duration::from_secs(60)))
+        .schedule(Schedule::every("report", Duration::from_secs(90)));
+    let err =
+        Commit::new(wid("bad"), Seq::ZERO, Event::new("e", json!({})), twice, T0).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidInput { field: "schedule.name", value, .. } if value == "report"),
+        "{err}"
+    );
     let store = h.reopen(store);
     assert!(store.load(&wid("bad")).unwrap().is_empty());
     assert!(store.timers(&wid("bad")).unwrap().is_empty());
