@@ -52,23 +52,25 @@ fn a_store_connects_and_migrates_a_fresh_database() {
     assert_eq!(version, miniflow::POSTGRES_SCHEMA_VERSION);
 }
 
+/// Sets `setting` (`name = value`) for the sessions that connect to `database` from now on.
+fn alter_database(database: &TestDatabase, setting: &str) {
+    let mut client = database.client();
+    let name: String = client
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    client
+        .batch_execute(&format!("ALTER DATABASE \"{name}\" SET {setting}"))
+        .unwrap();
+}
+
 /// A pooled connection the server closed while it sat idle (an idle-session timeout here; a
 /// restart or a proxy alike) is tested and replaced when it is next checked out, not handed to the
 /// caller's operation to fail.
 #[test]
 fn connections_the_server_closed_while_idle_are_replaced_not_failed() {
     let database = TestDatabase::new();
-    let name: String = database
-        .client()
-        .query_one("SELECT current_database()", &[])
-        .unwrap()
-        .get(0);
-    database
-        .client()
-        .batch_execute(&format!(
-            "ALTER DATABASE \"{name}\" SET idle_session_timeout = '200ms'"
-        ))
-        .unwrap();
+    alter_database(&database, "idle_session_timeout = '200ms'");
     let mut store = PostgresStore::connect(&database.url()).unwrap();
     for round in 0..3 {
         append(&mut store, &format!("w{round}"), 1, T0);
@@ -219,15 +221,7 @@ fn a_row_locked_past_the_lock_timeout_is_busy_and_changes_nothing() {
     let database = TestDatabase::new();
     let mut store = PostgresStore::connect(&database.url()).unwrap();
     append(&mut store, "w", 1, T0);
-    let name: String = database
-        .client()
-        .query_one("SELECT current_database()", &[])
-        .unwrap()
-        .get(0);
-    database
-        .client()
-        .batch_execute(&format!("ALTER DATABASE {name} SET lock_timeout = '100ms'"))
-        .unwrap();
+    alter_database(&database, "lock_timeout = '100ms'");
     // A new pool, so its connections start with the database's lock timeout.
     let mut store = PostgresStore::connect(&database.url()).unwrap();
     let mut holder = database.client();
@@ -246,17 +240,7 @@ fn a_row_locked_past_the_lock_timeout_is_busy_and_changes_nothing() {
 #[test]
 fn a_server_that_may_lose_commits_is_refused_unless_the_caller_opts_in() {
     let database = TestDatabase::new();
-    let name: String = database
-        .client()
-        .query_one("SELECT current_database()", &[])
-        .unwrap()
-        .get(0);
-    database
-        .client()
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} SET synchronous_commit = off"
-        ))
-        .unwrap();
+    alter_database(&database, "synchronous_commit = off");
     match PostgresStore::connect(&database.url()) {
         Err(Error::Storage(e)) => assert!(e.to_string().contains("synchronous_commit"), "{e}"),
         other => panic!("synchronous_commit = off was accepted: {other:?}"),
