@@ -9,7 +9,8 @@
 //   crate's TypeScript section).
 // - The declarations compile for any ES2022 project: `[Symbol.dispose]` (which needs the
 //   esnext.disposable lib) is left out of them — the method is still there at run time — and `Engine`
-//   is generic over its workflow's state and events, so `replay().state` has the state's type.
+//   is generic over its workflow's state and events, so `replay().state` has the state's type and
+//   `handle` / `start` take the workflow's own events.
 //
 // The generated code comes from the pinned wasm-bindgen version; each edit checks that it found what
 // it changes, so a new version that moved things fails the build instead of shipping an unfinished
@@ -97,5 +98,7 @@ edit("miniflow.js", (js) => {
 
 edit("miniflow.d.ts", (dts) => {
   const withoutDispose = replace(dts, "    [Symbol.dispose](): void;\n", "", 3);
-  return replace(withoutDispose, "export class Engine {", "export class Engine<S = unknown, E extends EventShape = AnyEvent> {");
+  const generic = replace(withoutDispose, "export class Engine {", "export class Engine<S = unknown, E extends EventShape = AnyEvent> {");
+  // `handle` and `start` take the workflow's own events, typed.
+  return replace(generic, "workflowId: string, event: EventInput, now?: number): Handled;", "workflowId: string, event: EventInputOf<E>, now?: number): Handled;", 2);
 });

@@ -171,6 +171,12 @@ export type BuiltInEvent =
   | { kind: "command_resolved"; payload: CommandResolved };
 /** The kinds of the events miniflow writes. */
 export type BuiltInEventKind = BuiltInEvent["kind"];
+/**
+ * What `handle` and `start` take for a workflow of events `E`: one of its own events (miniflow's
+ * built-in ones come from timers and feedback, and are refused), or any `EventInput` when the
+ * workflow's events are not typed.
+ */
+export type EventInputOf<E extends EventShape> = AnyEvent extends E ? EventInput : Exclude<E, BuiltInEvent>;
 
 export type TimerStatus = "scheduled" | "fired" | "cancelled" | "rejected";
 /** A stored timer and the event it commits when it fires. */

@@ -141,6 +141,15 @@ const saga: Workflow<Saga, SagaEvent> = {
   },
 };
 const sagaEngine = new Engine(saga);
+// handle and start take the workflow's own events, typed by kind.
+sagaEngine.handle(store, "trip-001", { kind: "trip_requested", payload: { city: "成都" } });
+sagaEngine.start(store, "trip-009", { kind: "trip_cancelled", payload: null });
+// @ts-expect-error a kind the workflow does not have
+sagaEngine.handle(store, "trip-001", { kind: "trip_requestd", payload: { city: "成都" } });
+// @ts-expect-error the payload of its kind
+sagaEngine.handle(store, "trip-001", { kind: "trip_requested", payload: { city: 5 } });
+// @ts-expect-error miniflow's own events come from timers and feedback, not from handle
+sagaEngine.handle(store, "trip-001", { kind: "timer_fired", payload: { timer_id: "t", name: "n", payload: null } });
 const sagaEvents: EventRecord<SagaEvent>[] = store.load("trip-001") as EventRecord<SagaEvent>[];
 expectType<Equal<BuiltInEventKind, "timer_fired" | "schedule_fired" | "command_completed" | "command_failed" | "command_resolved">>();
 
