@@ -614,7 +614,7 @@ mod cron {
         Err(Error::invalid(
             "schedule.cron",
             expression,
-            "cron expressions need the `cron` feature of miniflow-core (on by default in miniflow)",
+            "cron expressions need the `cron` feature of miniflow-core, which this build leaves out",
         ))
     }
 }
