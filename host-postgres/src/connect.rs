@@ -767,9 +767,11 @@ impl Clock {
     }
 }
 
+/// `t` moved by `by` milliseconds, within what a timestamp holds: a time past what the database
+/// stores stays past it, for `to_sql_time` to refuse rather than to be written as another time.
 fn shift(t: Timestamp, by: i128) -> Timestamp {
-    let millis = (i128::from(t.as_millis()) + by).clamp(0, i128::from(i64::MAX));
-    Timestamp::from_millis(u64::try_from(millis).unwrap_or(0))
+    let millis = (i128::from(t.as_millis()) + by).clamp(0, i128::from(u64::MAX));
+    Timestamp::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

@@ -64,6 +64,35 @@ fn alter_database(database: &TestDatabase, setting: &str) {
         .unwrap();
 }
 
+/// A time past what the database stores is refused on every path, the commit's too, never written
+/// as another time.
+#[test]
+fn a_time_past_what_the_database_stores_is_refused_by_commits_too() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    let far = Timestamp::from_millis(u64::MAX);
+    let commit = Commit::new(
+        wid("w"),
+        Seq::ZERO,
+        Event::new("start", json!({})),
+        Decision::new().command(Command::new("deliver", json!({}))),
+        far,
+    )
+    .unwrap();
+    let err = store.append_with_commands(&commit).unwrap_err();
+    assert_eq!(err.code(), "INVALID_INPUT", "{err}");
+    assert!(
+        err.to_string().contains("past the year 292 million"),
+        "{err}"
+    );
+    assert!(store.load(&wid("w")).unwrap().is_empty(), "nothing written");
+    let claimed = store.claim(&ClaimRequest::new("w1"), far);
+    assert!(
+        matches!(claimed, Err(Error::InvalidInput { .. })),
+        "{claimed:?}"
+    );
+}
+
 /// A pooled connection the server closed while it sat idle (an idle-session timeout here; a
 /// restart or a proxy alike) is tested and replaced when it is next checked out, not handed to the
 /// caller's operation to fail.
