@@ -79,11 +79,27 @@ function serialize() {
 
 function restore(text) {
   const { snapshot, lengths, ...rest } = JSON.parse(text);
+  const fresh = freshState();
+  if (!isObject(lengths) || !LOGS.every((log) => Number.isInteger(lengths[log]))) throw new Error("a saved state without its log lengths");
   const next = Store.fromSnapshot(snapshot);
   store?.free();
   store = next;
-  state = { ...freshState(), ...rest };
+  state = { ...fresh, ...rest };
+  // A damaged entry must not leave the page half drawn: the parts the views read keep their shape.
+  state.tour = { ...fresh.tour, ...(isObject(rest.tour) ? rest.tour : {}) };
+  if (!isObject(rest.explain) || typeof rest.explain.text !== "string") state.explain = fresh.explain;
   for (const log of LOGS) state[log] = logs[log].slice(0, lengths[log]);
+}
+
+const isObject = (value) => typeof value === "object" && value !== null && !Array.isArray(value);
+
+/** `localStorage`, or `null` where the browser refuses it (site data blocked): the page then runs unsaved. */
+function storage() {
+  try {
+    return window.localStorage;
+  } catch {
+    return null;
+  }
 }
 
 let saving = null;
@@ -97,27 +113,45 @@ function persist() {
 function save() {
   clearTimeout(saving);
   saving = null;
-  try {
-    localStorage.setItem(STORAGE_KEY, JSON.stringify({ history, cursor, logs }));
-  } catch (error) {
-    // Over the browser's quota: keep the start and the latest steps.
-    if (history.length <= 2) return console.warn("the playground's state is not saved:", error);
-    const dropped = history.length - Math.max(2, Math.floor(history.length / 2));
-    history.splice(1, dropped);
-    cursor = Math.max(0, cursor - dropped);
-    save();
+  const local = storage();
+  if (!local) return;
+  // Over the browser's quota: save the start and fewer of the latest steps. The page keeps them all.
+  let kept = history;
+  for (;;) {
+    try {
+      const dropped = history.length - kept.length;
+      const savedCursor = cursor === 0 ? 0 : Math.max(1, cursor - dropped);
+      local.setItem(STORAGE_KEY, JSON.stringify({ history: kept, cursor: savedCursor, logs }));
+      return;
+    } catch (error) {
+      if (kept.length <= 2) return console.warn("the playground's state is not saved:", error);
+      kept = [history[0], ...history.slice(history.length - Math.floor(kept.length / 2))];
+    }
   }
 }
 
+/** Whether `saved` is a whole saved playground: every point of its history readable. */
+function readable(saved) {
+  if (!isObject(saved) || !Array.isArray(saved.history) || !Number.isInteger(saved.cursor)) return false;
+  if (!saved.history[saved.cursor] || !LOGS.every((log) => Array.isArray(saved.logs?.[log]))) return false;
+  return saved.history.every((point) => {
+    if (!isObject(point) || typeof point.label !== "string" || typeof point.state !== "string") return false;
+    const { snapshot, lengths } = JSON.parse(point.state);
+    return typeof snapshot === "string" && isObject(lengths);
+  });
+}
+
 function loadSaved() {
-  localStorage.removeItem("miniflow-playground-v1");
+  const local = storage();
   try {
-    const saved = JSON.parse(localStorage.getItem(STORAGE_KEY) ?? "null");
-    if (saved && Array.isArray(saved.history) && saved.history[saved.cursor] && LOGS.every((log) => Array.isArray(saved.logs?.[log]))) {
+    local?.removeItem("miniflow-playground-v1");
+    const saved = JSON.parse(local?.getItem(STORAGE_KEY) ?? "null");
+    if (saved !== null && readable(saved)) {
       ({ history, cursor, logs } = saved);
       restore(history[cursor].state);
       return;
     }
+    if (saved !== null) console.warn("discarding a saved playground that is not whole");
   } catch (error) {
     console.warn("discarding an unreadable saved playground:", error);
   }
@@ -144,8 +178,13 @@ function remember(label) {
 }
 
 function travel(to) {
-  cursor = Math.max(0, Math.min(history.length - 1, to));
-  restore(history[cursor].state);
+  const target = Math.max(0, Math.min(history.length - 1, to));
+  try {
+    restore(history[target].state);
+    cursor = target;
+  } catch (error) {
+    console.warn("this point of the history cannot be read:", error);
+  }
   persist();
   render();
 }
@@ -169,7 +208,7 @@ function supply(delivery) {
 function deliverOne(d, group, crash) {
   const n = state.calls.length + 1;
   const id = d.commandId;
-  const again = d.attempt > 1;
+  const again = d.attempt > 1 || state.calls.some((c) => c.commandId === d.commandId);
   group.title += `${group.deliveries ? "," : " ·"} delivery ${n}${again ? " (redelivery)" : ""}`;
   group.deliveries = (group.deliveries ?? 0) + 1;
   group.rows.push({ from: "outbox", to: "worker", text: `claim ${id} · attempt ${d.attempt} · leased until ${clockTime(d.leaseExpiresAt)}` });
@@ -187,10 +226,10 @@ function deliverOne(d, group, crash) {
   const { reference, outcome } = supply(d);
   state.calls.push({ ...call, reference, outcome });
   if (outcome === "duplicate") {
-    state.tour.duplicateDropped = true;
+    if (!crash) state.tour.duplicateDropped = true;
     group.rows.push({ from: "supplier", to: "worker", text: `same key ${id} → ${reference}, duplicate dropped`, tone: "dup", testid: "duplicate" });
   } else if (outcome === "second") {
-    state.tour.contrast = true;
+    if (state.tour.duplicateDropped) state.tour.contrast = true;
     group.rows.push({ from: "supplier", to: "worker", text: `key ignored → ${reference}, a second side effect for ${id}`, tone: "bad", testid: "second-effect" });
   } else {
     group.rows.push({ from: "supplier", to: "worker", text: `${reference} · new side effect`, tone: "ok" });
@@ -198,7 +237,8 @@ function deliverOne(d, group, crash) {
   if (crash) {
     state.tour.crashed = true;
     group.rows.push({ from: "worker", to: "outbox", text: "ack lost: the worker crashed", tone: "lost", lost: true });
-    return `The supplier made ${reference}, then the worker crashed before its ack reached the outbox. ${id} stays leased until ${clockTime(d.leaseExpiresAt)}.`;
+    const made = outcome === "duplicate" ? `The supplier knew the key and answered ${reference} again, without a new effect` : `The supplier made ${reference}`;
+    return `${made}, then the worker crashed before its ack reached the outbox. ${id} stays leased until ${clockTime(d.leaseExpiresAt)}.`;
   }
   store.complete(d, state.clock);
   group.rows.push({ from: "worker", to: "outbox", text: `ack: ${id} done`, tone: "ok" });
@@ -352,11 +392,13 @@ function nextStep(rows) {
   const { tour } = state;
   if (tour.contrast) return null;
   const contrast = tour.duplicateDropped;
-  if (contrast && !state.noIdempotency) return { step: 5, action: "idempotency" };
-  const pick = (step, action) => ({ step: contrast ? 5 : step, action });
+  if (contrast && !state.noIdempotency) return { step: 5, base: 5, action: "idempotency" };
+  // The duplicate is dropped by an idempotent supplier: switched off, the tour first asks it back.
+  if (!contrast && state.noIdempotency) return { step: 4, base: 4, action: "idempotency", back: true };
+  const pick = (step, action) => ({ step: contrast ? 5 : step, base: step, action });
   if (rows.some((r) => r.status === "leased" && !liveLease(r))) return pick(4, "deliver");
-  if (rows.some(liveLease)) return tour.nothingDue ? pick(3, "advance") : pick(2, "deliver");
   if (rows.some((r) => r.status === "pending" && r.availableAt <= state.clock)) return pick(1, "crash");
+  if (rows.some(liveLease)) return tour.nothingDue ? pick(3, "advance") : pick(2, "deliver");
   if (rows.some((r) => r.status === "pending")) return pick(3, "advance");
   return pick(0, "request");
 }
@@ -375,14 +417,16 @@ function renderTour(rows) {
     "tour",
     STEPS.map((s, i) => {
       const status = state.tour[s.key] ? "done" : next?.step === i ? "current" : "todo";
-      return h("li", { "data-state": status, "data-testid": `tour-${i + 1}` }, h("b", {}, s.text), h("span", {}, ` — ${s.why}`));
+      const current = status === "current" ? { "aria-current": "step" } : {};
+      return h("li", { "data-state": status, "data-testid": `tour-${i + 1}`, ...current }, h("b", {}, s.text), h("span", {}, ` — ${s.why}`));
     }),
   );
   let hint = "Tour complete. Drag the time-travel slider back through what happened, fail a delivery for good, or run the saga below.";
   if (next) {
     hint = HINTS[next.action];
+    if (next.back) hint = "Switch “supplier without idempotency” off first: the tour shows the duplicate dropped, then the contrast.";
     if (next.action === "deliver") {
-      hint = next.step === 2 ? "Deliver: the command is still leased — see why nothing is due." : "Deliver: the outbox hands out the same command, with the same ID, again.";
+      hint = next.base === 2 ? "Deliver: the command is still leased — see why nothing is due." : "Deliver: the outbox hands out the same command, with the same ID, again.";
     }
     if (next.step === 5 && next.action !== "idempotency") hint = `Without idempotency now — ${hint}`;
   }
@@ -424,8 +468,9 @@ function renderTimeTravel() {
   slider.value = String(cursor);
   slider.disabled = history.length < 2;
   const entry = history[cursor];
+  slider.setAttribute("aria-valuetext", entry.label === "start" ? "start" : `after ${entry.label}`);
   if (history.length < 2) {
-    fill("time-travel-label", "Every action adds a point here: drag back to see the state right after any of them.");
+    fill("time-travel-label", `Every action adds a point here (the last ${HISTORY_LIMIT - 1} are kept): drag back to see the state right after any of them.`);
   } else {
     fill("time-travel-label", h("b", {}, `${cursor} / ${history.length - 1}`), ` · ${clockTime(entry.clock)} · after `, entry.label === "start" ? "nothing yet (start)" : entry.label);
   }
@@ -595,7 +640,7 @@ function renderOutbox(rows) {
     "outbox",
     rows.map((row) => {
       const expired = row.status === "leased" && !liveLease(row);
-      const lease = row.status === "leased" ? `${row.lease.owner} #${row.lease.token} until ${clockTime(row.lease.expiresAt)}${expired ? " (ran out)" : ""}` : "–";
+      const lease = row.status === "leased" ? `${row.lease.owner}, token ${row.lease.token}, until ${clockTime(row.lease.expiresAt)}${expired ? " (ran out)" : ""}` : "–";
       const next = row.status === "pending" || row.status === "leased" ? clockTime(row.availableAt) : "–";
       return h(
         "tr",
@@ -629,13 +674,22 @@ function render() {
 
 await ready();
 loadSaved();
+try {
+  render();
+} catch (error) {
+  console.warn("discarding a saved playground that cannot be drawn:", error);
+  startOver();
+}
 for (const element of document.querySelectorAll("button[data-action]")) {
   element.addEventListener("click", () => act(element.dataset.action));
 }
 document.getElementById("no-idempotency").addEventListener("change", () => act("idempotency"));
 document.getElementById("reset").addEventListener("click", reset);
 document.getElementById("time-travel").addEventListener("input", (e) => travel(Number(e.target.value)));
-document.getElementById("time-travel-latest").addEventListener("click", () => travel(history.length - 1));
+document.getElementById("time-travel-latest").addEventListener("click", () => {
+  travel(history.length - 1);
+  document.getElementById("time-travel").focus(); // the button hides itself: focus stays on the slider
+});
 document.getElementById("run-saga").addEventListener("click", () => renderSaga(document.getElementById("saga")));
 linkCommandIds();
 addEventListener("pagehide", () => saving !== null && save());

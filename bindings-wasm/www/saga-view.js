@@ -136,7 +136,7 @@ export function renderSaga(root) {
       "p",
       { class: "saga-totals", "data-testid": "saga-totals" },
       h("span", {}, "pending ", h("b", {}, totals.pending)),
-      h("span", {}, "dead ", h("b", {}, totals.dead), ` (unexplained: ${totals.unexplained})`),
+      h("span", {}, "dead ", h("b", {}, totals.dead), ` (without their command_failed: ${totals.unexplained})`),
       h("span", {}, "withdrawn ", h("b", {}, totals.withdrawn)),
       h("span", {}, `finished at ${minutes(totals.minutes * 60_000)}`),
     ),

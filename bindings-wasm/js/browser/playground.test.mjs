@@ -142,7 +142,7 @@ test("the guided run: one transaction, a lost ack drawn as ✕, why nothing is d
   );
   assert.deepEqual(crosses, [{ text: "✕", color: "rgb(192, 57, 43)", from: "worker", to: "outbox", label: "ack lost: the worker crashed ✕" }]);
   assert.deepEqual(await counters(), { deliveries: 1, sideEffects: 1, duplicates: 0, pending: 1, dead: 0, clock: "09:00:00" });
-  assert.match(await read("[data-testid=outbox]"), /trip-001:1:0 lock_budget leased 1 worker #1 until 09:00:30/);
+  assert.match(await read("[data-testid=outbox]"), /trip-001:1:0 lock_budget leased 1 worker, token 1, until 09:00:30/);
   assert.equal(await highlighted(), "deliver");
   assert.equal(await tourState(3), "current");
 
@@ -224,6 +224,64 @@ test("without idempotency from the start, one redelivery makes two side effects 
   noProblems();
 });
 
+test("switched to no idempotency first, the tour asks for it back before it promises a dropped duplicate", async () => {
+  await page.setViewportSize(DESKTOP);
+  await reset();
+  await click("idempotency-switch");
+  assert.equal(await highlighted(), "idempotency");
+  assert.match(await read("[data-testid=next]"), /off first/);
+  await click("idempotency-switch");
+  assert.equal(await highlighted(), "request");
+  noProblems();
+});
+
+test("the page runs where storage is refused or full, and a damaged saved state is discarded, not drawn", async () => {
+  await page.setViewportSize(DESKTOP);
+  const steps = ["request", "crash", "advance", "deliver", "request", "crash", "advance", "deliver"];
+  // Site data blocked: every touch of localStorage throws.
+  const blocked = await context.newPage();
+  await blocked.addInitScript(() => {
+    Object.defineProperty(window, "localStorage", { get: () => { throw new DOMException("blocked", "SecurityError"); } });
+  });
+  const blockedErrors = [];
+  blocked.on("pageerror", (error) => blockedErrors.push(error.message));
+  await blocked.goto(server.url);
+  await blocked.waitForSelector("#status[data-ready=true]", { timeout: 15_000 });
+  await blocked.click("[data-testid=request]");
+  assert.equal(await blocked.textContent("[data-testid=pending]"), "1", "it runs, unsaved");
+  assert.deepEqual(blockedErrors, []);
+  await blocked.close();
+  // Storage full: saving fails every time, and the slider keeps every step all the same.
+  const full = await context.newPage();
+  await full.addInitScript(() => {
+    Storage.prototype.setItem = () => { throw new DOMException("full", "QuotaExceededError"); };
+  });
+  await full.goto(server.url);
+  await full.waitForSelector("#status[data-ready=true]", { timeout: 15_000 });
+  await full.click("[data-testid=reset]");
+  for (const step of steps) await full.click(`[data-testid=${step}]`);
+  assert.equal(await full.getAttribute("#time-travel", "max"), String(steps.length), "one point per step");
+  await full.close();
+  // A saved state whose tour and explanation are damaged is drawn with fresh ones, not left on
+  // "loading"; an unreadable one is discarded.
+  await reset();
+  await page.waitForTimeout(400); // the save after an action comes a moment later
+  await page.evaluate(() => {
+    const saved = JSON.parse(localStorage.getItem("miniflow-playground-v2"));
+    const state = JSON.parse(saved.history[saved.cursor].state);
+    Object.assign(state, { tour: null, explain: null });
+    saved.history[saved.cursor].state = JSON.stringify(state);
+    localStorage.setItem("miniflow-playground-v2", JSON.stringify(saved));
+  });
+  await open();
+  assert.equal(await highlighted(), "request");
+  await page.evaluate(() => localStorage.setItem("miniflow-playground-v2", JSON.stringify({ history: [null], cursor: 0, logs: {} })));
+  await open();
+  assert.equal(await highlighted(), "request");
+  assert.equal(await text("pending"), "0");
+  noProblems();
+});
+
 test("the time-travel slider restores the state after any past action; acting there drops the later steps; the state survives a reload", async () => {
   await page.setViewportSize(DESKTOP);
   await reset();
@@ -238,7 +296,7 @@ test("the time-travel slider restores the state after any past action; acting th
   for (let i = 0; i < 3; i += 1) await page.keyboard.press("ArrowLeft");
   assert.match(await text("time-travel-label"), /^2 \/ 5 · 09:00:00 · after Crash before ack · delivery 1$/);
   assert.deepEqual(await counters(), { deliveries: 1, sideEffects: 1, duplicates: 0, pending: 1, dead: 0, clock: "09:00:00" });
-  assert.match(await read("[data-testid=outbox]"), /trip-001:1:0 lock_budget leased 1 worker #1 until 09:00:30/);
+  assert.match(await read("[data-testid=outbox]"), /trip-001:1:0 lock_budget leased 1 worker, token 1, until 09:00:30/);
   assert.equal(await page.$$eval("[data-testid=seq-group]", (g) => g.length), 2);
   assert.equal(await page.$$eval("[data-testid=duplicate]", (e) => e.length), 0);
   assert.equal(await page.$$eval("[data-testid=lost-ack]", (e) => e.length), 1);
@@ -348,7 +406,7 @@ test("the saga is drawn as per-trip timelines: commits with what they wrote, res
 
   const results = await page.$$eval("[data-testid=saga] [data-entry=result]", (items) => items.length);
   assert.equal(results, 4, "one command_completed per completed booking");
-  assert.equal(await read("[data-testid=saga-totals]"), "pending 0 dead 1 (unexplained: 0) withdrawn 1 finished at 30.0 min");
+  assert.equal(await read("[data-testid=saga-totals]"), "pending 0 dead 1 (without their command_failed: 0) withdrawn 1 finished at 30.0 min");
   // A withdrawn command is marked up like the outbox's cancelled rows.
   const cancelled = await page.$$eval("[data-testid=saga-trip-002] .status.cancelled", (spans) => spans.map((s) => getComputedStyle(s).textDecorationLine));
   assert.ok(cancelled.length >= 2 && cancelled.every((d) => d === "line-through"), `cancelled is struck through: ${cancelled}`);
