@@ -58,8 +58,8 @@ pub fn is_miniflow_error(error: JsValue) -> bool {
 
 /// Every code, in [`CODES`] order.
 #[wasm_bindgen(js_name = errorCodes, skip_typescript)]
-pub fn error_codes() -> Vec<String> {
-    CODES.iter().map(|code| (*code).to_owned()).collect()
+pub fn error_codes() -> js_sys::Array {
+    CODES.iter().map(|code| JsValue::from_str(code)).collect()
 }
 
 /// A JS `Error` with `message` and a stable `code` property (`CONFLICT`, `STALE_LEASE`, …).
