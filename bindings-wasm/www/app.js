@@ -422,6 +422,10 @@ function renderTour(rows) {
     }),
   );
   let hint = "Tour complete. Drag the time-travel slider back through what happened, fail a delivery for good, or run the saga below.";
+  const skipped = STEPS.filter((s) => !state.tour[s.key]);
+  if (!next && skipped.length) {
+    hint = `Tour complete, but you skipped ${skipped.map((s) => `“${s.text}” (${s.why})`).join(" and ")}: Reset to walk through it.`;
+  }
   if (next) {
     hint = HINTS[next.action];
     if (next.back) hint = "Switch “supplier without idempotency” off first: the tour shows the duplicate dropped, then the contrast.";
