@@ -881,6 +881,7 @@ fn a_result_past_the_limits_completes_the_command_without_it_and_is_reported() {
     let calls = Arc::new(AtomicU32::new(0));
     let counted = calls.clone();
     let (errors, on_error) = error_log();
+    let clock = Arc::new(ManualClock::new(T0));
     let stats = Dispatcher::sqlite(&path, move |d: &Delivery| {
         counted.fetch_add(1, Ordering::SeqCst);
         match d.command_id.index() {
@@ -888,12 +889,14 @@ fn a_result_past_the_limits_completes_the_command_without_it_and_is_reported() {
             _ => Outcome::done_with(json!({ "kept": true })),
         }
     })
-    .lease_ttl(Duration::from_millis(200))
+    .clock(clock.clone())
     .on_error(on_error)
     .run_until_idle()
     .unwrap();
-    std::thread::sleep(Duration::from_millis(300)); // past the lease: nothing comes back
+    // Past every lease it could have held: nothing comes back.
+    clock.advance(Duration::from_secs(3_600));
     let again = Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+        .clock(clock)
         .run_until_idle()
         .unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2, "each delivered once");

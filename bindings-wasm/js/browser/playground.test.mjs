@@ -268,7 +268,7 @@ test("the page runs where storage is refused or full, and a damaged saved state 
   // A saved state whose tour and explanation are damaged is drawn with fresh ones, not left on
   // "loading"; an unreadable one is discarded.
   await reset();
-  await page.waitForTimeout(400); // the save after an action comes a moment later
+  await page.evaluate(() => dispatchEvent(new Event("pagehide"))); // saves now, not a moment later
   await page.evaluate(() => {
     const saved = JSON.parse(localStorage.getItem("miniflow-playground-v2"));
     const state = JSON.parse(saved.history[saved.cursor].state);
