@@ -2,7 +2,9 @@
 //!
 //! - `commits`: 32 producer threads, each commit durable when it returns (`append_with_commands`,
 //!   grouped by the process's writer thread), against one raw thread writing 100 commits per
-//!   transaction — the most a single writer gets from one fsync.
+//!   transaction — the most a single writer gets from one fsync — and one writing 16, the group the
+//!   writer can gather when 32 producers each wait for their own commit (while one half's group is
+//!   synced, the other half's is written).
 //! - `dispatch`: a `Dispatcher` with 4 workers and a no-op handler, against one raw thread running
 //!   the best hand-written delivery loop: a rowid outbox, only the claim index maintained, the ack of
 //!   one batch and the claim of the next in one transaction; and the same loop on miniflow's own
@@ -17,7 +19,9 @@
 //!
 //! Every file is WAL with `synchronous=FULL`. Sides take turns, round after round, each on a fresh
 //! file; the tables give the median round. CPU: µs of CPU time (user + system, all threads of this
-//! process, `getrusage`) per operation, which tells a busy machine from a slow side.
+//! process, `getrusage`) per operation, which tells a busy machine from a slow side. The writer's
+//! mean group (requests per transaction) comes from its `miniflow_writer_group_size` histogram,
+//! through a recorder that keeps that histogram alone.
 //!
 //! Run with `cargo bench --bench writer` (add `-- --quick` for a short run; `-- commits`,
 //! `-- dispatch` or `-- e2e` for one workload; `BENCH_DIR=/some/disk` for where the files go).
@@ -42,6 +46,8 @@ const NOW: Timestamp = Timestamp::from_millis(1_700_000_000_000);
 const PRODUCERS: usize = 32;
 const WORKERS: usize = 4;
 const RAW_COMMITS_PER_TRANSACTION: usize = 100;
+/// The group the writer can gather from 32 producers that each wait for their own durable commit.
+const RAW_COMMITS_PER_GROUP: usize = PRODUCERS / 2;
 const LEASE_TTL_MS: i64 = 30_000;
 
 struct Sizes {
@@ -81,6 +87,7 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let only = |workload: &str| chosen.is_empty() || chosen.iter().any(|a| *a == workload);
+    metrics::set_global_recorder(&GROUPS).expect("the only recorder of this process");
     let dir =
         tempfile::tempdir_in(std::env::var("BENCH_DIR").unwrap_or_else(|_| ".".into())).unwrap();
     let dir = dir.path();
@@ -92,15 +99,19 @@ fn main() {
     );
     println!();
     println!(
-        "| workload | side | ops/s | vs raw | µs/op (wall) | CPU µs/op | writer thread CPU µs/op |"
+        "| workload | side | ops/s | vs raw | µs/op (wall) | CPU µs/op | writer thread CPU µs/op | requests per transaction |"
     );
-    println!("|---|---|---:|---:|---:|---:|---:|");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     if only("commits") {
         let n = sizes.commits.div_ceil(PRODUCERS) * PRODUCERS;
-        let sides: [Side<'_>; 2] = [
+        let sides: [Side<'_>; 3] = [
             (
                 "raw rusqlite, 1 thread, 100 commits per transaction",
-                &|path| raw_commits(path, n),
+                &|path| raw_commits(path, n, RAW_COMMITS_PER_TRANSACTION),
+            ),
+            (
+                "raw rusqlite, 1 thread, 16 commits per transaction (the writer's group)",
+                &|path| raw_commits(path, n, RAW_COMMITS_PER_GROUP),
             ),
             (
                 "miniflow `append_with_commands`, 32 threads, each durable on return",
@@ -160,6 +171,9 @@ struct Run {
     cpu: Duration,
     /// The CPU time of the writer thread (miniflow's sides).
     writer: Option<Duration>,
+    /// Requests (commits, claims, acks) per transaction: the writer's mean group on miniflow's
+    /// sides, the commits a raw side writes in each.
+    group: Option<f64>,
 }
 
 /// Runs each side `rounds` times, each on a fresh file prepared by `prepare(side, path)`, the sides
@@ -202,8 +216,9 @@ fn print_rows(workload: &str, unit: &str, n: usize, runs: &[(&str, Run)]) {
         let writer = run.writer.map_or_else(String::new, |writer| {
             format!("{:.2}", writer.as_secs_f64() * 1e6 / n as f64)
         });
+        let group = run.group.map_or_else(String::new, |g| format!("{g:.1}"));
         println!(
-            "| {workload} | {side} | {:.0} {unit}/s | {:.2}× | {:.2} | {:.2} | {writer} |",
+            "| {workload} | {side} | {:.0} {unit}/s | {:.2}× | {:.2} | {:.2} | {writer} | {group} |",
             rate(run),
             rate(run) / reference,
             run.wall.as_secs_f64() * 1e6 / n as f64,
@@ -224,6 +239,7 @@ const WRITER_THREAD: &str = "miniflow-writer";
 
 impl Stopwatch {
     fn start() -> Self {
+        GROUPS.reset();
         Self {
             cpu: process_cpu(),
             writer: thread_cpu(WRITER_THREAD),
@@ -236,15 +252,92 @@ impl Stopwatch {
             wall: self.wall.elapsed(),
             cpu: process_cpu().saturating_sub(self.cpu),
             writer: None,
+            group: None,
         }
     }
 
-    /// As `stop`, with the writer thread's CPU time (read while it still runs).
+    /// As `stop`, with the writer thread's CPU time (read while it still runs) and mean group.
     fn stop_with_writer(self) -> Run {
         let writer = thread_cpu(WRITER_THREAD).saturating_sub(self.writer);
         Run {
             writer: Some(writer),
+            group: GROUPS.mean(),
             ..self.stop()
+        }
+    }
+}
+
+/// The recorder of this benchmark: it keeps the count and sum of the writer's group sizes, and
+/// drops every other metric (a recorder that kept them all would slow the dispatcher it measures).
+struct WriterGroups {
+    count: AtomicU64,
+    sum: AtomicU64,
+}
+
+static GROUPS: WriterGroups = WriterGroups {
+    count: AtomicU64::new(0),
+    sum: AtomicU64::new(0),
+};
+
+impl WriterGroups {
+    fn reset(&self) {
+        self.count.store(0, Ordering::SeqCst);
+        self.sum.store(0, Ordering::SeqCst);
+    }
+
+    fn mean(&self) -> Option<f64> {
+        let count = self.count.load(Ordering::SeqCst);
+        (count > 0).then(|| self.sum.load(Ordering::SeqCst) as f64 / count as f64)
+    }
+}
+
+/// The writer's histogram, recorded into [`GROUPS`].
+struct GroupSizes;
+
+impl metrics::HistogramFn for GroupSizes {
+    fn record(&self, requests: f64) {
+        GROUPS.count.fetch_add(1, Ordering::Relaxed);
+        GROUPS.sum.fetch_add(requests as u64, Ordering::Relaxed);
+    }
+}
+
+impl metrics::Recorder for WriterGroups {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        if key.name() == miniflow::telemetry::WRITER_GROUP_SIZE {
+            metrics::Histogram::from_arc(std::sync::Arc::new(GroupSizes))
+        } else {
+            metrics::Histogram::noop()
         }
     }
 }
@@ -263,8 +356,9 @@ fn raw_connection(path: &Path) -> Connection {
 
 // Commits.
 
-/// `n` commits of 1 event + 2 commands on miniflow's own schema, 100 per transaction, one thread.
-fn raw_commits(path: &Path, n: usize) -> Run {
+/// `n` commits of 1 event + 2 commands on miniflow's own schema, `per_transaction` in each, one
+/// thread.
+fn raw_commits(path: &Path, n: usize, per_transaction: usize) -> Run {
     drop(SqliteStore::open(path).unwrap()); // the same schema
     let mut conn = raw_connection(path);
     let payload = serde_json::to_string(&json!({ "city": "成都", "travellers": 2 })).unwrap();
@@ -272,10 +366,7 @@ fn raw_commits(path: &Path, n: usize) -> Run {
     let c1 = serde_json::to_string(&json!({ "class": "economy", "to": "成都" })).unwrap();
     let now = NOW.as_millis() as i64;
     let clock = Stopwatch::start();
-    for chunk in (0..n)
-        .collect::<Vec<_>>()
-        .chunks(RAW_COMMITS_PER_TRANSACTION)
-    {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(per_transaction) {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .unwrap();
@@ -309,7 +400,10 @@ fn raw_commits(path: &Path, n: usize) -> Run {
         }
         tx.commit().unwrap();
     }
-    clock.stop()
+    Run {
+        group: Some(per_transaction as f64),
+        ..clock.stop()
+    }
 }
 
 /// `n` commits from 32 threads, each with a store of its own (all sharing the process's writer),

@@ -76,6 +76,16 @@ pub const STORE_ERRORS: &str = "miniflow_store_errors_total";
 /// Done and cancelled outbox rows deleted by retention (`purge_done`): a counter, no label.
 pub const ROWS_PURGED: &str = "miniflow_rows_purged_total";
 
+/// The requests the SQLite host's writer thread committed in one transaction (group commit): a
+/// histogram, no label. Small groups under load mean each commit pays for a transaction of its own.
+pub const WRITER_GROUP_SIZE: &str = "miniflow_writer_group_size";
+
+/// How long the SQLite host's writer thread took over one group, from its `BEGIN` to its `COMMIT`
+/// (the sync of the WAL comes after, off the writer): a histogram in seconds, no label. The rate of
+/// its sum is the fraction of time the writer was busy; near 1, every write of the process waits
+/// for it.
+pub const WRITER_TRANSACTION: &str = "miniflow_writer_transaction_seconds";
+
 /// What kind of value a metric is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetricKind {
@@ -254,6 +264,20 @@ pub const METRICS: &[Metric] = &[
         "rows",
         &[],
         "Done and cancelled outbox rows deleted by retention.",
+    ),
+    metric(
+        WRITER_GROUP_SIZE,
+        Histogram,
+        "requests",
+        &[],
+        "Requests the SQLite writer thread committed in one transaction (group commit).",
+    ),
+    metric(
+        WRITER_TRANSACTION,
+        Histogram,
+        "seconds",
+        &[],
+        "Time the SQLite writer thread took over one group; the rate of its sum is how busy it is.",
     ),
 ];
 

@@ -176,6 +176,12 @@ pub(crate) fn failed(span: &Span, error: &Error) {
     span.record("error.type", error.code());
 }
 
+/// Records a group the writer thread committed: how many requests, and how long it took.
+pub(crate) fn writer_committed(requests: usize, took: Duration) {
+    histogram!(names::WRITER_GROUP_SIZE).record(requests as f64);
+    histogram!(names::WRITER_TRANSACTION).record(took.as_secs_f64());
+}
+
 /// Counts rows deleted by retention.
 pub(crate) fn purged(rows: usize) {
     if rows > 0 {

@@ -493,6 +493,39 @@ fn child_metrics() {
             "{name} is not documented"
         );
     }
+
+    // The writer's groups: one request holds the writer while three queue behind it, and the three
+    // are committed together, in one transaction.
+    Recorded::take(&snapshotter);
+    let writer = store
+        .writer()
+        .expect("a SQLite store writes through its writer")
+        .clone();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let (answer, answered) = std::sync::mpsc::channel();
+    let (inside, entered) = std::sync::mpsc::channel();
+    let done = answer.clone();
+    writer.submit(
+        move |_| {
+            inside.send(()).unwrap();
+            held.recv().unwrap();
+            Ok(())
+        },
+        move |r| done.send(r).unwrap(),
+    );
+    entered.recv().unwrap();
+    for _ in 0..3 {
+        let done = answer.clone();
+        writer.submit(|_| Ok(()), move |r| done.send(r).unwrap());
+    }
+    release.send(()).unwrap();
+    for _ in 0..4 {
+        answered.recv().unwrap().unwrap();
+    }
+    let groups = Recorded::take(&snapshotter);
+    assert_eq!(groups.histogram(names::WRITER_GROUP_SIZE, &[]), [1.0, 3.0]);
+    let took = groups.histogram(names::WRITER_TRANSACTION, &[]);
+    assert!(took.len() == 2 && took.iter().all(|s| *s > 0.0), "{took:?}");
     println!("metrics checked");
 }
 

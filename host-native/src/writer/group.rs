@@ -115,7 +115,9 @@ fn commit_group(
     work: &WorkSignal,
 ) {
     let mut waiting = group.drain(..);
-    let answer = |jobs: Vec<Box<dyn Job>>, committed: Result<(), Error>| {
+    // Records the transaction (before its callers can be answered), then hands it to the reply thread.
+    let answer = |jobs: Vec<Box<dyn Job>>, committed: Result<(), Error>, began: Instant| {
+        crate::telemetry::writer_committed(jobs.len(), began.elapsed());
         if let Err(std::sync::mpsc::SendError((jobs, committed))) = answers.send((jobs, committed))
         {
             // The reply thread is gone (it never panics): answer here, without the sync it makes.
@@ -132,10 +134,11 @@ fn commit_group(
     };
     loop {
         take_made_work();
+        let began = Instant::now();
         let tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
             Ok(tx) => tx,
             Err(e) => {
-                answer(waiting.collect(), Err(storage(e)));
+                answer(waiting.collect(), Err(storage(e)), began);
                 return;
             }
         };
@@ -159,7 +162,7 @@ fn commit_group(
                  was rolled back: nothing of it was written"
                     .into(),
             );
-            answer(ran, Err(e));
+            answer(ran, Err(e), began);
             continue;
         }
         if ended {
@@ -169,14 +172,14 @@ fn commit_group(
                  a full disk or a request that ended it): nothing of it was written"
                     .into(),
             );
-            answer(ran, Err(e));
+            answer(ran, Err(e), began);
             continue;
         }
         let committed = tx.commit().map_err(storage);
         if committed.is_ok() && take_made_work() {
             work.bump();
         }
-        answer(ran, committed);
+        answer(ran, committed, began);
         return;
     }
 }
