@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../migrations/0001_init.sql"),
     include_str!("../migrations/0002_operator_controls.sql"),
     include_str!("../migrations/0003_trace_context.sql"),
+    include_str!("../migrations/0004_retired_workflows.sql"),
 ];
 
 /// The newest schema version this build writes.

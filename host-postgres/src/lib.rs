@@ -14,10 +14,13 @@
 //!   host's worker pool over a `PostgresStore`, woken by notifications.
 //! - [`PostgresOptions::database_clock`]: one clock for leases (DESIGN rule 18), the database's, so
 //!   workers whose clocks disagree still agree on when a lease ran out.
+//! - Retention: [`PostgresStore::purge_done`](miniflow_core::Operations::purge_done) for old done
+//!   commands, [`PostgresStore::purge_finished`] for the whole history of finished workflows (the
+//!   core's rule), which never waits for a commit and never retires a workflow under one.
 //!
 //! The schema is migrated when a store connects: numbered SQL migrations applied in one transaction
 //! under an advisory lock, the version kept in `miniflow_schema`. The tables are those of the SQLite
-//! store (`events`, `outbox`, `timers`, `idempotency`), keyed by workflow ID first.
+//! store (`events`, `outbox`, `timers`, `idempotency`, `retired_workflows`), keyed by workflow ID first.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -26,6 +29,7 @@ mod controls;
 mod db;
 mod idempotency;
 mod notifier;
+mod retention;
 mod rows;
 mod store;
 mod telemetry;

@@ -285,7 +285,11 @@ impl PostgresStore {
 
     /// The store's `now` for an operation the caller made at `now` (see
     /// [`PostgresOptions::database_clock`]).
-    fn clock(&self, db: &mut Db<'_, impl GenericClient>, now: Timestamp) -> Result<Clock, Error> {
+    pub(crate) fn clock(
+        &self,
+        db: &mut Db<'_, impl GenericClient>,
+        now: Timestamp,
+    ) -> Result<Clock, Error> {
         Clock::read(&self.shared.options, db, now)
     }
 
@@ -495,7 +499,7 @@ pub struct UnreadableCommand {
 }
 
 /// A row count as an SQL `LIMIT`.
-fn sql_limit(n: usize) -> i64 {
+pub(crate) fn sql_limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
@@ -514,7 +518,8 @@ const SELECT_DEAD: &str = select_rows!(
 const SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE: &str = select_rows!(
     "WHERE workflow_id = $1 AND processed_at IS NULL ORDER BY event_seq, idx FOR UPDATE"
 );
-const SELECT_WORKFLOW: &str = select_rows!("WHERE workflow_id = $1 ORDER BY event_seq, idx");
+pub(crate) const SELECT_WORKFLOW: &str =
+    select_rows!("WHERE workflow_id = $1 ORDER BY event_seq, idx");
 /// A claim reads its candidates in pages, in claim order ([`OutboxRow::claim_order`]): one priority
 /// (`$7`) at a time, each page after the key `($3, $4, $5, $6)` of the last candidate it looked at,
 /// leaving out the kinds the operators' controls exclude (`$8`) and skipping rows another claim holds
@@ -559,7 +564,8 @@ const CLAIM_TIMERS: &str = select_timers!(
      FOR UPDATE SKIP LOCKED"
 );
 const SELECT_TIMER_FOR_UPDATE: &str = select_timers!("WHERE timer_id = $1 FOR UPDATE");
-const SELECT_WORKFLOW_TIMERS: &str = select_timers!("WHERE workflow_id = $1 ORDER BY timer_id");
+pub(crate) const SELECT_WORKFLOW_TIMERS: &str =
+    select_timers!("WHERE workflow_id = $1 ORDER BY timer_id");
 /// The longest an idle store skips the database for ([`PostgresStore::woken_by`]).
 pub const MAX_FALLBACK: Duration = Duration::from_secs(3600);
 
@@ -582,32 +588,57 @@ impl From<Error> for CommitError {
     }
 }
 
+/// A workflow's last seq, read afresh after a commit lost its race; [`retired`]'s error if
+/// retention retired the workflow.
 fn last_seq(db: &mut Db<'_, impl GenericClient>, workflow_id: &WorkflowId) -> Result<Seq, Error> {
-    let actual: i64 = db
+    let row = db
         .query_one(
-            "SELECT COALESCE(MAX(seq), 0) FROM events WHERE workflow_id = $1",
+            "SELECT COALESCE(MAX(seq), 0), \
+                 (SELECT retired_at FROM retired_workflows WHERE workflow_id = $1) \
+             FROM events WHERE workflow_id = $1",
             &[&workflow_id.as_str()],
         )
-        .and_then(|row| row.try_get(0))
         .map_err(storage)?;
+    let actual: i64 = row.try_get(0).map_err(storage)?;
+    if let Some(at) = row.try_get::<_, Option<i64>>(1).map_err(storage)? {
+        return Err(retired(workflow_id, at));
+    }
     Seq::new(u64::try_from(actual).unwrap_or(0))
 }
 
+/// The error for a commit to a workflow retention retired at `at` (stored milliseconds).
+fn retired(workflow_id: &WorkflowId, at: i64) -> Error {
+    miniflow_core::retired(
+        workflow_id,
+        Timestamp::from_millis(u64::try_from(at).unwrap_or_default()),
+    )
+}
+
 /// A commit's events, and with them its commands, in one statement: nothing is inserted unless the
-/// workflow's last seq (`$2`) is the one the commit expects, and the statement returns that last
-/// seq and how many events it inserted. Commands go in only together with the events.
+/// workflow's last seq (`$2`) is the one the commit expects and retention has not retired it, and
+/// the statement returns that last seq, how many events it inserted and when the workflow was
+/// retired, if it was. Commands go in only together with the events.
+///
+/// The commit holds its workflow's last event (`FOR KEY SHARE`) until it ends, so retention, which
+/// deletes that event, cannot retire the workflow under it: retention skips a workflow whose last
+/// event is held ([`crate::retention`]), and a commit whose last event retention deleted meanwhile
+/// inserts nothing (it is then told the workflow is retired).
 const INSERT_COMMIT: &str = "WITH last AS (\
          SELECT COALESCE(MAX(seq), 0) AS seq, \
              ($16::text IS NULL OR EXISTS (SELECT 1 FROM events f WHERE f.workflow_id = $1 \
                  AND f.seq = $2 AND f.kind = $16 AND f.payload = $17 AND f.recorded_at = $18)) \
-                 AS follows \
+                 AS follows, \
+             (SELECT retired_at FROM retired_workflows WHERE workflow_id = $1) AS retired_at \
          FROM events WHERE workflow_id = $1), \
+     held AS (\
+         SELECT 1 FROM events WHERE workflow_id = $1 AND seq = $2 FOR KEY SHARE), \
      e AS (\
          INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
          SELECT $1, n.seq, n.kind, n.payload, n.recorded_at \
          FROM unnest($3::bigint[], $4::text[], $5::text[], $6::bigint[]) \
              AS n (seq, kind, payload, recorded_at), last \
-         WHERE last.seq = $2 AND last.follows \
+         WHERE last.seq = $2 AND last.follows AND last.retired_at IS NULL \
+             AND ($2 = 0 OR EXISTS (SELECT 1 FROM held)) \
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \
@@ -618,7 +649,7 @@ const INSERT_COMMIT: &str = "WITH last AS (\
              $12::boolean[], $13::integer[]) \
              AS c (event_seq, idx, kind, payload, created_at, report_result, priority) \
          WHERE EXISTS (SELECT 1 FROM e)) \
-     SELECT last.seq, (SELECT count(*) FROM e) FROM last";
+     SELECT last.seq, (SELECT count(*) FROM e), last.retired_at FROM last";
 
 /// A commit's commands alone (see [`insert_commands`]).
 const INSERT_COMMANDS: &str = "INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, \
@@ -769,6 +800,15 @@ fn insert_events(
     };
     let actual: i64 = row.try_get(0).map_err(storage)?;
     let inserted: i64 = row.try_get(1).map_err(storage)?;
+    let retired_at: Option<i64> = row.try_get(2).map_err(storage)?;
+    if let Some(at) = retired_at {
+        return Err(CommitError::Failed(retired(commit.workflow_id(), at)));
+    }
+    if actual == expected && inserted == 0 && !seqs.is_empty() {
+        // Its last event was deleted under it: retention retired the workflow meanwhile (or the
+        // last event did not match `last`: a conflict, which the fresh read tells).
+        return Err(CommitError::Raced);
+    }
     if actual != expected || inserted != seqs.len() as i64 {
         let actual = Seq::new(u64::try_from(actual).unwrap_or(0))?;
         return Err(commit.conflict(actual).into());

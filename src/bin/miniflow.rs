@@ -1397,19 +1397,10 @@ fn purge_finished(
     dry_run: bool,
     now: Timestamp,
 ) -> Done {
-    if database_url(db).is_some() {
-        return Err(Stop::Failed(
-            "purge-finished works on SQLite stores: the PostgreSQL store keeps every workflow's \
-             history (purge-done deletes its done commands)"
-                .to_owned(),
-        ));
-    }
     let period = humantime::format_duration(older_than);
     if dry_run {
-        let Store::Sqlite(store) = open_to_read(db)? else {
-            unreachable!("a path that is not a URL opens a SQLite store")
-        };
-        let count = store.count_finished(older_than, now)?;
+        let store = open_to_read(db)?;
+        let count = on_store!(&store, store => store.count_finished(older_than, now))?;
         writeln!(
             out,
             "would retire {} finished more than {period} ago (their events, commands and timers); \
@@ -1418,10 +1409,8 @@ fn purge_finished(
         )?;
         return Ok(());
     }
-    let Store::Sqlite(mut store) = open_to_write(db)? else {
-        unreachable!("a path that is not a URL opens a SQLite store")
-    };
-    let retired = store.purge_finished(older_than, now, 1_000)?;
+    let mut store = open_to_write(db)?;
+    let retired = on_store!(&mut store, store => store.purge_finished(older_than, now, 1_000))?;
     writeln!(
         out,
         "retired {} finished more than {period} ago (their events, commands and timers)",

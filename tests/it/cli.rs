@@ -487,20 +487,7 @@ fn purge_finished_retires_finished_workflows_only_and_a_dry_run_counts_them() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("flow.db");
     let mut store = seeded(&db); // trip-001: a dead and a pending command, unfinished
-    for w in ["done-1", "done-2"] {
-        let decision = Decision::new().command(Command::new("notify", json!({})));
-        let commit = Commit::new(
-            WorkflowId::new(w).unwrap(),
-            Seq::ZERO,
-            Event::new("happened", json!({})),
-            decision,
-            Timestamp::from_millis(5),
-        )
-        .unwrap();
-        store.append_with_commands(&commit).unwrap();
-        let id = format!("{w}:1:0").parse().unwrap();
-        store.mark_done(&id, Timestamp::from_millis(6)).unwrap();
-    }
+    finished_workflows(&mut store);
     drop(store);
     let db_arg = db.to_str().unwrap();
 
@@ -544,17 +531,63 @@ fn purge_finished_retires_finished_workflows_only_and_a_dry_run_counts_them() {
     assert_eq!(store.commands(&trip).unwrap().len(), 3);
     let (ok, out, _) = miniflow(&["purge-finished", db_arg, "--older-than", "0s", "--dry-run"]);
     assert!(ok && out.contains("would retire 0 workflows"), "{out}");
+}
 
-    let (ok, _, err) = miniflow(&[
-        "purge-finished",
-        "postgresql://operator@db.invalid/flow",
-        "--older-than",
-        "90d",
-    ]);
+/// Commits `done-1` and `done-2`, each with one command, done at 6 ms.
+fn finished_workflows(store: &mut (impl EventLog + Outbox)) {
+    for w in ["done-1", "done-2"] {
+        let decision = Decision::new().command(Command::new("notify", json!({})));
+        let commit = Commit::new(
+            WorkflowId::new(w).unwrap(),
+            Seq::ZERO,
+            Event::new("happened", json!({})),
+            decision,
+            Timestamp::from_millis(5),
+        )
+        .unwrap();
+        store.append_with_commands(&commit).unwrap();
+        let id = format!("{w}:1:0").parse().unwrap();
+        store.mark_done(&id, Timestamp::from_millis(6)).unwrap();
+    }
+}
+
+#[test]
+fn purge_finished_retires_the_finished_workflows_of_a_postgres_database() {
+    let database = TestDatabase::new();
+    let url = database.url();
+    let mut store = postgres_seeded(&url); // trip-001: a dead and a pending command, unfinished
+    finished_workflows(&mut store);
+    let before = postgres_contents(&database);
+    let (ok, out, err) = miniflow(&["purge-finished", &url, "--older-than", "0s", "--dry-run"]);
+    assert!(ok, "{err}");
     assert!(
-        !ok && err.contains("purge-finished works on SQLite stores"),
-        "{err}"
+        out.contains("would retire 2 workflows finished more than"),
+        "{out}"
     );
+    assert_eq!(postgres_contents(&database), before, "a dry run wrote");
+
+    let (ok, out, err) = miniflow(&["purge-finished", &url, "--older-than", "0s"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("retired 2 workflows finished more than"),
+        "{out}"
+    );
+    for w in ["done-1", "done-2"] {
+        let id = WorkflowId::new(w).unwrap();
+        assert!(store.load(&id).unwrap().is_empty() && store.commands(&id).unwrap().is_empty());
+    }
+    let trip = WorkflowId::new("trip-001").unwrap();
+    assert_eq!(
+        store.load(&trip).unwrap().len(),
+        1,
+        "an unfinished workflow stays"
+    );
+    assert_eq!(store.commands(&trip).unwrap().len(), 3);
+    let retired = postgres_contents(&database)
+        .into_iter()
+        .filter(|row| row.starts_with("retired_workflows: "))
+        .count();
+    assert_eq!(retired, 2);
 }
 
 #[test]
@@ -958,6 +991,7 @@ fn postgres_contents(database: &TestDatabase) -> Vec<String> {
         "timers",
         "idempotency",
         "kind_controls",
+        "retired_workflows",
     ] {
         let exists: bool = client
             .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
@@ -1028,6 +1062,8 @@ fn operators_handle_dead_letters_in_a_postgres_database_as_in_a_file() {
 
     let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s", "--dry-run"]);
     assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    let (ok, out, _) = miniflow(&["purge-finished", &url, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would retire 0 workflows"), "{out}");
     let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s"]);
     assert!(ok && out.contains("purged 1 done command"), "{out}");
     let done = "trip-001:1:0".parse().unwrap();
@@ -1057,6 +1093,8 @@ fn reading_a_postgres_database_changes_nothing_in_it() {
     assert!(ok && out.contains("422 no such hotel"), "{out}");
     let (ok, out, _) = miniflow(&["purge-done", &url, "--older-than", "0s", "--dry-run"]);
     assert!(ok && out.contains("would purge 1 done command"), "{out}");
+    let (ok, out, _) = miniflow(&["purge-finished", &url, "--older-than", "0s", "--dry-run"]);
+    assert!(ok && out.contains("would retire 0 workflows"), "{out}");
     let (ok, out, err) = miniflow(&["stats", &url]);
     assert!(ok && out.contains("book_hotel"), "{out}{err}");
     let (ok, out, err) = miniflow(&[

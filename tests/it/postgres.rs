@@ -8,6 +8,7 @@ mod cluster;
 mod crash;
 mod delivery;
 mod restart;
+mod retention;
 mod store;
 
 use miniflow::conformance::{Harness, IdempotencyHarness};

@@ -7,14 +7,14 @@ use std::time::Duration;
 use miniflow::prelude::*;
 use miniflow::{
     json, ClaimRequest, Command, Commit, Decision, Engine, Error, Event, EventRecord, Failure,
-    RetryPolicy, Seq, SqliteStore, Status, Timer, Timestamp, Workflow, WorkflowId,
+    RetryPolicy, Seq, SqliteStore, Status, Store, Timer, Timestamp, Workflow, WorkflowId,
 };
 
-fn at(millis: u64) -> Timestamp {
+pub fn at(millis: u64) -> Timestamp {
     Timestamp::from_millis(millis)
 }
 
-fn wid(text: &str) -> WorkflowId {
+pub fn wid(text: &str) -> WorkflowId {
     WorkflowId::new(text).unwrap()
 }
 
@@ -79,7 +79,8 @@ fn purging_done_commands_gives_their_pages_back_to_the_file_system() {
     assert_eq!(store.load(&wid("w-000")).unwrap().len(), 1, "events stay");
 }
 
-/// Decides a `work` command for `start`, a `later` timer for `wait`, nothing for anything else.
+/// Decides a `work` command for `start`, a `later` timer for `wait`, the cancellation of its `work`
+/// for `stop`, nothing for anything else.
 struct Chores;
 
 impl Workflow for Chores {
@@ -91,12 +92,13 @@ impl Workflow for Chores {
             "wait" => {
                 Decision::new().timer(Timer::after("later", Duration::from_secs(60), json!({})))
             }
+            "stop" => Decision::new().cancel_commands_of_kind("work"),
             _ => Decision::none(),
         }
     }
 }
 
-fn start(store: &mut SqliteStore, id: &str, kind: &str, now: u64) {
+fn send<S: Store>(store: &mut S, id: &str, kind: &str, now: u64) {
     Engine::new(Chores)
         .handle(store, &wid(id), Event::new(kind, json!({})), at(now))
         .unwrap();
@@ -106,40 +108,34 @@ fn command(id: &str) -> miniflow::CommandId {
     format!("{id}:1:0").parse().unwrap()
 }
 
-#[test]
-fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_afterwards() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+/// Retention of finished workflows on any store that has it (`purge` is its `purge_finished`): only
+/// workflows finished at least the period ago are retired, wholly, and their IDs take no new event.
+pub fn retention_retires_only_finished_workflows<S: Store>(
+    store: &mut S,
+    mut purge: impl FnMut(&mut S, Duration, Timestamp, usize) -> Result<usize, Error>,
+) {
     let day = 24 * 3600 * 1000;
     // Finished: its command done on day 1.
-    start(&mut store, "done", "start", 0);
+    send(store, "done", "start", 0);
     store.mark_done(&command("done"), at(day)).unwrap();
     // Finished: nothing decided.
-    start(&mut store, "noted", "note", 0);
+    send(store, "noted", "note", 0);
     // Finished: its command cancelled, its timer fired.
-    start(&mut store, "fired", "start", 0);
-    Engine::new(Chores)
-        .handle(
-            &mut store,
-            &wid("fired"),
-            Event::new("wait", json!({})),
-            at(10),
-        )
-        .unwrap();
+    send(store, "fired", "start", 0);
+    send(store, "fired", "wait", 10);
+    send(store, "fired", "stop", 20);
     let timer = store.timers(&wid("fired")).unwrap().remove(0);
     assert!(Engine::new(Chores)
-        .fire(&mut store, &timer, at(60_010))
+        .fire(store, &timer, at(60_010))
         .unwrap()
         .is_some());
-    store
-        .connection()
-        .execute_batch(
-            "UPDATE outbox SET status = 'cancelled', processed_at = 20 WHERE workflow_id = 'fired'",
-        )
-        .unwrap();
+    assert_eq!(
+        store.command(&command("fired")).unwrap().unwrap().status,
+        Status::Cancelled
+    );
     // Unfinished: a pending command, a dead one, a scheduled timer.
-    start(&mut store, "pending", "start", 0);
-    start(&mut store, "dead", "start", 0);
+    send(store, "pending", "start", 0);
+    send(store, "dead", "start", 0);
     let request = ClaimRequest::new("w").limit(10);
     let claimed = store.claim(&request, at(1)).unwrap();
     let dead = claimed
@@ -165,9 +161,9 @@ fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_a
         store.command(&command("dead")).unwrap().unwrap().status,
         Status::Dead
     );
-    start(&mut store, "waiting", "wait", 0);
+    send(store, "waiting", "wait", 0);
     // Finished, but on day 9: not long enough ago.
-    start(&mut store, "recent", "start", 0);
+    send(store, "recent", "start", 0);
     store.mark_done(&command("recent"), at(9 * day)).unwrap();
     // The `command_failed` feedback of the dead command is a scheduled timer too.
     let before: Vec<(String, usize)> = ["pending", "dead", "waiting", "recent"]
@@ -177,13 +173,9 @@ fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_a
 
     let week = Duration::from_secs(7 * 24 * 3600);
     let now = at(10 * day);
+    assert_eq!(purge(store, week, now, 2).unwrap(), 3, "done, noted, fired");
     assert_eq!(
-        store.purge_finished(week, now, 2).unwrap(),
-        3,
-        "done, noted, fired"
-    );
-    assert_eq!(
-        store.purge_finished(week, now, 2).unwrap(),
+        purge(store, week, now, 2).unwrap(),
         0,
         "nothing left to retire"
     );
@@ -206,29 +198,39 @@ fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_a
     assert_eq!(store.commands(&wid("dead")).unwrap().len(), 1);
 
     // A retired ID takes no new event: its command IDs would repeat.
-    let again = Engine::new(Chores).handle(
-        &mut store,
-        &wid("done"),
-        Event::new("start", json!({})),
-        now,
-    );
-    match again {
-        Err(Error::InvalidInput { field, reason, .. }) => {
-            assert_eq!(field, "workflow_id");
-            assert!(reason.contains("retired"), "{reason}");
-        }
-        other => panic!("a retired workflow took an event: {other:?}"),
-    }
+    let again =
+        Engine::new(Chores).handle(store, &wid("done"), Event::new("start", json!({})), now);
+    assert_retired(again.map(drop));
     assert!(store.load(&wid("done")).unwrap().is_empty());
-    start(&mut store, "fresh", "start", 10 * day);
+    send(store, "fresh", "start", 10 * day);
     assert_eq!(
         store.commands(&wid("fresh")).unwrap().len(),
         1,
         "new IDs are welcome"
     );
     assert_eq!(
-        store.purge_finished(week, now, 0).unwrap_err().code(),
+        purge(store, week, now, 0).unwrap_err().code(),
         "INVALID_INPUT",
         "a batch of 0"
     );
+}
+
+/// `result` is the refusal of an event to a retired workflow.
+pub fn assert_retired(result: Result<(), Error>) {
+    match result {
+        Err(Error::InvalidInput { field, reason, .. }) => {
+            assert_eq!(field, "workflow_id");
+            assert!(reason.contains("retired"), "{reason}");
+        }
+        other => panic!("a retired workflow took an event: {other:?}"),
+    }
+}
+
+#[test]
+fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_afterwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+    retention_retires_only_finished_workflows(&mut store, |store, older_than, now, batch| {
+        store.purge_finished(older_than, now, batch)
+    });
 }

@@ -1,0 +1,154 @@
+//! Retention of finished workflows on PostgreSQL: the contract the SQLite store keeps, and commits
+//! that race a retirement from other connections.
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::TestDatabase;
+use crate::retention::{assert_retired, at, retention_retires_only_finished_workflows, wid};
+use miniflow::prelude::*;
+use miniflow::{json, Command, Commit, Decision, Event, PostgresStore, Seq};
+
+const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
+const DAY: u64 = 24 * 3600 * 1000;
+
+#[test]
+fn retention_retires_only_workflows_finished_long_enough_and_refuses_their_ids_afterwards() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    retention_retires_only_finished_workflows(&mut store, |store, older_than, now, batch| {
+        store.purge_finished(older_than, now, batch)
+    });
+}
+
+/// Commits event `seq` of `workflow` (with one command if `command`), after `seq - 1`.
+fn commit(workflow: &str, seq: u64, command: bool, now: u64) -> Commit {
+    let decision = if command {
+        Decision::new().command(Command::new("work", json!({})))
+    } else {
+        Decision::none()
+    };
+    Commit::new(
+        wid(workflow),
+        Seq::new(seq - 1).unwrap(),
+        Event::new("noted", json!({})),
+        decision,
+        at(now),
+    )
+    .unwrap()
+}
+
+/// A transaction that committed into a workflow holds it until it ends: retention skips it at once,
+/// without waiting, and retires it by a later run once it is finished.
+#[test]
+fn retention_skips_a_workflow_an_open_transaction_committed_into() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    store
+        .append_with_commands(&commit("held", 1, false, 0))
+        .unwrap();
+    store
+        .append_with_commands(&commit("free", 1, false, 0))
+        .unwrap();
+    let mut client = store.client().unwrap();
+    let mut tx = client.transaction().unwrap();
+    store
+        .append_in(&mut tx, &commit("held", 2, false, 1))
+        .unwrap();
+
+    let now = at(10 * DAY);
+    assert_eq!(
+        store.count_finished(WEEK, now).unwrap(),
+        2,
+        "both look finished"
+    );
+    let (answer, answered) = mpsc::channel();
+    let mut purger = store.clone();
+    std::thread::spawn(move || answer.send(purger.purge_finished(WEEK, now, 10)).unwrap());
+    let retired = answered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("retention waited for the open transaction");
+    assert_eq!(retired.unwrap(), 1, "only the workflow nothing holds");
+    assert!(store.load(&wid("free")).unwrap().is_empty());
+
+    tx.commit().unwrap();
+    assert_eq!(
+        store.load(&wid("held")).unwrap().len(),
+        2,
+        "its commit stands"
+    );
+    assert_eq!(
+        store.purge_finished(WEEK, now, 10).unwrap(),
+        1,
+        "retired later"
+    );
+    assert!(store.load(&wid("held")).unwrap().is_empty());
+}
+
+/// A commit that waits behind a retirement holding its workflow's last event finds the event gone
+/// once the retirement commits: it writes nothing (no history starting over after a deleted one)
+/// and is told that the workflow is retired.
+#[test]
+fn a_commit_waiting_behind_a_retirement_writes_nothing_and_is_told_it_is_retired() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    store
+        .append_with_commands(&commit("w", 1, false, 0))
+        .unwrap();
+
+    // A retirement as `purge_finished` runs it, held open at its lock.
+    let mut retiring = database.client();
+    let mut retirement = retiring.transaction().unwrap();
+    let locked = retirement
+        .query(
+            "SELECT seq FROM events WHERE workflow_id = 'w' \
+             ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(locked.len(), 1);
+
+    let (answer, answered) = mpsc::channel();
+    let mut committer = store.clone();
+    std::thread::spawn(move || {
+        let result = committer.append_with_commands(&commit("w", 2, true, 1));
+        answer.send(result).unwrap();
+    });
+    // Wait until the commit waits for the lock.
+    let mut watcher = database.client();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            answered.try_recv().is_err(),
+            "the commit did not wait for the retirement's lock"
+        );
+        assert!(Instant::now() < until, "the commit never waited");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    retirement
+        .batch_execute(
+            "DELETE FROM events WHERE workflow_id = 'w'; \
+             INSERT INTO retired_workflows (workflow_id, last_seq, retired_at) VALUES ('w', 1, 5)",
+        )
+        .unwrap();
+    retirement.commit().unwrap();
+
+    let result = answered.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert_retired(result);
+    assert!(
+        store.load(&wid("w")).unwrap().is_empty(),
+        "no history begun after the deleted one"
+    );
+    assert!(store.commands(&wid("w")).unwrap().is_empty());
+}
