@@ -320,6 +320,67 @@ fn a_shutdown_keeps_the_lease_of_the_delivery_it_lets_finish() {
     assert_eq!((row.status, row.attempts), (Status::Done, 1));
 }
 
+/// A handler that runs long does not hold back the acks of the deliveries before it in its batch:
+/// once they have waited `ack_delay`, they are written while it still runs, and each is reported
+/// once, as completed, when it returns.
+#[test]
+fn a_long_handler_does_not_hold_back_the_acks_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 3)]);
+    let (entered, in_slow) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let (entered, released) = (Mutex::new(entered), Mutex::new(released));
+    let settled = Arc::new(Mutex::new(Vec::new()));
+    let log = settled.clone();
+    let running = Dispatcher::sqlite(&path, move |d: &Delivery| {
+        if d.command_id == cid("w:1:2") {
+            entered.lock().unwrap().send(()).unwrap();
+            released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30))
+                .unwrap();
+        }
+        Outcome::Done
+    })
+    .batch_size(3)
+    .ack_delay(Duration::from_millis(20))
+    .on_settled(move |d: &Delivery, s: &Settlement| {
+        log.lock()
+            .unwrap()
+            .push((d.command_id.to_string(), s.clone()));
+    })
+    .start()
+    .unwrap();
+    in_slow.recv_timeout(Duration::from_secs(10)).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    let status = |id: &str| store.command(&cid(id)).unwrap().unwrap().status;
+    while status("w:1:0") != Status::Done || status("w:1:1") != Status::Done {
+        assert!(
+            Instant::now() < until,
+            "the acks before the long handler waited for it"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(status("w:1:2"), Status::Leased, "the long one still runs");
+    release.send(()).unwrap();
+    let shutdown = running.shutdown(Duration::from_secs(10));
+    assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
+    assert_eq!(
+        (shutdown.stats.completed, shutdown.stats.store_errors),
+        (3, 0)
+    );
+    assert_eq!(status("w:1:2"), Status::Done);
+    let mut settled = settled.lock().unwrap().clone();
+    settled.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        settled,
+        ["w:1:0", "w:1:1", "w:1:2"].map(|id| (id.to_owned(), Settlement::Completed)),
+        "each reported once"
+    );
+}
+
 #[test]
 fn strict_order_delivers_a_workflows_commands_one_after_another() {
     let dir = tempfile::tempdir().unwrap();

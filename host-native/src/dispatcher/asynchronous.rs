@@ -298,6 +298,8 @@ impl AsyncDispatcher {
             held,
             idle: None,
             until_idle,
+            // Each ack is written as its handler returns.
+            acks: None,
         });
         Deliveries {
             request: self.config.claim_request(self.config.name.clone()),

@@ -30,12 +30,14 @@ use serde_json::Value;
 
 use crate::{telemetry, SqliteStore, SystemClock};
 
+mod acks;
 #[cfg(feature = "tokio")]
 pub(crate) mod asynchronous;
 mod idle;
 mod leases;
 mod worker;
 
+use self::acks::*;
 use self::idle::*;
 pub use self::leases::cancellation_requested;
 use self::leases::*;
@@ -471,11 +473,12 @@ impl<S: Store + 'static> Dispatcher<S> {
     /// reported once durable.
     ///
     /// A worker runs the handlers of its batch one after another, and writes the acks it keeps when
-    /// a handler returns once they have waited this long, and before it claims again. So a handler
-    /// that runs long holds the acks of the deliveries before it in its batch until it returns
-    /// (their leases are kept by the heartbeat meanwhile); if it outlives a shutdown's deadline,
-    /// they are not written, and those commands are delivered again. With long handlers, keep
-    /// batches small or set 0, which writes each ack as its handler returns.
+    /// a handler returns once they have waited this long, and with its next claim. While a handler
+    /// runs long, the dispatcher's ack thread (`{name}-acks`, on a store of its own) writes the acks
+    /// kept before it once they have waited this long, so a slow delivery does not hold back the
+    /// completions before it in its batch, nor the results they feed back into their workflows;
+    /// the worker reports them (`on_settled`, [`Stats`]) when the handler returns. 0 writes each
+    /// ack as its handler returns, with no ack thread.
     #[must_use]
     pub fn ack_delay(mut self, delay: Duration) -> Self {
         self.config.ack_delay = delay;
@@ -574,10 +577,14 @@ impl<S: Store + 'static> Dispatcher<S> {
             helpers_stop: Arc::new(AtomicBool::new(false)),
             workers: Vec::with_capacity(self.config.workers),
             heartbeat: None,
+            flusher: None,
             stats: None,
             heartbeat_errors: Arc::new(AtomicU64::new(0)),
         };
         let held = Arc::new(HeldLeases::default());
+        // With an ack delay, a flusher writes the acks a worker keeps once they have waited it.
+        let board = (!self.config.ack_delay.is_zero())
+            .then(|| Arc::new(AckBoard::new(self.config.workers)));
         // On an error the threads already started stop: dropping `running` sets `stop`.
         for n in 0..self.config.workers {
             let worker = Worker {
@@ -593,6 +600,9 @@ impl<S: Store + 'static> Dispatcher<S> {
                 held: held.clone(),
                 idle: self.idle.clone(),
                 until_idle,
+                acks: board
+                    .as_ref()
+                    .map(|board| (board.parked[n].clone(), board.clone())),
             };
             let thread = std::thread::Builder::new()
                 .name(worker.name.clone())
@@ -600,6 +610,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                 .map_err(|e| Error::Storage(Box::new(e)))?;
             running.workers.push(thread);
         }
+        let held_by_flusher = held.clone();
         let heartbeat = Heartbeat {
             open: self.open.clone(),
             on_error: self.on_error.clone(),
@@ -614,6 +625,21 @@ impl<S: Store + 'static> Dispatcher<S> {
             .spawn(move || heartbeat.run())
             .map_err(|e| Error::Storage(Box::new(e)))?;
         running.heartbeat = Some(thread);
+        if let Some(board) = board {
+            let flusher = Flusher {
+                open: self.open.clone(),
+                board,
+                held: held_by_flusher,
+                clock: self.clock.clone(),
+                delay: self.config.ack_delay,
+                stop: running.helpers_stop.clone(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("{}-acks", self.config.name))
+                .spawn(move || flusher.run())
+                .map_err(|e| Error::Storage(Box::new(e)))?;
+            running.flusher = Some(thread);
+        }
         if let Some(interval) = self.config.stats_interval {
             let reporter = StatsReporter {
                 open: self.open.clone(),
@@ -644,6 +670,8 @@ pub struct RunningDispatcher {
     helpers_stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Result<Stats, Error>>>,
     heartbeat: Option<JoinHandle<()>>,
+    /// The thread that writes the acks workers keep while a handler runs long ([`Flusher`]).
+    flusher: Option<JoinHandle<()>>,
     /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
     stats: Option<JoinHandle<()>>,
     /// Store errors of the heartbeat and the gauges, added to the workers' [`Stats::store_errors`].
@@ -692,9 +720,13 @@ impl RunningDispatcher {
         // The workers that did not stop in time are left to their leases, which then run out.
         self.helpers_stop.store(true, Ordering::SeqCst);
         if shutdown.unfinished_workers == 0 {
-            for thread in [self.heartbeat.take(), self.stats.take()]
-                .into_iter()
-                .flatten()
+            for thread in [
+                self.heartbeat.take(),
+                self.flusher.take(),
+                self.stats.take(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 let _ = thread.join();
             }
@@ -718,9 +750,13 @@ impl RunningDispatcher {
         }
         self.stop.store(true, Ordering::SeqCst);
         self.helpers_stop.store(true, Ordering::SeqCst);
-        for thread in [self.heartbeat.take(), self.stats.take()]
-            .into_iter()
-            .flatten()
+        for thread in [
+            self.heartbeat.take(),
+            self.flusher.take(),
+            self.stats.take(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = thread.join();
         }

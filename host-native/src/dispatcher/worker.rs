@@ -15,6 +15,9 @@ pub(super) struct Worker<S> {
     pub(super) held: Arc<HeldLeases>,
     pub(super) idle: Option<Arc<dyn Idle>>,
     pub(super) until_idle: bool,
+    /// Where the worker parks its kept acks while a handler runs, and the board of the flusher that
+    /// writes them if they wait too long (none with an `ack_delay` of 0).
+    pub(super) acks: Option<(Arc<Parked>, Arc<AckBoard>)>,
 }
 
 /// A completed delivery waiting for its ack, with the handler's result.
@@ -296,7 +299,9 @@ impl<S: Store> Worker<S> {
     }
 
     /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`; the
-    /// last ones are left in `done`, for the next claim to acknowledge.
+    /// last ones are left in `done`, for the next claim to acknowledge. While a handler runs, the
+    /// acks kept before it are parked, so the flusher writes them once they have waited `ack_delay`
+    /// (see [`super::acks`]).
     pub(super) fn deliver(
         &self,
         store: &mut S,
@@ -304,6 +309,9 @@ impl<S: Store> Worker<S> {
         done: &mut Vec<Done>,
         tally: &mut Tally,
     ) {
+        if let Some((_, board)) = &self.acks {
+            board.begin_batch();
+        }
         let mut since_flush = Instant::now();
         let mut batch = batch.into_iter();
         while let Some(delivery) = batch.next() {
@@ -311,13 +319,29 @@ impl<S: Store> Worker<S> {
                 self.flush(store, done, tally);
                 let rest: Vec<Delivery> = std::iter::once(delivery).chain(batch).collect();
                 self.release(store, &rest, tally);
-                return;
+                break;
             }
+            let parked = match &self.acks {
+                Some((parked, _)) if !done.is_empty() => {
+                    parked.park(done, since_flush, &tracing::Span::current());
+                    Some(parked)
+                }
+                _ => None,
+            };
             self.deliver_one(store, delivery, done, tally);
+            if let Some(parked) = parked {
+                for mut written in parked.unpark(done) {
+                    self.settled(&written.settle, &mut written.done, written.results, tally);
+                    since_flush = Instant::now();
+                }
+            }
             if since_flush.elapsed() >= self.config.ack_delay {
                 self.flush(store, done, tally);
                 since_flush = Instant::now();
             }
+        }
+        if let Some((_, board)) = &self.acks {
+            board.end_batch();
         }
     }
 

@@ -1,0 +1,212 @@
+//! Acks that wait while a handler runs: a worker parks its kept acks before each handler call, and
+//! the dispatcher's flusher writes those that have waited `ack_delay` while the handler is still
+//! running. So a long handler does not hold back the acks of the deliveries before it in its batch
+//! (nor the results they feed back into their workflows); the worker reports what the flusher wrote
+//! once its handler returns.
+
+use std::sync::Condvar;
+
+use super::*;
+
+/// Acks the flusher wrote for a worker, with how the store answered, for the worker to report.
+pub(super) struct Written {
+    pub(super) settle: tracing::Span,
+    pub(super) done: Vec<Done>,
+    pub(super) results: Result<Vec<Result<(), Error>>, Error>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The acks parked while the worker's handler runs.
+    done: Vec<Done>,
+    /// Since when the parked acks have waited (the worker's last write of acks).
+    since: Option<Instant>,
+    /// The `receive` span of the batch the parked acks belong to.
+    received: Option<tracing::Span>,
+    /// The flusher is writing acks it took from this slot.
+    writing: bool,
+    written: Vec<Written>,
+}
+
+/// One worker's parking place, shared with the flusher.
+#[derive(Default)]
+pub(super) struct Parked {
+    slot: Mutex<Slot>,
+    /// Signalled when the flusher's write for this slot is over.
+    written: Condvar,
+}
+
+impl Parked {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Parks `done` (kept since `since`, of the batch `received`) for the length of a handler call.
+    pub(super) fn park(&self, done: &mut Vec<Done>, since: Instant, received: &tracing::Span) {
+        let mut slot = self.lock();
+        slot.done = std::mem::take(done);
+        slot.since = Some(since);
+        slot.received = Some(received.clone());
+    }
+
+    /// Takes back what the flusher did not write, in front of `done` (once a write of the flusher
+    /// for this slot is over), and returns what it wrote.
+    pub(super) fn unpark(&self, done: &mut Vec<Done>) -> Vec<Written> {
+        let mut slot = self.lock();
+        while slot.writing {
+            slot = self
+                .written
+                .wait(slot)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        let mut kept = std::mem::take(&mut slot.done);
+        kept.append(done);
+        *done = kept;
+        slot.since = None;
+        slot.received = None;
+        std::mem::take(&mut slot.written)
+    }
+
+    /// The parked acks if they have waited `delay` at `now`, marked as being written.
+    fn take_due(&self, now: Instant, delay: Duration) -> Option<(Vec<Done>, tracing::Span)> {
+        let mut slot = self.lock();
+        let due = slot
+            .since
+            .is_some_and(|since| now.saturating_duration_since(since) >= delay);
+        if !due || slot.done.is_empty() || slot.writing {
+            return None;
+        }
+        slot.writing = true;
+        let received = slot.received.clone().unwrap_or_else(tracing::Span::none);
+        Some((std::mem::take(&mut slot.done), received))
+    }
+
+    /// Gives back acks the flusher took but could not write.
+    fn put_back(&self, mut done: Vec<Done>) {
+        let mut slot = self.lock();
+        done.append(&mut slot.done);
+        slot.done = done;
+        slot.writing = false;
+        drop(slot);
+        self.written.notify_all();
+    }
+
+    /// Hands the outcome of a write to the worker.
+    fn wrote(&self, written: Written) {
+        let mut slot = self.lock();
+        slot.written.push(written);
+        slot.writing = false;
+        slot.since = Some(Instant::now());
+        drop(slot);
+        self.written.notify_all();
+    }
+}
+
+/// The workers' parking places and how many workers are delivering a batch, shared with the
+/// flusher, which sleeps while none is.
+#[derive(Default)]
+pub(super) struct AckBoard {
+    pub(super) parked: Vec<Arc<Parked>>,
+    delivering: Mutex<usize>,
+    started: Condvar,
+}
+
+impl AckBoard {
+    pub(super) fn new(workers: usize) -> Self {
+        Self {
+            parked: (0..workers).map(|_| Arc::default()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// A worker begins delivering a batch; the flusher wakes for the first.
+    pub(super) fn begin_batch(&self) {
+        let mut delivering = self
+            .delivering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *delivering += 1;
+        if *delivering == 1 {
+            self.started.notify_all();
+        }
+    }
+
+    /// A worker is done delivering a batch.
+    pub(super) fn end_batch(&self) {
+        let mut delivering = self
+            .delivering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *delivering = delivering.saturating_sub(1);
+    }
+
+    /// Waits until a worker delivers a batch (or `stop`, checked every 100 ms); says whether one is.
+    fn wait_for_batches(&self, stop: &AtomicBool) -> bool {
+        let mut delivering = self
+            .delivering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        while *delivering == 0 {
+            if stop.load(Ordering::SeqCst) {
+                return false;
+            }
+            delivering = self
+                .started
+                .wait_timeout(delivering, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        !stop.load(Ordering::SeqCst)
+    }
+}
+
+/// The dispatcher's flusher thread: while workers deliver, every `ack_delay` it writes the parked
+/// acks that have waited that long, on a store of its own.
+pub(super) struct Flusher<S> {
+    pub(super) open: Arc<Opener<S>>,
+    pub(super) board: Arc<AckBoard>,
+    pub(super) held: Arc<HeldLeases>,
+    pub(super) clock: Arc<dyn Clock + Send + Sync>,
+    pub(super) delay: Duration,
+    pub(super) stop: Arc<AtomicBool>,
+}
+
+impl<S: Store> Flusher<S> {
+    pub(super) fn run(self) {
+        let tick = self.delay.max(Duration::from_millis(1));
+        let mut store: Option<S> = None;
+        while self.board.wait_for_batches(&self.stop) {
+            sleep_unless(&self.stop, tick);
+            let now = Instant::now();
+            for parked in &self.board.parked {
+                let Some((mut done, received)) = parked.take_due(now, self.delay) else {
+                    continue;
+                };
+                if store.is_none() {
+                    store = (self.open)().ok();
+                }
+                let Some(store) = store.as_mut() else {
+                    // The store does not open now: the worker writes them itself.
+                    parked.put_back(done);
+                    continue;
+                };
+                let settle = received
+                    .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d)));
+                let acks = take_acks(&mut done);
+                let results = {
+                    let _settle = settle.enter();
+                    store.complete_all(&acks, self.clock.now())
+                };
+                for (delivery, _) in &done {
+                    // The heartbeat no longer extends them; the worker reports them.
+                    self.held.drop_lease(&delivery.command_id);
+                }
+                parked.wrote(Written {
+                    settle,
+                    done,
+                    results,
+                });
+            }
+        }
+    }
+}
