@@ -98,6 +98,33 @@ pub fn is_retirable(
     finished_at(last_event_at, commands, timers).is_some_and(|at| at + older_than <= now)
 }
 
+/// What a store's retention run decides for one workflow from what it read of it: the time of its
+/// last event (`last_event_millis`, as stored; `None` without events) and its commands and timers,
+/// or the error reading them gave. `Ok(true)` when it may be retired ([`is_retirable`]). A workflow
+/// with a row that cannot be read ([`Error::Corrupt`]) is not known to be finished, and stays
+/// (`Ok(false)`); any other error is the store's, returned.
+pub fn may_retire(
+    last_event_millis: Option<i64>,
+    rows: Result<(Vec<OutboxRow>, Vec<TimerRow>), Error>,
+    older_than: Duration,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    let last_event_at = last_event_millis
+        .and_then(|at| u64::try_from(at).ok())
+        .map(Timestamp::from_millis);
+    match rows {
+        Ok((commands, timers)) => Ok(is_retirable(
+            last_event_at,
+            &commands,
+            &timers,
+            older_than,
+            now,
+        )),
+        Err(Error::Corrupt(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The error for a new event to a workflow that retention retired at `retired_at`: refused, and
 /// nothing written.
 pub fn retired(workflow_id: &WorkflowId, retired_at: Timestamp) -> Error {
@@ -190,6 +217,21 @@ mod tests {
             Duration::from_secs(10),
             at(14_000)
         ));
+    }
+
+    #[test]
+    fn a_workflow_with_a_row_that_cannot_be_read_is_not_retired_and_store_errors_are_returned() {
+        let week = Duration::from_secs(7 * 24 * 3600);
+        let later = at(30 * 24 * 3600 * 1000);
+        assert!(may_retire(Some(1_000), Ok((Vec::new(), Vec::new())), week, later).unwrap());
+        assert!(
+            !may_retire(None, Ok((Vec::new(), Vec::new())), week, later).unwrap(),
+            "no event"
+        );
+        let unreadable = Err(Error::Corrupt("command w:1:0: status: bad".into()));
+        assert!(!may_retire(Some(1_000), unreadable, week, later).unwrap());
+        let failed = may_retire(Some(1_000), Err(Error::Storage("disk".into())), week, later);
+        assert_eq!(failed.unwrap_err().code(), "STORAGE");
     }
 
     #[test]

@@ -82,17 +82,9 @@ fn retire_in(
     if last_seq != Some(locked) {
         return Ok(false); // it moved on: the event locked is not its last
     }
-    let last_event_at = last_event_at
-        .and_then(|at| u64::try_from(at).ok())
-        .map(Timestamp::from_millis);
     let rows = query_rows(db, SELECT_WORKFLOW, &[&id])
         .and_then(|commands| Ok((commands, query_timers(db, SELECT_WORKFLOW_TIMERS, &[&id])?)));
-    let (commands, timers) = match rows {
-        Ok(rows) => rows,
-        Err(Error::Corrupt(_)) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if !miniflow_core::is_retirable(last_event_at, &commands, &timers, older_than, now) {
+    if !miniflow_core::may_retire(last_event_at, rows, older_than, now)? {
         return Ok(false);
     }
     for sql in [

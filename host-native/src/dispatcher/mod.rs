@@ -604,11 +604,9 @@ impl<S: Store + 'static> Dispatcher<S> {
                     .as_ref()
                     .map(|board| (board.parked[n].clone(), board.clone())),
             };
-            let thread = std::thread::Builder::new()
-                .name(worker.name.clone())
-                .spawn(move || worker.run())
-                .map_err(|e| Error::Storage(Box::new(e)))?;
-            running.workers.push(thread);
+            running
+                .workers
+                .push(spawn_named(worker.name.clone(), move || worker.run())?);
         }
         let held_by_flusher = held.clone();
         let heartbeat = Heartbeat {
@@ -620,11 +618,10 @@ impl<S: Store + 'static> Dispatcher<S> {
             held,
             stop: running.helpers_stop.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("{}-heartbeat", self.config.name))
-            .spawn(move || heartbeat.run())
-            .map_err(|e| Error::Storage(Box::new(e)))?;
-        running.heartbeat = Some(thread);
+        running.heartbeat = Some(spawn_named(
+            format!("{}-heartbeat", self.config.name),
+            move || heartbeat.run(),
+        )?);
         if let Some(board) = board {
             let flusher = Flusher {
                 open: self.open.clone(),
@@ -634,11 +631,10 @@ impl<S: Store + 'static> Dispatcher<S> {
                 delay: self.config.ack_delay,
                 stop: running.helpers_stop.clone(),
             };
-            let thread = std::thread::Builder::new()
-                .name(format!("{}-acks", self.config.name))
-                .spawn(move || flusher.run())
-                .map_err(|e| Error::Storage(Box::new(e)))?;
-            running.flusher = Some(thread);
+            running.flusher = Some(spawn_named(
+                format!("{}-acks", self.config.name),
+                move || flusher.run(),
+            )?);
         }
         if let Some(interval) = self.config.stats_interval {
             let reporter = StatsReporter {
@@ -649,14 +645,24 @@ impl<S: Store + 'static> Dispatcher<S> {
                 interval,
                 stop: running.helpers_stop.clone(),
             };
-            let thread = std::thread::Builder::new()
-                .name(format!("{}-stats", self.config.name))
-                .spawn(move || reporter.run())
-                .map_err(|e| Error::Storage(Box::new(e)))?;
-            running.stats = Some(thread);
+            running.stats = Some(spawn_named(
+                format!("{}-stats", self.config.name),
+                move || reporter.run(),
+            )?);
         }
         Ok(running)
     }
+}
+
+/// Starts a thread called `name` running `run`.
+fn spawn_named<T: Send + 'static>(
+    name: String,
+    run: impl FnOnce() -> T + Send + 'static,
+) -> Result<JoinHandle<T>, Error> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(run)
+        .map_err(|e| Error::Storage(Box::new(e)))
 }
 
 /// Dispatcher workers running in the background. Dropping it tells them to stop, without waiting

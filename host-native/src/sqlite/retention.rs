@@ -50,17 +50,9 @@ pub(super) fn retire_in(
         .prepare_cached("SELECT MAX(seq), MAX(recorded_at) FROM events WHERE workflow_id = ?1")
         .and_then(|mut stmt| stmt.query_row([id], |row| Ok((row.get(0)?, row.get(1)?))))
         .map_err(storage)?;
-    let last_event_at = last_event_at
-        .and_then(|at| u64::try_from(at).ok())
-        .map(Timestamp::from_millis);
     let rows = query_rows(tx, SELECT_WORKFLOW, [id])
         .and_then(|commands| Ok((commands, query_timers(tx, SELECT_WORKFLOW_TIMERS, [id])?)));
-    let (commands, timers) = match rows {
-        Ok(rows) => rows,
-        Err(Error::Corrupt(_)) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    if !miniflow_core::is_retirable(last_event_at, &commands, &timers, older_than, now) {
+    if !miniflow_core::may_retire(last_event_at, rows, older_than, now)? {
         return Ok(false);
     }
     for sql in [
