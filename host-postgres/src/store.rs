@@ -196,7 +196,12 @@ impl PostgresStore {
     /// to roll back the rest. `tx` must be on the store's database, in `READ COMMITTED` or stronger.
     /// In `REPEATABLE READ` or `SERIALIZABLE`, a commit that lost its race to another transaction
     /// is a [`Error::Conflict`] whose `actual` is the last seq `tx`'s snapshot sees (which may be
-    /// `expected` itself): `tx` cannot see the newer events, so roll it back and run it again.
+    /// `expected` itself): `tx` cannot see the newer events, so roll it back and run it again. One
+    /// that raced a retirement ([`PostgresStore::purge_finished`]) is an [`Error::Busy`] (a
+    /// serialization failure), and run again it is told the workflow is retired. Such a `tx` sees
+    /// retirements only as of its snapshot: keep it shorter than your retention period, or a
+    /// workflow whose whole life and retention fell inside it could be started again under its
+    /// retired ID.
     ///
     /// ```no_run
     /// use miniflow_core::prelude::*;
