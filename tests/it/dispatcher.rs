@@ -719,6 +719,19 @@ struct Faults {
     failing_completes: AtomicU32,
     /// Fail with [`Error::Busy`] instead of [`Error::Storage`].
     busy: AtomicBool,
+    /// how opening a store on the ack thread (`*-acks`) goes: 0 opens, 1 fails, 2 panics,
+    /// 3 fails after 1 s.
+    acks_open: AtomicU8,
+    /// `complete_all` on the ack thread fails (with `busy` deciding the kind).
+    acks_complete_fails: AtomicBool,
+    /// `complete_all` calls on the ack thread.
+    acks_completes: AtomicU32,
+}
+
+fn on_acks_thread() -> bool {
+    std::thread::current()
+        .name()
+        .is_some_and(|n| n.ends_with("-acks"))
 }
 
 impl Faults {
@@ -765,6 +778,17 @@ impl Flaky {
         let (path, faults) = (path.to_path_buf(), faults.clone());
         Dispatcher::new(
             move || {
+                if on_acks_thread() {
+                    match faults.acks_open.load(Ordering::SeqCst) {
+                        1 => return Err(Error::Storage("acks: cannot open".into())),
+                        2 => panic!("acks: opener panicked"),
+                        3 => {
+                            std::thread::sleep(Duration::from_secs(1));
+                            return Err(Error::Storage("acks: slow open failed".into()));
+                        }
+                        _ => {}
+                    }
+                }
                 Ok(Flaky {
                     inner: SqliteStore::open(&path)?,
                     faults: faults.clone(),
@@ -830,6 +854,16 @@ impl Outbox for Flaky {
         acks: &[Ack],
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
+        if on_acks_thread() {
+            self.faults.acks_completes.fetch_add(1, Ordering::SeqCst);
+            if self.faults.acks_complete_fails.load(Ordering::SeqCst) {
+                return Err(if self.faults.busy.load(Ordering::SeqCst) {
+                    Error::Busy("acks: database is locked".into())
+                } else {
+                    Error::Storage("acks: disk I/O error".into())
+                });
+            }
+        }
         match self.faults.fault(&self.faults.failing_completes) {
             Some(error) => Err(error),
             None => self.inner.complete_all(acks, now),
@@ -1288,4 +1322,310 @@ fn a_rejected_timer_ends_rejected_is_reported_once_and_not_offered_again() {
         .last_error
         .as_deref()
         .is_some_and(|e| e.contains("alarms are switched off")));
+}
+
+// ---------------------------------------------------------------------------------------------
+// the ack thread (`{name}-acks`).
+
+type Log = Arc<Mutex<Vec<(String, Settlement)>>>;
+
+fn settled_log() -> (Log, impl Fn(&Delivery, &Settlement) + Send + Sync + 'static) {
+    let log: Log = Arc::new(Mutex::new(Vec::new()));
+    let keep = log.clone();
+    (log, move |d: &Delivery, s: &Settlement| {
+        keep.lock()
+            .unwrap()
+            .push((d.command_id.to_string(), s.clone()))
+    })
+}
+
+/// Waits (polling, up to 10 s) until the ack thread has called `complete_all`.
+fn until_the_ack_thread_wrote(faults: &Faults) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while faults.acks_completes.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the ack thread never wrote");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A parked ack whose lease another worker took over while a later handler ran: the ack thread's
+/// write is stale, and it is reported as a lost lease, not a completion.
+#[test]
+fn a_flushed_ack_whose_lease_was_taken_over_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 2)]);
+    let faults = Arc::new(Faults::default());
+    let clock = Arc::new(ManualClock::new(T0));
+    let (rival_clock, rival_path, waits) = (clock.clone(), path.clone(), faults.clone());
+    let (log, on_settled) = settled_log();
+    let stats = Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
+        if d.command_id == cid("w:1:1") {
+            rival_clock.advance(Duration::from_secs(61));
+            let mut rival = SqliteStore::open(&rival_path).unwrap();
+            let taken = rival
+                .claim(&ClaimRequest::new("rival").limit(1), rival_clock.now())
+                .unwrap();
+            assert_eq!(taken[0].command_id, cid("w:1:0"));
+            until_the_ack_thread_wrote(&waits);
+        }
+        Outcome::Done
+    })
+    .clock(clock.clone())
+    .lease_ttl(Duration::from_secs(60))
+    .batch_size(2)
+    .ack_delay(Duration::from_millis(20))
+    .on_settled(on_settled)
+    .run_until_idle()
+    .unwrap();
+    let log = log.lock().unwrap().clone();
+    assert_eq!((stats.completed, stats.lost_leases), (1, 1), "{stats:?}");
+    assert!(
+        log.contains(&("w:1:0".to_owned(), Settlement::LeaseLost)),
+        "{log:?}"
+    );
+    assert_eq!(
+        log.iter().filter(|(id, _)| id == "w:1:0").count(),
+        1,
+        "{log:?}"
+    );
+    let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+    assert_eq!(row.lease.unwrap().owner, "rival");
+}
+
+/// The ack thread's write fails (a full disk): counted and reported once, the acks it held are not
+/// reported completed, and `run_until_idle` returns the error.
+#[test]
+fn a_failed_write_of_the_ack_thread_is_counted_and_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 2)]);
+    let faults = Arc::new(Faults::default());
+    faults.acks_complete_fails.store(true, Ordering::SeqCst);
+    let waits = faults.clone();
+    let (errors, on_error) = error_log();
+    let (log, on_settled) = settled_log();
+    let result = finishes_within(20, {
+        let path = path.clone();
+        let faults = faults.clone();
+        move || {
+            Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
+                if d.command_id == cid("w:1:1") {
+                    until_the_ack_thread_wrote(&waits);
+                }
+                Outcome::Done
+            })
+            .batch_size(2)
+            .ack_delay(Duration::from_millis(20))
+            .on_settled(on_settled)
+            .on_error(on_error)
+            .run_until_idle()
+        }
+    });
+    let log = log.lock().unwrap().clone();
+    let errors = errors.lock().unwrap().clone();
+    assert!(matches!(result, Err(Error::Storage(_))), "{result:?}");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(!log.iter().any(|(id, _)| id == "w:1:0"), "{log:?}");
+    let row = store.command(&cid("w:1:0")).unwrap().unwrap();
+    assert_eq!(row.status, Status::Leased);
+}
+
+/// The ack thread cannot open its store: that is a store error like any other, reported and
+/// counted.
+#[test]
+fn the_ack_thread_failing_to_open_its_store_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 2)]);
+    let faults = Arc::new(Faults::default());
+    faults.acks_open.store(1, Ordering::SeqCst);
+    let (errors, on_error) = error_log();
+    let stats = finishes_within(20, {
+        let path = path.clone();
+        let faults = faults.clone();
+        move || {
+            Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
+                if d.command_id == cid("w:1:1") {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+                Outcome::Done
+            })
+            .batch_size(2)
+            .ack_delay(Duration::from_millis(20))
+            .on_error(on_error)
+            .run_until_idle()
+        }
+    })
+    .unwrap();
+    let errors = errors.lock().unwrap().clone();
+    assert_eq!(stats.completed, 2);
+    assert!(stats.store_errors >= 1, "not counted: {stats:?}");
+    assert!(!errors.is_empty(), "not reported");
+}
+
+/// The ack thread opening its store slowly (and failing) does not hold the worker back when its
+/// handler returns: the ack thread takes no acks before its store is open.
+#[test]
+fn a_slow_open_on_the_ack_thread_does_not_hold_the_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 3)]);
+    let faults = Arc::new(Faults::default());
+    faults.acks_open.store(3, Ordering::SeqCst);
+    let returned = Arc::new(Mutex::new(None::<Instant>));
+    let gap = Arc::new(Mutex::new(None::<Duration>));
+    let (returned_h, gap_h) = (returned.clone(), gap.clone());
+    finishes_within(20, {
+        let path = path.clone();
+        let faults = faults.clone();
+        move || {
+            Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
+                if d.command_id == cid("w:1:2") {
+                    let back = returned_h.lock().unwrap().unwrap();
+                    *gap_h.lock().unwrap() = Some(back.elapsed());
+                }
+                if d.command_id == cid("w:1:1") {
+                    std::thread::sleep(Duration::from_millis(60));
+                    *returned_h.lock().unwrap() = Some(Instant::now());
+                }
+                Outcome::Done
+            })
+            .batch_size(3)
+            .ack_delay(Duration::from_millis(20))
+            .run_until_idle()
+        }
+    })
+    .unwrap();
+    let gap = gap.lock().unwrap().unwrap();
+    assert!(
+        gap < Duration::from_millis(200),
+        "the worker waited {gap:?}"
+    );
+}
+
+/// A panic on the ack thread (here, in the store opener) does not hang the worker or
+/// `run_until_idle`: it is reported as a store error, and the worker writes its acks itself.
+#[test]
+fn a_panic_on_the_ack_thread_does_not_hang_the_dispatcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 2)]);
+    let faults = Arc::new(Faults::default());
+    faults.acks_open.store(2, Ordering::SeqCst);
+    let (errors, on_error) = error_log();
+    let stats = finishes_within(10, {
+        let path = path.clone();
+        let faults = faults.clone();
+        move || {
+            Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
+                if d.command_id == cid("w:1:1") {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Outcome::Done
+            })
+            .batch_size(2)
+            .ack_delay(Duration::from_millis(20))
+            .on_error(on_error)
+            .run_until_idle()
+        }
+    })
+    .unwrap();
+    assert_eq!(stats.completed, 2, "{stats:?}");
+    assert!(stats.store_errors >= 1, "{stats:?}");
+    let errors = errors.lock().unwrap().clone();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the ack thread panicked opening its store")),
+        "{errors:?}"
+    );
+}
+
+/// A handler outlives the shutdown's deadline after the ack thread wrote the acks before it: those
+/// completions are durable, so the shutdown counts and reports them, and only once.
+#[test]
+fn acks_written_before_a_shutdown_deadline_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let store = seed(&path, &[("w", 2)]);
+    let (entered, in_slow) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let (entered, released) = (Mutex::new(entered), Mutex::new(released));
+    let (log, on_settled) = settled_log();
+    let running = Dispatcher::sqlite(&path, move |d: &Delivery| {
+        if d.command_id == cid("w:1:1") {
+            entered.lock().unwrap().send(()).unwrap();
+            let _ = released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+        }
+        Outcome::Done
+    })
+    .batch_size(2)
+    .ack_delay(Duration::from_millis(20))
+    .on_settled(on_settled)
+    .start()
+    .unwrap();
+    in_slow.recv_timeout(Duration::from_secs(10)).unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while store.command(&cid("w:1:0")).unwrap().unwrap().status != Status::Done {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let shutdown = running.shutdown(Duration::from_millis(100));
+    let at_shutdown = log.lock().unwrap().clone();
+    release.send(()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let later = log.lock().unwrap().clone();
+    assert_eq!(shutdown.unfinished_workers, 1);
+    assert_eq!(
+        (shutdown.stats.completed, at_shutdown),
+        (1, vec![("w:1:0".to_owned(), Settlement::Completed)]),
+        "w:1:0 is durably completed: counted and reported by the shutdown"
+    );
+    assert!(
+        !later[1..].iter().any(|(id, _)| id == "w:1:0"),
+        "reported again by its worker: {later:?}"
+    );
+}
+
+/// Many workers, handlers of mixed length: each command is completed and reported exactly once.
+#[test]
+fn mixed_handlers_settle_each_command_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let workflows: Vec<(String, usize)> = (0..20).map(|n| (format!("w{n}"), 10)).collect();
+    let refs: Vec<(&str, usize)> = workflows.iter().map(|(w, n)| (w.as_str(), *n)).collect();
+    let store = seed(&path, &refs);
+    let (log, on_settled) = settled_log();
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let stats = Dispatcher::sqlite(&path, move |d: &Delivery| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        if d.command_id.index() % 4 == 3 {
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        Outcome::Done
+    })
+    .workers(4)
+    .batch_size(10)
+    .ack_delay(Duration::from_millis(5))
+    .on_settled(on_settled)
+    .run_until_idle()
+    .unwrap();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(calls.load(Ordering::SeqCst), 200);
+    assert_eq!(
+        (stats.completed, stats.store_errors, stats.lost_leases),
+        (200, 0, 0),
+        "{stats:?}"
+    );
+    let mut ids: Vec<&String> = log.iter().map(|(id, _)| id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((ids.len(), log.len()), (200, 200));
+    assert!(log.iter().all(|(_, s)| *s == Settlement::Completed));
+    assert!(store.pending(1000).unwrap().is_empty());
 }

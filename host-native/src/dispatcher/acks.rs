@@ -161,11 +161,16 @@ impl AckBoard {
 }
 
 /// The dispatcher's flusher thread: while workers deliver, every `ack_delay` it writes the parked
-/// acks that have waited that long, on a store of its own.
+/// acks that have waited that long, on a store of its own. It opens its store before it takes any
+/// acks, so a slow or failing open never holds a worker back; a failure to open, and a panic of the
+/// store, are reported like the heartbeat's errors, and the acks it took are given back to their
+/// worker, which writes them itself.
 pub(super) struct Flusher<S> {
     pub(super) open: Arc<Opener<S>>,
     pub(super) board: Arc<AckBoard>,
     pub(super) held: Arc<HeldLeases>,
+    pub(super) on_error: Option<Arc<ErrorHook>>,
+    pub(super) errors: Arc<AtomicU64>,
     pub(super) clock: Arc<dyn Clock + Send + Sync>,
     pub(super) delay: Duration,
     pub(super) stop: Arc<AtomicBool>,
@@ -175,37 +180,124 @@ impl<S: Store> Flusher<S> {
     pub(super) fn run(self) {
         let tick = self.delay.max(Duration::from_millis(1));
         let mut store: Option<S> = None;
+        let mut failures_in_a_row = 0;
         while self.board.wait_for_batches(&self.stop) {
             sleep_unless(&self.stop, tick);
+            let Some(opened) = store.as_mut() else {
+                match catch_unwind(AssertUnwindSafe(|| (self.open)())) {
+                    Ok(Ok(opened)) => {
+                        store = Some(opened);
+                        failures_in_a_row = 0;
+                    }
+                    Ok(Err(error)) => self.failed(&error, &mut failures_in_a_row, tick),
+                    Err(panic) => {
+                        self.panicked("opening its store", &*panic, &mut failures_in_a_row, tick)
+                    }
+                }
+                continue;
+            };
             let now = Instant::now();
             for parked in &self.board.parked {
                 let Some((mut done, received)) = parked.take_due(now, self.delay) else {
                     continue;
                 };
-                if store.is_none() {
-                    store = (self.open)().ok();
-                }
-                let Some(store) = store.as_mut() else {
-                    // The store does not open now: the worker writes them itself.
-                    parked.put_back(done);
-                    continue;
-                };
                 let settle = received
                     .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d)));
                 let acks = take_acks(&mut done);
-                let results = {
+                let written = catch_unwind(AssertUnwindSafe(|| {
                     let _settle = settle.enter();
-                    store.complete_all(&acks, self.clock.now())
-                };
-                for (delivery, _) in &done {
-                    // The heartbeat no longer extends them; the worker reports them.
-                    self.held.drop_lease(&delivery.command_id);
+                    opened.complete_all(&acks, self.clock.now())
+                }));
+                match written {
+                    Ok(results) => {
+                        for (delivery, _) in &done {
+                            // The heartbeat no longer extends them; the worker reports them.
+                            self.held.drop_lease(&delivery.command_id);
+                        }
+                        parked.wrote(Written {
+                            settle,
+                            done,
+                            results,
+                        });
+                    }
+                    Err(panic) => {
+                        for ((_, result), ack) in done.iter_mut().zip(acks) {
+                            *result = ack.result;
+                        }
+                        parked.put_back(done);
+                        self.panicked("writing acks", &*panic, &mut failures_in_a_row, tick);
+                        store = None; // a store that panicked is not used again
+                        break;
+                    }
                 }
-                parked.wrote(Written {
-                    settle,
-                    done,
-                    results,
-                });
+            }
+        }
+    }
+
+    /// A store operation of the ack thread failed: counted with the heartbeat's errors, reported,
+    /// and backed off from.
+    fn failed(&self, error: &Error, failures_in_a_row: &mut u32, tick: Duration) {
+        self.errors.fetch_add(1, Ordering::SeqCst);
+        telemetry::store_failed(error);
+        if let Some(hook) = &self.on_error {
+            hook(error);
+        }
+        *failures_in_a_row += 1;
+        sleep_unless(&self.stop, error_backoff(tick, *failures_in_a_row));
+    }
+
+    fn panicked(
+        &self,
+        doing: &str,
+        panic: &(dyn Any + Send),
+        failures_in_a_row: &mut u32,
+        tick: Duration,
+    ) {
+        let error = Error::Storage(
+            format!(
+                "the ack thread panicked {doing}: {}; its worker writes the acks itself",
+                panic_message(panic)
+            )
+            .into(),
+        );
+        self.failed(&error, failures_in_a_row, tick);
+    }
+}
+
+/// Reports what the ack thread wrote for workers still inside a handler at a shutdown's deadline
+/// (each parked slot's outcomes, taken so their worker does not report them again), into `stats`.
+pub(super) fn report_left(
+    board: &AckBoard,
+    observer: Option<&Observer>,
+    on_error: Option<&ErrorHook>,
+    stats: &mut Stats,
+) {
+    for parked in &board.parked {
+        let written = std::mem::take(&mut parked.lock().written);
+        for written in written {
+            let _settle = written.settle.enter();
+            let results = match written.results {
+                Ok(results) => results,
+                Err(error) => {
+                    stats.store_errors += 1;
+                    telemetry::store_failed(&error);
+                    if let Some(hook) = on_error {
+                        hook(&error);
+                    }
+                    continue;
+                }
+            };
+            for ((delivery, _), result) in written.done.iter().zip(results) {
+                match settlement_of(result) {
+                    Ok(settlement) => record(stats, observer, delivery, settlement),
+                    Err(error) => {
+                        stats.store_errors += 1;
+                        telemetry::store_failed(&error);
+                        if let Some(hook) = on_error {
+                            hook(&error);
+                        }
+                    }
+                }
             }
         }
     }

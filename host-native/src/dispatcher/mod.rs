@@ -578,6 +578,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             workers: Vec::with_capacity(self.config.workers),
             heartbeat: None,
             flusher: None,
+            acks: None,
             stats: None,
             heartbeat_errors: Arc::new(AtomicU64::new(0)),
         };
@@ -622,11 +623,14 @@ impl<S: Store + 'static> Dispatcher<S> {
             format!("{}-heartbeat", self.config.name),
             move || heartbeat.run(),
         )?);
-        if let Some(board) = board {
+        if let Some(board) = &board {
+            running.acks = Some((board.clone(), self.observer.clone(), self.on_error.clone()));
             let flusher = Flusher {
                 open: self.open.clone(),
-                board,
+                board: board.clone(),
                 held: held_by_flusher,
+                on_error: self.on_error.clone(),
+                errors: running.heartbeat_errors.clone(),
                 clock: self.clock.clone(),
                 delay: self.config.ack_delay,
                 stop: running.helpers_stop.clone(),
@@ -678,6 +682,9 @@ pub struct RunningDispatcher {
     heartbeat: Option<JoinHandle<()>>,
     /// The thread that writes the acks workers keep while a handler runs long ([`Flusher`]).
     flusher: Option<JoinHandle<()>>,
+    /// What the ack thread wrote is reported from (with the observer and error hook) for workers a
+    /// shutdown leaves inside a handler.
+    acks: Option<(Arc<AckBoard>, Option<Arc<Observer>>, Option<Arc<ErrorHook>>)>,
     /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
     stats: Option<JoinHandle<()>>,
     /// Store errors of the heartbeat and the gauges, added to the workers' [`Stats::store_errors`].
@@ -725,6 +732,18 @@ impl RunningDispatcher {
         }
         // The workers that did not stop in time are left to their leases, which then run out.
         self.helpers_stop.store(true, Ordering::SeqCst);
+        // The acks the ack thread wrote for them are durable: reported here, once it has stopped.
+        if let Some(flusher) = self.flusher.take() {
+            let _ = flusher.join();
+        }
+        if let Some((board, observer, on_error)) = &self.acks {
+            report_left(
+                board,
+                observer.as_deref(),
+                on_error.as_deref(),
+                &mut shutdown.stats,
+            );
+        }
         if shutdown.unfinished_workers == 0 {
             for thread in [
                 self.heartbeat.take(),

@@ -465,11 +465,12 @@ impl<S: Store> Worker<S> {
         for (delivery, _) in done.drain(..) {
             let delivery = &delivery;
             self.held.drop_lease(&delivery.command_id);
-            match results.next() {
-                Some(Ok(())) => self.report(delivery, Settlement::Completed, tally),
-                Some(Err(Error::StaleLease { .. })) => {
-                    settle.record("error.type", "lease_lost");
-                    self.report(delivery, Settlement::LeaseLost, tally)
+            match results.next().map(settlement_of) {
+                Some(Ok(settlement)) => {
+                    if settlement == Settlement::LeaseLost {
+                        settle.record("error.type", "lease_lost");
+                    }
+                    self.report(delivery, settlement, tally)
                 }
                 Some(Err(error)) => self.store_failed(error, tally),
                 None => self.store_failed(
@@ -564,19 +565,43 @@ impl<S: Store> Worker<S> {
     }
 
     pub(super) fn report(&self, delivery: &Delivery, settlement: Settlement, tally: &mut Tally) {
-        let stats = &mut tally.stats;
-        match &settlement {
-            Settlement::Completed => stats.completed += 1,
-            Settlement::RetryAt { .. } => stats.retried += 1,
-            Settlement::Dead { .. } => stats.dead += 1,
-            Settlement::LeaseLost => stats.lost_leases += 1,
-            Settlement::Released => stats.released += 1,
-            Settlement::Cancelled { .. } => stats.cancelled += 1,
-        }
-        telemetry::settled(delivery, &settlement);
-        if let Some(observer) = &self.observer {
-            observer(delivery, &settlement);
-        }
+        record(
+            &mut tally.stats,
+            self.observer.as_deref(),
+            delivery,
+            settlement,
+        );
+    }
+}
+
+/// Counts a settled delivery in `stats`, records its metrics and tells `observer`.
+pub(super) fn record(
+    stats: &mut Stats,
+    observer: Option<&Observer>,
+    delivery: &Delivery,
+    settlement: Settlement,
+) {
+    match &settlement {
+        Settlement::Completed => stats.completed += 1,
+        Settlement::RetryAt { .. } => stats.retried += 1,
+        Settlement::Dead { .. } => stats.dead += 1,
+        Settlement::LeaseLost => stats.lost_leases += 1,
+        Settlement::Released => stats.released += 1,
+        Settlement::Cancelled { .. } => stats.cancelled += 1,
+    }
+    telemetry::settled(delivery, &settlement);
+    if let Some(observer) = observer {
+        observer(delivery, &settlement);
+    }
+}
+
+/// How the store's answer to one ack settles its delivery: completed, or its lease lost (a stale
+/// token); any other error is the store's.
+pub(super) fn settlement_of(result: Result<(), Error>) -> Result<Settlement, Error> {
+    match result {
+        Ok(()) => Ok(Settlement::Completed),
+        Err(Error::StaleLease { .. }) => Ok(Settlement::LeaseLost),
+        Err(error) => Err(error),
     }
 }
 
