@@ -264,9 +264,24 @@ impl<S: Store> Flusher<S> {
     }
 }
 
-/// Reports what the ack thread wrote for workers still inside a handler at a shutdown's deadline
-/// (each parked slot's outcomes, taken so their worker does not report them again), into `stats`.
-pub(super) fn report_left(
+/// What a shutdown reports the ack thread's writes to, for workers it leaves inside a handler.
+pub(super) struct AckReports {
+    pub(super) board: Arc<AckBoard>,
+    pub(super) observer: Option<Arc<Observer>>,
+    pub(super) on_error: Option<Arc<ErrorHook>>,
+}
+
+impl AckReports {
+    /// Reports what the ack thread wrote for workers still inside a handler at a shutdown's
+    /// deadline (each parked slot's outcomes, taken so their worker does not report them again),
+    /// into `stats`.
+    pub(super) fn report_left(&self, stats: &mut Stats) {
+        let (observer, on_error) = (self.observer.as_deref(), self.on_error.as_deref());
+        report_left(&self.board, observer, on_error, stats);
+    }
+}
+
+fn report_left(
     board: &AckBoard,
     observer: Option<&Observer>,
     on_error: Option<&ErrorHook>,

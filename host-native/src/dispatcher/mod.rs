@@ -624,7 +624,11 @@ impl<S: Store + 'static> Dispatcher<S> {
             move || heartbeat.run(),
         )?);
         if let Some(board) = &board {
-            running.acks = Some((board.clone(), self.observer.clone(), self.on_error.clone()));
+            running.acks = Some(AckReports {
+                board: board.clone(),
+                observer: self.observer.clone(),
+                on_error: self.on_error.clone(),
+            });
             let flusher = Flusher {
                 open: self.open.clone(),
                 board: board.clone(),
@@ -684,7 +688,7 @@ pub struct RunningDispatcher {
     flusher: Option<JoinHandle<()>>,
     /// What the ack thread wrote is reported from (with the observer and error hook) for workers a
     /// shutdown leaves inside a handler.
-    acks: Option<(Arc<AckBoard>, Option<Arc<Observer>>, Option<Arc<ErrorHook>>)>,
+    acks: Option<AckReports>,
     /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
     stats: Option<JoinHandle<()>>,
     /// Store errors of the heartbeat and the gauges, added to the workers' [`Stats::store_errors`].
@@ -736,13 +740,8 @@ impl RunningDispatcher {
         if let Some(flusher) = self.flusher.take() {
             let _ = flusher.join();
         }
-        if let Some((board, observer, on_error)) = &self.acks {
-            report_left(
-                board,
-                observer.as_deref(),
-                on_error.as_deref(),
-                &mut shutdown.stats,
-            );
+        if let Some(acks) = &self.acks {
+            acks.report_left(&mut shutdown.stats);
         }
         if shutdown.unfinished_workers == 0 {
             for thread in [
