@@ -808,7 +808,10 @@ impl<W: Workflow> Engine<W> {
         match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
             OnCached::Committed(handled) => return Ok(handled),
             OnCached::Conflict(e) if self.max_conflict_retries == 0 => return Err(e),
-            OnCached::Conflict(_) => conflicts += 1,
+            OnCached::Conflict(_) => {
+                conflicts += 1;
+                store.before_retry(conflicts);
+            }
             OnCached::NotTried => {}
         }
         loop {
@@ -832,6 +835,7 @@ impl<W: Workflow> Engine<W> {
                 Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
                     self.keep(folded);
                     conflicts += 1;
+                    store.before_retry(conflicts);
                 }
                 Err(e) => {
                     self.keep(folded);
@@ -914,10 +918,11 @@ mod tests {
     use super::*;
     use crate::MemoryStore;
 
-    /// A store whose every commit loses its race, counting the attempts.
+    /// A store whose every commit loses its race, counting the attempts and the waits before retries.
     struct AlwaysBehind {
         inner: MemoryStore,
         commits: u32,
+        waits: Vec<u32>,
     }
 
     impl EventLog for AlwaysBehind {
@@ -927,6 +932,9 @@ mod tests {
         fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
             self.commits += 1;
             Err(commit.conflict(Seq::new(commit.expected_seq().get() + 1)?))
+        }
+        fn before_retry(&mut self, conflicts: u32) {
+            self.waits.push(conflicts);
         }
     }
 
@@ -945,6 +953,7 @@ mod tests {
         let mut store = AlwaysBehind {
             inner: MemoryStore::new(),
             commits: 0,
+            waits: Vec::new(),
         };
         let engine = Engine::new(Nothing).max_conflict_retries(3);
         let w = WorkflowId::new("w").unwrap();
@@ -958,6 +967,11 @@ mod tests {
         assert_eq!(
             store.commits, 4,
             "one try and three retries, then the conflict is returned"
+        );
+        assert_eq!(
+            store.waits,
+            [1, 2, 3],
+            "the store may wait before each retry, told how many races were lost"
         );
     }
 

@@ -127,7 +127,9 @@ pub use retention::{
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
-pub use store::{Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers};
+pub use store::{
+    conflict_backoff, Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers,
+};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{
     feedback, withdrawn_feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus,

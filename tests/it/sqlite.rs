@@ -486,3 +486,22 @@ fn a_stored_trace_context_that_does_not_parse_is_ignored_not_fatal() {
         ]
     );
 }
+
+/// After a lost race the store waits before the engine tries again (`conflict_backoff`, times a
+/// random 0.5–1.5), longer after each: writers of one workflow spread out instead of running out of
+/// tries together.
+#[test]
+fn the_store_waits_before_a_retry_longer_after_each_lost_race() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
+    for (conflicts, at_least_ms) in [(1, 0.5), (4, 4.0), (9, 16.0)] {
+        let started = Instant::now();
+        store.before_retry(conflicts);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs_f64(at_least_ms / 1_000.0),
+            "after {conflicts} conflicts it waited {waited:?}"
+        );
+    }
+}

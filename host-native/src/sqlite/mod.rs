@@ -487,6 +487,11 @@ impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
     }
+    /// Waits [`miniflow_core::conflict_backoff`], with a random jitter: threads and processes
+    /// writing one workflow spread out instead of racing again together.
+    fn before_retry(&mut self, conflicts: u32) {
+        std::thread::sleep(miniflow_core::conflict_backoff(conflicts, jitter()));
+    }
     fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
         load_events_after(&self.conn, workflow_id, after)
     }
@@ -750,6 +755,16 @@ impl Operations for SqliteStore {
             change_dead_of_kind(tx, &kind, batch, now, |row| row.resolve(&note, now))
         })
     }
+}
+
+/// A number from 0.5 to 1.5, drawn anew each call from the standard library's randomly keyed hasher:
+/// enough to spread racing writers, not for secrets.
+fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    0.5 + (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -1096,3 +1096,20 @@ fn miniflow_postgres_hot_queries() -> Vec<(&'static str, &'static str, &'static 
 {
     miniflow_postgres::hot_queries()
 }
+
+/// After a lost race the store waits before the engine tries again, longer after each (see the
+/// SQLite store's test of the same).
+#[test]
+fn the_store_waits_before_a_retry_longer_after_each_lost_race() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    for (conflicts, at_least_ms) in [(1, 0.5), (4, 4.0), (9, 16.0)] {
+        let started = Instant::now();
+        store.before_retry(conflicts);
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs_f64(at_least_ms / 1_000.0),
+            "after {conflicts} conflicts it waited {waited:?}"
+        );
+    }
+}
