@@ -3,7 +3,7 @@
 //! leases, and wake-ups.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{mpsc, Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use super::TestDatabase;
@@ -1029,6 +1029,58 @@ fn the_postgres_dispatcher_runs_until_idle_in_strict_order() {
             .collect();
         assert_eq!(order, [0, 1, 2, 3], "workflow {workflow}");
     }
+}
+
+/// The PostgreSQL dispatcher's ack thread writes the acks kept before a long handler while it runs,
+/// on a connection of the pool (see the SQLite dispatcher's test of the same).
+#[test]
+fn the_postgres_dispatcher_writes_the_acks_before_a_long_handler_while_it_runs() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    append(&mut store, "w", 3, T0);
+    let (entered, in_slow) = mpsc::channel();
+    let (release, released) = mpsc::channel::<()>();
+    let (entered, released) = (Mutex::new(entered), Mutex::new(released));
+    let running = Dispatcher::postgres(&store, move |d: &Delivery| {
+        if d.command_id.index() == 2 {
+            entered.lock().unwrap().send(()).unwrap();
+            let _ = released
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(30));
+        }
+        Outcome::Done
+    })
+    .unwrap()
+    .batch_size(3)
+    .ack_delay(Duration::from_millis(20))
+    .start()
+    .unwrap();
+    in_slow.recv_timeout(Duration::from_secs(10)).unwrap();
+    let done = |store: &PostgresStore| {
+        store
+            .commands(&wid("w"))
+            .unwrap()
+            .iter()
+            .filter(|row| row.status == Status::Done)
+            .count()
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while done(&store) < 2 {
+        assert!(
+            Instant::now() < until,
+            "the acks before the long handler waited for it"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    release.send(()).unwrap();
+    let shutdown = running.shutdown(Duration::from_secs(10));
+    assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
+    assert_eq!(
+        (shutdown.stats.completed, shutdown.stats.store_errors),
+        (3, 0)
+    );
+    assert_eq!(done(&store), 3);
 }
 
 // ------------------------------------------------------------------------------------------------
