@@ -531,7 +531,8 @@ pub trait EventLog {
         None
     }
 
-    /// Called by [`crate::Engine::handle`] after its commit to a workflow lost its race for the
+    /// Called by [`crate::Engine::handle`] and [`crate::Engine::fire`] after a commit to a workflow
+    /// lost its race for the
     /// `conflicts`-th time (1 for the first), before it reads the workflow and tries again. A store
     /// that threads or processes share should wait here for [`conflict_backoff`] with a jitter of its
     /// own, so that the writers of one workflow do not try again in lockstep and run out of tries
@@ -545,7 +546,7 @@ pub trait EventLog {
 /// How long a writer waits before it tries again after the `conflicts`-th lost race on one
 /// workflow: 1 ms, doubling with each conflict up to 32 ms, times `jitter` (a number the host draws
 /// at random, from 0.5 to 1.5; values outside are clamped), so that racing writers spread out. What
-/// hosts wait in [`EventLog::before_retry`]; with the engine's default of 8 tries, at most about
+/// hosts wait in [`EventLog::before_retry`]; with the engine's default of 8 retries, at most about
 /// 190 ms in all.
 ///
 /// ```

@@ -76,14 +76,16 @@ pub const STORE_ERRORS: &str = "miniflow_store_errors_total";
 /// Done and cancelled outbox rows deleted by retention (`purge_done`): a counter, no label.
 pub const ROWS_PURGED: &str = "miniflow_rows_purged_total";
 
-/// The requests the SQLite host's writer thread committed in one transaction (group commit): a
-/// histogram, no label. Small groups under load mean each commit pays for a transaction of its own.
+/// The requests the SQLite host's writer thread ran in one transaction (group commit; a group
+/// rolled back counts too): a histogram, no label. Small groups under load mean each commit pays for
+/// a transaction of its own. A process has one writer per file; all of them record into this one
+/// series.
 pub const WRITER_GROUP_SIZE: &str = "miniflow_writer_group_size";
 
 /// How long the SQLite host's writer thread took over one group, from its `BEGIN` to its `COMMIT`
 /// (the sync of the WAL comes after, off the writer): a histogram in seconds, no label. The rate of
-/// its sum is the fraction of time the writer was busy; near 1, every write of the process waits
-/// for it.
+/// its sum is the fraction of time the writer was busy (with several files, their writers' total);
+/// near 1 for one file, every write to it waits for its writer.
 pub const WRITER_TRANSACTION: &str = "miniflow_writer_transaction_seconds";
 
 /// What kind of value a metric is.
@@ -270,7 +272,7 @@ pub const METRICS: &[Metric] = &[
         Histogram,
         "requests",
         &[],
-        "Requests the SQLite writer thread committed in one transaction (group commit).",
+        "Requests per transaction of the SQLite writer thread (group commit); a rolled-back group counts too.",
     ),
     metric(
         WRITER_TRANSACTION,

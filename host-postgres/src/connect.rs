@@ -86,7 +86,8 @@ impl PostgresOptions {
 
     /// Keeps up to `size` connections (1 to [`PostgresOptions::MAX_POOL_SIZE`]); every clone of a
     /// store shares them. A dispatcher needs one per worker, one for its heartbeat, one for its ack
-    /// thread (with an ack delay), and its listener opens one more of its own.
+    /// thread (unless its `ack_delay` is 0), one for `report_stats` if set, and its listener opens
+    /// one more of its own.
     #[must_use]
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;

@@ -173,8 +173,9 @@ impl PostgresStore {
         }
     }
 
-    /// How many workflows [`PostgresStore::purge_finished`] would retire at `now`: those finished
-    /// at least `older_than` before `now` by the core's rule. Nothing is changed; a store connected
+    /// At most how many workflows [`PostgresStore::purge_finished`] would retire at `now`: those
+    /// finished at least `older_than` before `now` by the core's rule (it keeps one with a row that
+    /// cannot be read, and skips one a commit holds). Nothing is changed; a store connected
     /// read-only can count. `purge_finished` checks each again when it retires it, so a workflow
     /// that moves on meanwhile stays.
     ///

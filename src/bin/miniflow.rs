@@ -208,9 +208,9 @@ enum Action {
     },
     /// Deletes the whole history (events, commands, timers) of workflows finished longer ago than
     /// `--older-than`: every command done or cancelled, no timer scheduled. A retired workflow ID
-    /// takes no new event. SQLite stores only.
+    /// takes no new event.
     PurgeFinished {
-        /// The store's SQLite file.
+        /// The store: its SQLite file, or a postgresql:// URL.
         db: PathBuf,
         /// The retention period with its unit, e.g. `90d`, `12h`, `90m`, `45s`.
         #[arg(long, value_parser = retention)]

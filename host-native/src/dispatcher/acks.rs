@@ -1,6 +1,6 @@
 //! Acks that wait while a handler runs: a worker parks its kept acks before each handler call, and
-//! the dispatcher's flusher writes those that have waited `ack_delay` while the handler is still
-//! running. So a long handler does not hold back the acks of the deliveries before it in its batch
+//! the dispatcher's ack thread (the [`Flusher`]) writes those that have waited `ack_delay` while the
+//! handler is still running. So a long handler does not hold back the acks of the deliveries before it in its batch
 //! (nor the results they feed back into their workflows); the worker reports what the flusher wrote
 //! once its handler returns.
 
@@ -160,7 +160,7 @@ impl AckBoard {
     }
 }
 
-/// The dispatcher's flusher thread: while workers deliver, every `ack_delay` it writes the parked
+/// The dispatcher's ack thread: while workers deliver, every `ack_delay` it writes the parked
 /// acks that have waited that long, on a store of its own. It opens its store before it takes any
 /// acks, so a slow or failing open never holds a worker back; a failure to open, and a panic of the
 /// store, are reported like the heartbeat's errors, and the acks it took are given back to their

@@ -183,8 +183,8 @@ pub struct Stats {
     pub panics: u64,
     /// Timers (and failure feedback) whose event this dispatcher committed.
     pub timers_fired: u64,
-    /// Store operations that failed, the heartbeat's included. Each was passed to
-    /// [`Dispatcher::on_error`]; the worker backed off before it claimed again.
+    /// Store operations that failed, including the heartbeat's, the ack thread's and the gauges'.
+    /// Each was passed to [`Dispatcher::on_error`]; the thread that failed backed off.
     pub store_errors: u64,
     /// Timer firings whose event the workflow rejected ([`Error::Rejected`]); each was passed to
     /// [`Dispatcher::on_error`]. The timer stays scheduled and is offered again when its take
@@ -472,13 +472,13 @@ impl<S: Store + 'static> Dispatcher<S> {
     /// its own) to 60 s. Larger values group more acks per transaction; a completion is only
     /// reported once durable.
     ///
-    /// A worker runs the handlers of its batch one after another, and writes the acks it keeps when
-    /// a handler returns once they have waited this long, and with its next claim. While a handler
-    /// runs long, the dispatcher's ack thread (`{name}-acks`, on a store of its own) writes the acks
-    /// kept before it once they have waited this long, so a slow delivery does not hold back the
-    /// completions before it in its batch, nor the results they feed back into their workflows;
-    /// the worker reports them (`on_settled`, [`Stats`]) when the handler returns. 0 writes each
-    /// ack as its handler returns, with no ack thread.
+    /// A worker runs the handlers of its batch one after another. When a handler returns, the
+    /// worker writes the acks it has kept if they have waited this long; the rest go with its next
+    /// claim. While a handler runs long, the dispatcher's ack thread (`{name}-acks`, on a store of
+    /// its own) writes the acks kept before it after about this long (at most twice it), so a slow
+    /// delivery does not hold back the completions before it in its batch, nor the results they
+    /// feed back into their workflows; the worker reports them (`on_settled`, [`Stats`]) when the
+    /// handler returns. 0 writes each ack as its handler returns, with no ack thread.
     #[must_use]
     pub fn ack_delay(mut self, delay: Duration) -> Self {
         self.config.ack_delay = delay;
@@ -679,8 +679,9 @@ fn spawn_named<T: Send + 'static>(
 pub struct RunningDispatcher {
     /// Tells the workers to stop claiming.
     stop: Arc<AtomicBool>,
-    /// Tells the heartbeat and the gauges to stop: only once the workers have stopped, so the leases
-    /// of the deliveries a shutdown lets finish are kept, and the last gauges show what they left.
+    /// Tells the heartbeat, the ack thread and the gauges to stop: only once the workers have
+    /// stopped, so the leases of the deliveries a shutdown lets finish are kept, and the last gauges
+    /// show what they left.
     helpers_stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<Result<Stats, Error>>>,
     heartbeat: Option<JoinHandle<()>>,
@@ -691,14 +692,16 @@ pub struct RunningDispatcher {
     acks: Option<AckReports>,
     /// The thread of the outbox gauges ([`Dispatcher::report_stats`]).
     stats: Option<JoinHandle<()>>,
-    /// Store errors of the heartbeat and the gauges, added to the workers' [`Stats::store_errors`].
+    /// Store errors of the heartbeat, the ack thread and the gauges, added to the workers'
+    /// [`Stats::store_errors`].
     heartbeat_errors: Arc<AtomicU64>,
 }
 
 /// How a shutdown went.
 #[derive(Debug)]
 pub struct Shutdown {
-    /// What the workers that stopped in time did.
+    /// What the workers that stopped in time did, and the completions the ack thread wrote for
+    /// workers still inside a handler.
     pub stats: Stats,
     /// Workers still inside a delivery at the deadline. Their leases expire and other workers take the
     /// commands over; nothing is lost.

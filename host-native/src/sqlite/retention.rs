@@ -167,8 +167,9 @@ impl SqliteStore {
         }
     }
 
-    /// How many workflows [`SqliteStore::purge_finished`] would retire at `now`: those finished at
-    /// least `older_than` before `now` by the core's rule, counted on the store's own connection
+    /// At most how many workflows [`SqliteStore::purge_finished`] would retire at `now`: those
+    /// finished at least `older_than` before `now` by the core's rule (it keeps one with a row that
+    /// cannot be read), counted on the store's own connection
     /// (a store opened read-only too). Nothing is changed. `purge_finished` checks each again when
     /// it retires it, so a workflow that moves on meanwhile stays.
     ///
