@@ -10,7 +10,11 @@
 //!   too, so the event it checks is the last one, and no commit can follow it until the workflow's
 //!   events are gone and it is recorded as retired;
 //! - a commit that waited for the lock finds its last event deleted and writes nothing; the next
-//!   read of the workflow tells it that the workflow is retired.
+//!   read of the workflow tells it that the workflow is retired;
+//! - a transaction that retires workflows also counts them in the `retirements` row, which it locks
+//!   first (`SKIP LOCKED`: it skips the batch while a first commit of a `REPEATABLE READ` or
+//!   `SERIALIZABLE` transaction holds the row); such a first commit reads the row `FOR SHARE`, so
+//!   one whose snapshot predates a retirement fails instead of starting a retired ID again.
 
 use std::time::Duration;
 
@@ -161,9 +165,25 @@ impl PostgresStore {
                 .filter_map(|id| WorkflowId::new(id).ok())
                 .collect();
             retired += connection.in_transaction(|db| {
-                let mut retired = 0;
+                let counted = db
+                    .query_opt(
+                        "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
+                        &[],
+                    )
+                    .map_err(storage)?;
+                if counted.is_none() {
+                    return Ok(0); // a first commit holds it: retired by a later run
+                }
+                let mut retired: usize = 0;
                 for workflow_id in &workflows {
                     retired += usize::from(retire_in(db, workflow_id, older_than, clock)?);
+                }
+                if retired > 0 {
+                    db.execute(
+                        "UPDATE retirements SET retired = retired + $1 WHERE id = 1",
+                        &[&i64::try_from(retired).unwrap_or(i64::MAX)],
+                    )
+                    .map_err(storage)?;
                 }
                 Ok::<_, Error>(retired)
             })?;

@@ -197,11 +197,10 @@ impl PostgresStore {
     /// In `REPEATABLE READ` or `SERIALIZABLE`, a commit that lost its race to another transaction
     /// is a [`Error::Conflict`] whose `actual` is the last seq `tx`'s snapshot sees (which may be
     /// `expected` itself): `tx` cannot see the newer events, so roll it back and run it again. One
-    /// that raced a retirement ([`PostgresStore::purge_finished`]) is an [`Error::Busy`] (a
-    /// serialization failure), and run again it is told the workflow is retired. Such a `tx` sees
-    /// retirements only as of its snapshot: keep it shorter than your retention period, or a
-    /// workflow whose whole life and retention fell inside it could be started again under its
-    /// retired ID.
+    /// that a retirement ([`PostgresStore::purge_finished`]) may have overtaken is an
+    /// [`Error::Busy`] (a serialization failure): the workflow's last event was deleted after `tx`'s
+    /// snapshot, or, for a workflow's first event, some retention committed since it. Run again, it
+    /// is told the workflow is retired, or goes through.
     ///
     /// ```no_run
     /// use miniflow_core::prelude::*;
@@ -627,7 +626,10 @@ fn retired(workflow_id: &WorkflowId, at: i64) -> Error {
 /// The commit holds its workflow's last event (`FOR KEY SHARE`) until it ends, so retention, which
 /// deletes that event, cannot retire the workflow under it: retention skips a workflow whose last
 /// event is held ([`crate::retention`]), and a commit whose last event retention deleted meanwhile
-/// inserts nothing (it is then told the workflow is retired).
+/// inserts nothing (it is then told the workflow is retired). A first commit in a `REPEATABLE READ`
+/// or `SERIALIZABLE` transaction, whose snapshot may predate a retirement of its ID, reads the
+/// `retirements` row `FOR SHARE`: a retention committed since makes it fail (a serialization error,
+/// [`Error::Busy`]).
 const INSERT_COMMIT: &str = "WITH last AS (\
          SELECT COALESCE(MAX(seq), 0) AS seq, \
              ($16::text IS NULL OR EXISTS (SELECT 1 FROM events f WHERE f.workflow_id = $1 \
@@ -637,6 +639,9 @@ const INSERT_COMMIT: &str = "WITH last AS (\
          FROM events WHERE workflow_id = $1), \
      held AS (\
          SELECT 1 FROM events WHERE workflow_id = $1 AND seq = $2 FOR KEY SHARE), \
+     fenced AS (\
+         SELECT 1 FROM retirements WHERE $2 = 0 \
+             AND current_setting('transaction_isolation') <> 'read committed' FOR SHARE), \
      e AS (\
          INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
          SELECT $1, n.seq, n.kind, n.payload, n.recorded_at \
@@ -644,6 +649,8 @@ const INSERT_COMMIT: &str = "WITH last AS (\
              AS n (seq, kind, payload, recorded_at), last \
          WHERE last.seq = $2 AND last.follows AND last.retired_at IS NULL \
              AND ($2 = 0 OR EXISTS (SELECT 1 FROM held)) \
+             AND ($2 <> 0 OR current_setting('transaction_isolation') = 'read committed' \
+                 OR EXISTS (SELECT 1 FROM fenced)) \
          RETURNING seq), \
      c AS (\
          INSERT INTO outbox (workflow_id, event_seq, idx, kind, payload, status, available_at, \

@@ -152,3 +152,68 @@ fn a_commit_waiting_behind_a_retirement_writes_nothing_and_is_told_it_is_retired
     );
     assert!(store.commands(&wid("w")).unwrap().is_empty());
 }
+
+fn repeatable(client: &mut miniflow::postgres::Client) -> miniflow::postgres::Transaction<'_> {
+    client
+        .build_transaction()
+        .isolation_level(miniflow::postgres::IsolationLevel::RepeatableRead)
+        .start()
+        .unwrap()
+}
+
+/// A `REPEATABLE READ` transaction whose snapshot was taken before a workflow existed cannot see its
+/// retirement: its first commit to the retired ID fails (a serialization error, `Busy`) instead of
+/// starting the ID again, and run again in a new transaction it is told the workflow is retired.
+/// A first commit of such a transaction with no retirement since its snapshot goes through.
+#[test]
+fn a_repeatable_read_snapshot_older_than_a_retirement_cannot_start_the_retired_id_again() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    let mut client = store.client().unwrap();
+    store
+        .append_with_commands(&commit("old", 1, false, 0))
+        .unwrap();
+    let mut tx = repeatable(&mut client);
+    tx.query("SELECT count(*) FROM events", &[]).unwrap(); // the snapshot
+    store
+        .append_in(&mut tx, &commit("new", 1, true, 0))
+        .unwrap();
+    // Retention does not wait for the transaction that holds the `retirements` row.
+    let (answer, answered) = mpsc::channel();
+    let mut purger = store.clone();
+    std::thread::spawn(move || {
+        answer
+            .send(purger.purge_finished(WEEK, at(10 * DAY), 10))
+            .unwrap()
+    });
+    let retired = answered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("retention waited for a first commit of a repeatable-read transaction");
+    assert_eq!(retired.unwrap(), 0, "skipped while the row is held");
+    tx.commit().unwrap();
+    assert_eq!(
+        store.load(&wid("new")).unwrap().len(),
+        1,
+        "no retirement since its snapshot"
+    );
+    assert_eq!(
+        store.purge_finished(WEEK, at(10 * DAY), 10).unwrap(),
+        1,
+        "old, later"
+    );
+
+    let mut tx = repeatable(&mut client);
+    tx.query("SELECT count(*) FROM events", &[]).unwrap(); // the snapshot, before `w` exists
+    store
+        .append_with_commands(&commit("w", 1, false, 0))
+        .unwrap();
+    assert_eq!(store.purge_finished(WEEK, at(10 * DAY), 10).unwrap(), 1);
+    let refused = store.append_in(&mut tx, &commit("w", 1, true, 1));
+    assert_eq!(refused.unwrap_err().code(), "BUSY");
+    drop(tx);
+    assert!(store.load(&wid("w")).unwrap().is_empty());
+    let mut tx = repeatable(&mut client);
+    assert_retired(store.append_in(&mut tx, &commit("w", 1, true, 1)));
+    drop(tx);
+    assert!(store.commands(&wid("w")).unwrap().is_empty());
+}
