@@ -1431,23 +1431,20 @@ fn a_failed_write_of_the_ack_thread_is_counted_and_reported_once() {
     assert_eq!(row.status, Status::Leased);
 }
 
-/// The ack thread cannot open its store: that is a store error like any other, reported and
-/// counted.
-#[test]
-fn the_ack_thread_failing_to_open_its_store_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("flow.db");
-    seed(&path, &[("w", 2)]);
-    let faults = Arc::new(Faults::default());
-    faults.acks_open.store(1, Ordering::SeqCst);
+/// Delivers `w:1:0` and `w:1:1` (which takes `pause_ms`) in one batch with `faults`, a 20 ms ack
+/// delay, until idle (within 20 s); returns the stats and the errors reported.
+fn with_a_slow_second_delivery(
+    path: &Path,
+    faults: &Arc<Faults>,
+    pause_ms: u64,
+) -> (miniflow::Stats, Vec<String>) {
     let (errors, on_error) = error_log();
     let stats = finishes_within(20, {
-        let path = path.clone();
-        let faults = faults.clone();
+        let (path, faults) = (path.to_path_buf(), faults.clone());
         move || {
             Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
                 if d.command_id == cid("w:1:1") {
-                    std::thread::sleep(Duration::from_millis(300));
+                    std::thread::sleep(Duration::from_millis(pause_ms));
                 }
                 Outcome::Done
             })
@@ -1459,6 +1456,19 @@ fn the_ack_thread_failing_to_open_its_store_is_reported() {
     })
     .unwrap();
     let errors = errors.lock().unwrap().clone();
+    (stats, errors)
+}
+
+/// The ack thread cannot open its store: that is a store error like any other, reported and
+/// counted.
+#[test]
+fn the_ack_thread_failing_to_open_its_store_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 2)]);
+    let faults = Arc::new(Faults::default());
+    faults.acks_open.store(1, Ordering::SeqCst);
+    let (stats, errors) = with_a_slow_second_delivery(&path, &faults, 300);
     assert_eq!(stats.completed, 2);
     assert!(stats.store_errors >= 1, "not counted: {stats:?}");
     assert!(!errors.is_empty(), "not reported");
@@ -1513,27 +1523,9 @@ fn a_panic_on_the_ack_thread_does_not_hang_the_dispatcher() {
     seed(&path, &[("w", 2)]);
     let faults = Arc::new(Faults::default());
     faults.acks_open.store(2, Ordering::SeqCst);
-    let (errors, on_error) = error_log();
-    let stats = finishes_within(10, {
-        let path = path.clone();
-        let faults = faults.clone();
-        move || {
-            Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
-                if d.command_id == cid("w:1:1") {
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-                Outcome::Done
-            })
-            .batch_size(2)
-            .ack_delay(Duration::from_millis(20))
-            .on_error(on_error)
-            .run_until_idle()
-        }
-    })
-    .unwrap();
+    let (stats, errors) = with_a_slow_second_delivery(&path, &faults, 100);
     assert_eq!(stats.completed, 2, "{stats:?}");
     assert!(stats.store_errors >= 1, "{stats:?}");
-    let errors = errors.lock().unwrap().clone();
     assert!(
         errors
             .iter()

@@ -747,19 +747,24 @@ impl RunningDispatcher {
             acks.report_left(&mut shutdown.stats);
         }
         if shutdown.unfinished_workers == 0 {
-            for thread in [
-                self.heartbeat.take(),
-                self.flusher.take(),
-                self.stats.take(),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let _ = thread.join();
-            }
+            self.join_helpers();
         }
         shutdown.stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
         shutdown
+    }
+
+    /// Waits for the heartbeat, the ack thread and the gauges' thread, once told to stop.
+    fn join_helpers(&mut self) {
+        for thread in [
+            self.heartbeat.take(),
+            self.flusher.take(),
+            self.stats.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = thread.join();
+        }
     }
 
     fn join_all(mut self) -> Result<Stats, Error> {
@@ -777,16 +782,7 @@ impl RunningDispatcher {
         }
         self.stop.store(true, Ordering::SeqCst);
         self.helpers_stop.store(true, Ordering::SeqCst);
-        for thread in [
-            self.heartbeat.take(),
-            self.flusher.take(),
-            self.stats.take(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            let _ = thread.join();
-        }
+        self.join_helpers();
         stats.store_errors += self.heartbeat_errors.load(Ordering::SeqCst);
         first_error.map_or(Ok(stats), Err)
     }
