@@ -808,12 +808,13 @@ impl<W: Workflow> Engine<W> {
         match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
             OnCached::Committed(handled) => return Ok(handled),
             OnCached::Conflict(e) if self.max_conflict_retries == 0 => return Err(e),
-            OnCached::Conflict(_) => {
-                conflicts += 1;
-                store.before_retry(conflicts);
-            }
+            // The cached state was out of date (another engine wrote since): the next try reads
+            // the workflow, and there is no race to wait out.
+            OnCached::Conflict(_) => conflicts += 1,
             OnCached::NotTried => {}
         }
+        // Races lost on states just read: the store may wait before each new try.
+        let mut raced = 0;
         loop {
             let history = store.history_id();
             let (planned, folded) =
@@ -835,7 +836,8 @@ impl<W: Workflow> Engine<W> {
                 Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
                     self.keep(folded);
                     conflicts += 1;
-                    store.before_retry(conflicts);
+                    raced += 1;
+                    store.before_retry(raced);
                 }
                 Err(e) => {
                     self.keep(folded);
@@ -984,6 +986,7 @@ mod tests {
         commits: u32,
         checks_last: bool,
         asked_after: u32,
+        waits: u32,
     }
 
     impl EventLog for Counting {
@@ -1013,6 +1016,9 @@ mod tests {
             }
             self.commits += 1;
             self.inner.append_after(last, commit)
+        }
+        fn before_retry(&mut self, _: u32) {
+            self.waits += 1;
         }
     }
 
@@ -1205,6 +1211,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!((handled.seq.get(), handled.conflicts), (10, 1));
+        assert_eq!(
+            store.waits, 0,
+            "an out-of-date cached state is no race to wait out"
+        );
         let row = crate::store::Outbox::command(&store.inner, &handled.command_ids[0])
             .unwrap()
             .unwrap();

@@ -531,13 +531,13 @@ pub trait EventLog {
         None
     }
 
-    /// Called by [`crate::Engine::handle`] and [`crate::Engine::fire`] after a commit to a workflow
-    /// lost its race for the
-    /// `conflicts`-th time (1 for the first), before it reads the workflow and tries again. A store
-    /// that threads or processes share should wait here for [`conflict_backoff`] with a jitter of its
-    /// own, so that the writers of one workflow do not try again in lockstep and run out of tries
-    /// together. The default returns at once: the core has no clock, and a store only one caller
-    /// holds (`&mut`) loses no race to another.
+    /// Called by [`crate::Engine::handle`] and [`crate::Engine::fire`] after a commit decided on a
+    /// state just read lost its race for the `conflicts`-th time (1 for the first), before it reads
+    /// the workflow and tries again (not after a commit on a cached state that was out of date:
+    /// there was no race to wait out). A store that threads or processes share should wait here for
+    /// [`conflict_backoff`] with a jitter of its own, so that the writers of one workflow do not try
+    /// again in lockstep and run out of tries together. The default returns at once: the core has no clock, and a store only one caller
+    /// holds (`&mut`) loses no race to another. A store that wraps another should forward it.
     fn before_retry(&mut self, conflicts: u32) {
         let _ = conflicts;
     }

@@ -371,15 +371,18 @@ impl Shared {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         options.validate()?;
+        // Startup options: every connection of the pool, and each one it reopens, runs its
+        // transactions at READ COMMITTED whatever the server's default (each of the store's
+        // operations is written for it), and with `read_only` is a read-only session from its first
+        // statement on.
+        let mut startup = format!(
+            "{} -c default_transaction_isolation=read\\ committed",
+            config.get_options().unwrap_or_default()
+        );
         if options.read_only {
-            // A startup option: every connection of the pool, and each one it reopens, is a
-            // read-only session from its first statement on.
-            let startup = format!(
-                "{} -c default_transaction_read_only=on",
-                config.get_options().unwrap_or_default()
-            );
-            config.options(startup.trim_start());
+            startup.push_str(" -c default_transaction_read_only=on");
         }
+        config.options(startup.trim_start());
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }

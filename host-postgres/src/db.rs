@@ -32,12 +32,18 @@ impl Connection {
         Db::new(&mut self.client, &mut self.statements)
     }
 
-    /// Runs `work` in one transaction, committed when it succeeds and rolled back when it fails.
+    /// Runs `work` in one `READ COMMITTED` transaction (whatever the server's default), committed
+    /// when it succeeds and rolled back when it fails.
     pub(crate) fn in_transaction<T, E: From<Error>>(
         &mut self,
         work: impl FnOnce(&mut Db<'_, Transaction<'_>>) -> Result<T, E>,
     ) -> Result<T, E> {
-        let mut tx = self.client.transaction().map_err(storage)?;
+        let mut tx = self
+            .client
+            .build_transaction()
+            .isolation_level(postgres::IsolationLevel::ReadCommitted)
+            .start()
+            .map_err(storage)?;
         let out = work(&mut Db::new(&mut tx, &mut self.statements))?;
         tx.commit().map_err(storage)?;
         Ok(out)

@@ -120,8 +120,10 @@ impl PostgresStore {
     /// It sweeps the workflows once, in ID order, and retires up to `batch` of them per transaction,
     /// each checked again by the rule inside it. It never waits for a commit: a workflow whose last
     /// event a commit (or a transaction of yours that committed into it) holds is skipped, and
-    /// retired by a later run once it is finished. Run it from one process at a time, or from
-    /// several: a workflow is retired once.
+    /// retired by a later run once it is finished; so is a batch while another retention commits
+    /// one, or while a first commit of a caller's `REPEATABLE READ` or `SERIALIZABLE` transaction
+    /// holds the `retirements` row. Run it from one process at a time, or from several: a workflow
+    /// is retired once.
     ///
     /// ```no_run
     /// use std::time::Duration;

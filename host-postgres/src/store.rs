@@ -627,9 +627,9 @@ fn retired(workflow_id: &WorkflowId, at: i64) -> Error {
 /// deletes that event, cannot retire the workflow under it: retention skips a workflow whose last
 /// event is held ([`crate::retention`]), and a commit whose last event retention deleted meanwhile
 /// inserts nothing (it is then told the workflow is retired). A first commit in a `REPEATABLE READ`
-/// or `SERIALIZABLE` transaction, whose snapshot may predate a retirement of its ID, reads the
-/// `retirements` row `FOR SHARE`: a retention committed since makes it fail (a serialization error,
-/// [`Error::Busy`]).
+/// or `SERIALIZABLE` transaction (a caller's own: the store's sessions run `READ COMMITTED`), whose
+/// snapshot may predate a retirement of its ID, reads the `retirements` row `FOR SHARE`: a
+/// retention committed since makes it fail (a serialization error, [`Error::Busy`]).
 const INSERT_COMMIT: &str = "WITH last AS (\
          SELECT COALESCE(MAX(seq), 0) AS seq, \
              ($16::text IS NULL OR EXISTS (SELECT 1 FROM events f WHERE f.workflow_id = $1 \
@@ -641,7 +641,8 @@ const INSERT_COMMIT: &str = "WITH last AS (\
          SELECT 1 FROM events WHERE workflow_id = $1 AND seq = $2 FOR KEY SHARE), \
      fenced AS (\
          SELECT 1 FROM retirements WHERE $2 = 0 \
-             AND current_setting('transaction_isolation') <> 'read committed' FOR SHARE), \
+             AND current_setting('transaction_isolation') IN ('repeatable read', 'serializable') \
+         FOR SHARE), \
      e AS (\
          INSERT INTO events (workflow_id, seq, kind, payload, recorded_at) \
          SELECT $1, n.seq, n.kind, n.payload, n.recorded_at \
@@ -649,7 +650,8 @@ const INSERT_COMMIT: &str = "WITH last AS (\
              AS n (seq, kind, payload, recorded_at), last \
          WHERE last.seq = $2 AND last.follows AND last.retired_at IS NULL \
              AND ($2 = 0 OR EXISTS (SELECT 1 FROM held)) \
-             AND ($2 <> 0 OR current_setting('transaction_isolation') = 'read committed' \
+             AND ($2 <> 0 \
+                 OR current_setting('transaction_isolation') NOT IN ('repeatable read', 'serializable') \
                  OR EXISTS (SELECT 1 FROM fenced)) \
          RETURNING seq), \
      c AS (\

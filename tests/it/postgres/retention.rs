@@ -217,3 +217,60 @@ fn a_repeatable_read_snapshot_older_than_a_retirement_cannot_start_the_retired_i
     drop(tx);
     assert!(store.commands(&wid("w")).unwrap().is_empty());
 }
+
+/// On a server whose default isolation is `REPEATABLE READ`, the store's own commits do not wait
+/// for a retention in progress: its sessions run `READ COMMITTED`, which needs no fence.
+#[test]
+fn the_stores_own_commits_do_not_wait_for_retention_on_a_repeatable_read_server() {
+    let database = TestDatabase::new();
+    let mut admin = database.client();
+    let name: String = admin
+        .query_one("SELECT current_database()", &[])
+        .unwrap()
+        .get(0);
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'"
+        ))
+        .unwrap();
+    let store = PostgresStore::connect(&database.url()).unwrap();
+    // A retention batch in progress: it holds the `retirements` row.
+    let mut retention = database.client();
+    let mut batch = retention.transaction().unwrap();
+    batch
+        .execute(
+            "UPDATE retirements SET retired = retired + 1 WHERE id = 1",
+            &[],
+        )
+        .unwrap();
+    let (answer, answered) = mpsc::channel();
+    let mut committer = store.clone();
+    std::thread::spawn(move || {
+        let plain = committer.append_with_commands(&commit("plain", 1, true, 0));
+        // A commit with a timer runs in a transaction of the store's own.
+        let decision = Decision::new().timer(miniflow::Timer::after(
+            "later",
+            Duration::from_secs(60),
+            json!({}),
+        ));
+        let timed = Commit::new(
+            wid("timed"),
+            Seq::ZERO,
+            Event::new("noted", json!({})),
+            decision,
+            at(0),
+        )
+        .unwrap();
+        answer
+            .send((plain, committer.append_with_commands(&timed)))
+            .unwrap();
+    });
+    let (plain, timed) = answered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a commit of the store waited for the retention batch");
+    plain.unwrap();
+    timed.unwrap();
+    batch.commit().unwrap();
+    assert_eq!(store.load(&wid("plain")).unwrap().len(), 1);
+    assert_eq!(store.timers(&wid("timed")).unwrap().len(), 1);
+}
