@@ -76,6 +76,10 @@ pub const STORE_ERRORS: &str = "miniflow_store_errors_total";
 /// Done and cancelled outbox rows deleted by retention (`purge_done`): a counter, no label.
 pub const ROWS_PURGED: &str = "miniflow_rows_purged_total";
 
+/// Workflows whose whole history retention deleted (`purge_finished`), their IDs kept as retired: a
+/// counter, no label.
+pub const WORKFLOWS_RETIRED: &str = "miniflow_workflows_retired_total";
+
 /// The requests the SQLite host's writer thread ran in one transaction (group commit; a group
 /// rolled back counts too): a histogram, no label. Small groups under load mean each commit pays for
 /// a transaction of its own. A process has one writer per file; all of them record into this one
@@ -266,6 +270,13 @@ pub const METRICS: &[Metric] = &[
         "rows",
         &[],
         "Done and cancelled outbox rows deleted by retention.",
+    ),
+    metric(
+        WORKFLOWS_RETIRED,
+        Counter,
+        "workflows",
+        &[],
+        "Finished workflows whose whole history retention deleted.",
     ),
     metric(
         WRITER_GROUP_SIZE,

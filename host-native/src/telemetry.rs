@@ -189,6 +189,13 @@ pub(crate) fn purged(rows: usize) {
     }
 }
 
+/// Counts workflows retired by retention.
+pub(crate) fn retired(workflows: usize) {
+    if workflows > 0 {
+        counter!(names::WORKFLOWS_RETIRED).increment(workflows as u64);
+    }
+}
+
 /// The span of a claimed batch (`receive`), and the metrics of each claimed command: one attempt,
 /// its attempt number, and how long it waited since it was due.
 pub(crate) fn received(worker: &str, batch: &[Delivery], now: Timestamp) -> Span {

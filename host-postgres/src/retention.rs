@@ -166,7 +166,7 @@ impl PostgresStore {
                 .into_iter()
                 .filter_map(|id| WorkflowId::new(id).ok())
                 .collect();
-            retired += connection.in_transaction(|db| {
+            let in_batch = connection.in_transaction(|db| {
                 let counted = db
                     .query_opt(
                         "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
@@ -189,6 +189,8 @@ impl PostgresStore {
                 }
                 Ok::<_, Error>(retired)
             })?;
+            crate::telemetry::retired(in_batch);
+            retired += in_batch;
             if !full_page {
                 return Ok(retired);
             }

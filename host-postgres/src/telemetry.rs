@@ -61,3 +61,10 @@ pub(crate) fn purged(rows: usize) {
         counter!(names::ROWS_PURGED).increment(rows as u64);
     }
 }
+
+/// Counts workflows retired by retention.
+pub(crate) fn retired(workflows: usize) {
+    if workflows > 0 {
+        counter!(names::WORKFLOWS_RETIRED).increment(workflows as u64);
+    }
+}

@@ -1324,12 +1324,29 @@ fn bulk(
     Ok(())
 }
 
+/// What a purge did (or, in a dry run, would do), as `--json` prints it: one object.
+fn purge_json(
+    out: &mut impl Write,
+    what: &str,
+    count: usize,
+    older_than: Duration,
+    dry_run: bool,
+) -> Done {
+    let older_than_ms = u64::try_from(older_than.as_millis()).unwrap_or(u64::MAX);
+    let mut object = serde_json::Map::new();
+    object.insert(what.to_owned(), count.into());
+    object.insert("older_than_ms".to_owned(), older_than_ms.into());
+    object.insert("dry_run".to_owned(), dry_run.into());
+    json_line(out, serde_json::to_string(&object))
+}
+
 fn purge_done(
     out: &mut impl Write,
     db: &Path,
     older_than: Duration,
     dry_run: bool,
     now: Timestamp,
+    json: bool,
 ) -> Done {
     let period = humantime::format_duration(older_than);
     if dry_run {
@@ -1366,6 +1383,9 @@ fn purge_done(
             }
         };
         let count = usize::try_from(count).unwrap_or(0);
+        if json {
+            return purge_json(out, "commands", count, older_than, true);
+        }
         writeln!(
             out,
             "would purge {} processed more than {period} ago; nothing was changed (dry run)",
@@ -1382,6 +1402,9 @@ fn purge_done(
             break;
         }
     }
+    if json {
+        return purge_json(out, "commands", purged, older_than, false);
+    }
     writeln!(
         out,
         "purged {} processed more than {period} ago",
@@ -1396,11 +1419,15 @@ fn purge_finished(
     older_than: Duration,
     dry_run: bool,
     now: Timestamp,
+    json: bool,
 ) -> Done {
     let period = humantime::format_duration(older_than);
     if dry_run {
         let store = open_to_read(db)?;
         let count = on_store!(&store, store => store.count_finished(older_than, now))?;
+        if json {
+            return purge_json(out, "workflows", count, older_than, true);
+        }
         writeln!(
             out,
             "would retire {} finished more than {period} ago (their events, commands and timers); \
@@ -1411,6 +1438,9 @@ fn purge_finished(
     }
     let mut store = open_to_write(db)?;
     let retired = on_store!(&mut store, store => store.purge_finished(older_than, now, 1_000))?;
+    if json {
+        return purge_json(out, "workflows", retired, older_than, false);
+    }
     writeln!(
         out,
         "retired {} finished more than {period} ago (their events, commands and timers)",
@@ -1548,12 +1578,12 @@ fn run(cli: Cli, out: &mut impl Write) -> Done {
             db,
             older_than,
             dry_run,
-        } => purge_done(out, &db, older_than, dry_run, now),
+        } => purge_done(out, &db, older_than, dry_run, now, json),
         Action::PurgeFinished {
             db,
             older_than,
             dry_run,
-        } => purge_finished(out, &db, older_than, dry_run, now),
+        } => purge_finished(out, &db, older_than, dry_run, now, json),
         Action::Migrate { db } => migrate(out, &db),
     }
 }

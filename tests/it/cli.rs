@@ -566,11 +566,11 @@ fn purge_finished_retires_the_finished_workflows_of_a_postgres_database() {
     );
     assert_eq!(postgres_contents(&database), before, "a dry run wrote");
 
-    let (ok, out, err) = miniflow(&["purge-finished", &url, "--older-than", "0s"]);
+    let (ok, out, err) = miniflow(&["purge-finished", &url, "--older-than", "0s", "--json"]);
     assert!(ok, "{err}");
-    assert!(
-        out.contains("retired 2 workflows finished more than"),
-        "{out}"
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        json!({ "workflows": 2, "older_than_ms": 0, "dry_run": false })
     );
     for w in ["done-1", "done-2"] {
         let id = WorkflowId::new(w).unwrap();
@@ -625,14 +625,31 @@ fn purge_done_wants_a_unit_and_a_dry_run_changes_nothing() {
         "--dry-run",
     ]);
     assert!(ok && out.contains("would purge 0 done commands"), "{out}");
+    let (ok, out, err) = miniflow(&[
+        "purge-done",
+        db_arg,
+        "--older-than",
+        "1s",
+        "--dry-run",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        json!({ "commands": 1, "older_than_ms": 1_000, "dry_run": true })
+    );
     assert_eq!(
         std::fs::read(&db).unwrap(),
         stored,
         "a dry run wrote the store"
     );
 
-    let (ok, out, _) = miniflow(&["purge-done", db_arg, "--older-than", "30d"]);
-    assert!(ok && out.contains("purged 1 done command"), "{out}");
+    let (ok, out, _) = miniflow(&["purge-done", db_arg, "--older-than", "30d", "--json"]);
+    assert!(ok, "{out}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap(),
+        json!({ "commands": 1, "older_than_ms": 2_592_000_000u64, "dry_run": false })
+    );
     let store = SqliteStore::open(&db).unwrap();
     assert!(store
         .command(&"trip-001:1:0".parse().unwrap())

@@ -408,6 +408,12 @@ fn child_metrics() {
     dispatcher(&clock).run_until_idle().unwrap();
     let purged = store.purge_done(Duration::ZERO, clock.now(), 100).unwrap();
     assert_eq!(purged, 2, "ok and flaky are done");
+    // A finished workflow, retired.
+    commit(&mut store, "finished", &[], None);
+    let retired = store
+        .purge_finished(Duration::ZERO, clock.now(), 100)
+        .unwrap();
+    assert!(retired >= 1, "{retired}");
 
     // The gauges: set by hand from the stats, then by a dispatcher as it delivers the last command.
     commit(&mut store, "later", &["waiting"], None);
@@ -470,6 +476,7 @@ fn child_metrics() {
     assert_eq!(seen.counter(names::TIMERS_DUE, &[]), 2);
     assert_eq!(seen.counter(names::TIMERS_FIRED, &[]), 2);
     assert_eq!(seen.counter(names::ROWS_PURGED, &[]), 2);
+    assert_eq!(seen.counter(names::WORKFLOWS_RETIRED, &[]), retired as u64);
 
     let attempts = seen.histogram(names::DELIVERY_ATTEMPT, &kind("flaky"));
     assert_eq!(attempts, [1.0, 2.0]);

@@ -153,7 +153,7 @@ impl SqliteStore {
                 .into_iter()
                 .filter_map(|id| WorkflowId::new(id).ok())
                 .collect();
-            retired += self.write(move |tx| {
+            let in_batch = self.write(move |tx| {
                 let mut retired = 0;
                 for workflow_id in &workflows {
                     retired += usize::from(retire_in(tx, workflow_id, older_than, now)?);
@@ -161,6 +161,8 @@ impl SqliteStore {
                 give_back_free_pages(tx)?;
                 Ok(retired)
             })?;
+            crate::telemetry::retired(in_batch);
+            retired += in_batch;
             if !full_page {
                 return Ok(retired);
             }
