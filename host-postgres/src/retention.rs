@@ -197,6 +197,27 @@ impl PostgresStore {
         }
     }
 
+    /// When retention retired `workflow_id` ([`PostgresStore::purge_finished`]), if it did (in the
+    /// store's clock): its history is gone, and it takes no new event.
+    ///
+    /// # Errors
+    ///
+    /// The store's errors.
+    pub fn retired_at(&self, workflow_id: &WorkflowId) -> Result<Option<Timestamp>, Error> {
+        let mut connection = self.shared().connection()?;
+        let at: Option<i64> = connection
+            .db()
+            .query_opt(
+                "SELECT retired_at FROM retired_workflows WHERE workflow_id = $1",
+                &[&workflow_id.as_str()],
+            )
+            .map_err(storage)?
+            .map(|row| row.try_get(0))
+            .transpose()
+            .map_err(storage)?;
+        Ok(at.map(|at| Timestamp::from_millis(u64::try_from(at).unwrap_or_default())))
+    }
+
     /// At most how many workflows [`PostgresStore::purge_finished`] would retire at `now`: those
     /// finished at least `older_than` before `now` by the core's rule (it keeps one with a row that
     /// cannot be read, and skips one a commit holds). Nothing is changed; a store connected

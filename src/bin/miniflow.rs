@@ -899,6 +899,16 @@ fn events(out: &mut impl Write, store: &Store, workflow_id: &WorkflowId, json: b
             )?;
         }
     }
+    if records.is_empty() && unreadable.is_empty() {
+        // A retired workflow has no events left: say so, where an unknown one says nothing.
+        if let Some(at) = on_store!(store, store => store.retired_at(workflow_id))? {
+            eprintln!(
+                "{workflow_id} was retired by retention at {}: its history is deleted, and it \
+                 takes no new event",
+                when(at)
+            );
+        }
+    }
     if unreadable.is_empty() {
         return Ok(());
     }

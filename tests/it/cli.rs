@@ -522,6 +522,14 @@ fn purge_finished_retires_finished_workflows_only_and_a_dry_run_counts_them() {
     for w in ["done-1", "done-2"] {
         assert!(store.load(&WorkflowId::new(w).unwrap()).unwrap().is_empty());
     }
+    let (ok, out, err) = miniflow(&["events", db_arg, "done-1"]);
+    assert!(ok && out.is_empty(), "{out}{err}");
+    assert!(
+        err.contains("done-1 was retired by retention at "),
+        "{err}"
+    );
+    let (ok, out, err) = miniflow(&["events", db_arg, "never-seen"]);
+    assert!(ok && out.is_empty() && err.is_empty(), "{out}{err}");
     let trip = WorkflowId::new("trip-001").unwrap();
     assert_eq!(
         store.load(&trip).unwrap().len(),
@@ -575,7 +583,13 @@ fn purge_finished_retires_the_finished_workflows_of_a_postgres_database() {
     for w in ["done-1", "done-2"] {
         let id = WorkflowId::new(w).unwrap();
         assert!(store.load(&id).unwrap().is_empty() && store.commands(&id).unwrap().is_empty());
+        assert!(store.retired_at(&id).unwrap().is_some(), "{w}");
     }
+    let (ok, _, err) = miniflow(&["events", &url, "done-1", "--json"]);
+    assert!(
+        ok && err.contains("done-1 was retired by retention"),
+        "{err}"
+    );
     let trip = WorkflowId::new("trip-001").unwrap();
     assert_eq!(
         store.load(&trip).unwrap().len(),

@@ -169,6 +169,25 @@ impl SqliteStore {
         }
     }
 
+    /// When retention retired `workflow_id` ([`SqliteStore::purge_finished`]), if it did: its
+    /// history is gone, and it takes no new event. Read on the store's own connection (a store
+    /// opened read-only too).
+    ///
+    /// # Errors
+    ///
+    /// The store's errors.
+    pub fn retired_at(&self, workflow_id: &WorkflowId) -> Result<Option<Timestamp>, Error> {
+        let at: Option<i64> = self
+            .conn
+            .prepare_cached("SELECT retired_at FROM retired_workflows WHERE workflow_id = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row([workflow_id.as_str()], |row| row.get(0))
+                    .optional()
+            })
+            .map_err(storage)?;
+        Ok(at.map(|at| Timestamp::from_millis(u64::try_from(at).unwrap_or_default())))
+    }
+
     /// At most how many workflows [`SqliteStore::purge_finished`] would retire at `now`: those
     /// finished at least `older_than` before `now` by the core's rule (it keeps one with a row that
     /// cannot be read), counted on the store's own connection
