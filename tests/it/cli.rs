@@ -524,10 +524,7 @@ fn purge_finished_retires_finished_workflows_only_and_a_dry_run_counts_them() {
     }
     let (ok, out, err) = miniflow(&["events", db_arg, "done-1"]);
     assert!(ok && out.is_empty(), "{out}{err}");
-    assert!(
-        err.contains("done-1 was retired by retention at "),
-        "{err}"
-    );
+    assert!(err.contains("done-1 was retired by retention at "), "{err}");
     let (ok, out, err) = miniflow(&["events", db_arg, "never-seen"]);
     assert!(ok && out.is_empty() && err.is_empty(), "{out}{err}");
     let trip = WorkflowId::new("trip-001").unwrap();
