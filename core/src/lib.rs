@@ -121,8 +121,8 @@ pub use outbox::{
     Settled, Status, MAX_ERROR_LEN,
 };
 pub use retention::{
-    command_is_settled, finished_at, is_retirable, last_recorded_at, may_retire, retired,
-    timer_is_settled,
+    command_is_settled, count_retirable, finished_at, is_retirable, last_recorded_at, may_retire,
+    retired, sweep_retirable, timer_is_settled,
 };
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};

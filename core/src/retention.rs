@@ -125,6 +125,64 @@ pub fn may_retire(
     }
 }
 
+/// How a store's retention run walks its workflows, once, in ID order: `find(state, after, limit)`
+/// gives up to `limit` candidate IDs after `after` (the rule in SQL, to find them without reading
+/// their rows), and `retire(state, ids)` retires a page of them (one transaction, each checked again
+/// by [`may_retire`]) and says how many it retired. A page shorter than `batch` is the last; an ID
+/// that is not a valid [`WorkflowId`] is no workflow of miniflow's, and is skipped. Returns how many
+/// were retired.
+///
+/// # Errors
+///
+/// The first error of `find` or `retire` (the pages retired before it stay retired).
+pub fn sweep_retirable<S>(
+    state: &mut S,
+    batch: usize,
+    mut find: impl FnMut(&mut S, &str, usize) -> Result<Vec<String>, Error>,
+    mut retire: impl FnMut(&mut S, Vec<WorkflowId>) -> Result<usize, Error>,
+) -> Result<usize, Error> {
+    let (mut after, mut retired) = (String::new(), 0);
+    loop {
+        let candidates = find(state, &after, batch)?;
+        let Some(last) = candidates.last() else {
+            return Ok(retired);
+        };
+        after.clone_from(last);
+        let full_page = candidates.len() == batch;
+        let workflows = candidates
+            .into_iter()
+            .filter_map(|id| WorkflowId::new(id).ok())
+            .collect();
+        retired += retire(state, workflows)?;
+        if !full_page {
+            return Ok(retired);
+        }
+    }
+}
+
+/// How many candidates `find` gives over all pages ([`sweep_retirable`] without retiring): what a
+/// dry run of retention counts.
+///
+/// # Errors
+///
+/// The first error of `find`.
+pub fn count_retirable(
+    mut find: impl FnMut(&str, usize) -> Result<Vec<String>, Error>,
+) -> Result<usize, Error> {
+    const PAGE: usize = 10_000;
+    let mut counted = 0;
+    sweep_retirable(
+        &mut (),
+        PAGE,
+        |_, after, limit| find(after, limit),
+        |_, workflows| {
+            counted += workflows.len();
+            Ok(0)
+        },
+    )?;
+    Ok(counted)
+}
+
 /// The error for a new event to a workflow that retention retired at `retired_at`: refused, and
 /// nothing written.
 pub fn retired(workflow_id: &WorkflowId, retired_at: Timestamp) -> Error {
@@ -217,6 +275,40 @@ mod tests {
             Duration::from_secs(10),
             at(14_000)
         ));
+    }
+
+    #[test]
+    fn a_sweep_pages_through_the_candidates_once_in_id_order_and_skips_invalid_ids() {
+        let ids = ["", "a", "b", "c", "d", "e"];
+        let find = |after: &str, limit: usize| -> Result<Vec<String>, Error> {
+            Ok(ids
+                .iter()
+                .filter(|id| **id > after || (after.is_empty() && id.is_empty()))
+                .take(limit)
+                .map(|id| (*id).to_owned())
+                .collect())
+        };
+        let mut pages: Vec<Vec<String>> = Vec::new();
+        let retired = sweep_retirable(
+            &mut pages,
+            2,
+            |_, after, limit| find(after, limit),
+            |pages, workflows| {
+                pages.push(workflows.iter().map(|w| w.as_str().to_owned()).collect());
+                Ok(workflows.len() - 1)
+            },
+        )
+        .unwrap();
+        assert_eq!(pages, [vec!["a"], vec!["b", "c"], vec!["d", "e"]]);
+        assert_eq!(retired, 2, "what each page said it retired");
+        assert_eq!(count_retirable(find).unwrap(), 5);
+        let failed = sweep_retirable(
+            &mut (),
+            2,
+            |_, _, _| Err(Error::Storage("disk".into())),
+            |_, _| Ok(0),
+        );
+        assert_eq!(failed.unwrap_err().code(), "STORAGE");
     }
 
     #[test]

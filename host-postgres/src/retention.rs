@@ -154,47 +154,38 @@ impl PostgresStore {
         let Some(cutoff) = clock.checked_sub(older_than) else {
             return Ok(0);
         };
-        let (mut after, mut retired) = (String::new(), 0);
-        loop {
-            let candidates = retirable_after(&mut connection.db(), cutoff, &after, batch)?;
-            let Some(last) = candidates.last() else {
-                return Ok(retired);
-            };
-            after.clone_from(last);
-            let full_page = candidates.len() == batch;
-            let workflows: Vec<WorkflowId> = candidates
-                .into_iter()
-                .filter_map(|id| WorkflowId::new(id).ok())
-                .collect();
-            let in_batch = connection.in_transaction(|db| {
-                let counted = db
-                    .query_opt(
-                        "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
-                        &[],
-                    )
-                    .map_err(storage)?;
-                if counted.is_none() {
-                    return Ok(0); // a first commit holds it: retired by a later run
-                }
-                let mut retired: usize = 0;
-                for workflow_id in &workflows {
-                    retired += usize::from(retire_in(db, workflow_id, older_than, clock)?);
-                }
-                if retired > 0 {
-                    db.execute(
-                        "UPDATE retirements SET retired = retired + $1 WHERE id = 1",
-                        &[&i64::try_from(retired).unwrap_or(i64::MAX)],
-                    )
-                    .map_err(storage)?;
-                }
-                Ok::<_, Error>(retired)
-            })?;
-            crate::telemetry::retired(in_batch);
-            retired += in_batch;
-            if !full_page {
-                return Ok(retired);
-            }
-        }
+        miniflow_core::sweep_retirable(
+            &mut connection,
+            batch,
+            |connection, after, limit| retirable_after(&mut connection.db(), cutoff, after, limit),
+            |connection, workflows| {
+                let retired = connection.in_transaction(|db| {
+                    let counted = db
+                        .query_opt(
+                            "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
+                            &[],
+                        )
+                        .map_err(storage)?;
+                    if counted.is_none() {
+                        return Ok(0); // a first commit holds it: retired by a later run
+                    }
+                    let mut retired: usize = 0;
+                    for workflow_id in &workflows {
+                        retired += usize::from(retire_in(db, workflow_id, older_than, clock)?);
+                    }
+                    if retired > 0 {
+                        db.execute(
+                            "UPDATE retirements SET retired = retired + $1 WHERE id = 1",
+                            &[&i64::try_from(retired).unwrap_or(i64::MAX)],
+                        )
+                        .map_err(storage)?;
+                    }
+                    Ok::<_, Error>(retired)
+                })?;
+                crate::telemetry::retired(retired);
+                Ok(retired)
+            },
+        )
     }
 
     /// When retention retired `workflow_id` ([`PostgresStore::purge_finished`]), if it did (in the
@@ -228,21 +219,14 @@ impl PostgresStore {
     ///
     /// The store's errors.
     pub fn count_finished(&self, older_than: Duration, now: Timestamp) -> Result<usize, Error> {
-        const PAGE: usize = 10_000;
         let mut connection = self.shared().connection()?;
         let mut db = connection.db();
         let clock = self.clock(&mut db, now)?.now;
         let Some(cutoff) = clock.checked_sub(older_than) else {
             return Ok(0);
         };
-        let (mut after, mut count) = (String::new(), 0);
-        loop {
-            let page = retirable_after(&mut db, cutoff, &after, PAGE)?;
-            count += page.len();
-            match page.last() {
-                Some(last) if page.len() == PAGE => after.clone_from(last),
-                _ => return Ok(count),
-            }
-        }
+        miniflow_core::count_retirable(|after, limit| {
+            retirable_after(&mut db, cutoff, after, limit)
+        })
     }
 }

@@ -140,33 +140,23 @@ impl SqliteStore {
         let Some(cutoff) = now.checked_sub(older_than) else {
             return Ok(0);
         };
-        let mut after = String::new();
-        let mut retired = 0;
-        loop {
-            let candidates = retirable_after(&self.conn, cutoff, &after, batch)?;
-            let Some(last) = candidates.last() else {
-                return Ok(retired);
-            };
-            after.clone_from(last);
-            let full_page = candidates.len() == batch;
-            let workflows: Vec<WorkflowId> = candidates
-                .into_iter()
-                .filter_map(|id| WorkflowId::new(id).ok())
-                .collect();
-            let in_batch = self.write(move |tx| {
-                let mut retired = 0;
-                for workflow_id in &workflows {
-                    retired += usize::from(retire_in(tx, workflow_id, older_than, now)?);
-                }
-                give_back_free_pages(tx)?;
+        miniflow_core::sweep_retirable(
+            self,
+            batch,
+            |store, after, limit| retirable_after(&store.conn, cutoff, after, limit),
+            |store, workflows| {
+                let retired = store.write(move |tx| {
+                    let mut retired = 0;
+                    for workflow_id in &workflows {
+                        retired += usize::from(retire_in(tx, workflow_id, older_than, now)?);
+                    }
+                    give_back_free_pages(tx)?;
+                    Ok(retired)
+                })?;
+                crate::telemetry::retired(retired);
                 Ok(retired)
-            })?;
-            crate::telemetry::retired(in_batch);
-            retired += in_batch;
-            if !full_page {
-                return Ok(retired);
-            }
-        }
+            },
+        )
     }
 
     /// When retention retired `workflow_id` ([`SqliteStore::purge_finished`]), if it did: its
@@ -201,16 +191,9 @@ impl SqliteStore {
         let Some(cutoff) = now.checked_sub(older_than) else {
             return Ok(0);
         };
-        const PAGE: usize = 10_000;
-        let (mut after, mut count) = (String::new(), 0);
-        loop {
-            let page = retirable_after(&self.conn, cutoff, &after, PAGE)?;
-            count += page.len();
-            match page.last() {
-                Some(last) if page.len() == PAGE => after.clone_from(last),
-                _ => return Ok(count),
-            }
-        }
+        miniflow_core::count_retirable(|after, limit| {
+            retirable_after(&self.conn, cutoff, after, limit)
+        })
     }
 }
 
