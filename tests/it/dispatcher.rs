@@ -1431,20 +1431,24 @@ fn a_failed_write_of_the_ack_thread_is_counted_and_reported_once() {
     assert_eq!(row.status, Status::Leased);
 }
 
-/// Delivers `w:1:0` and `w:1:1` (which takes `pause_ms`) in one batch with `faults`, a 20 ms ack
-/// delay, until idle (within 20 s); returns the stats and the errors reported.
-fn with_a_slow_second_delivery(
+/// Delivers `w:1:0` and `w:1:1` in one batch with `faults` and a 20 ms ack delay, until idle (within
+/// 20 s); `w:1:1`'s handler runs until an error has been reported (the ack thread's, which tries
+/// while it runs). Returns the stats and the errors reported.
+fn with_a_second_delivery_until_an_error(
     path: &Path,
     faults: &Arc<Faults>,
-    pause_ms: u64,
 ) -> (miniflow::Stats, Vec<String>) {
     let (errors, on_error) = error_log();
+    let seen = errors.clone();
     let stats = finishes_within(20, {
         let (path, faults) = (path.to_path_buf(), faults.clone());
         move || {
             Flaky::dispatcher(&path, &faults, move |d: &Delivery| {
                 if d.command_id == cid("w:1:1") {
-                    std::thread::sleep(Duration::from_millis(pause_ms));
+                    let until = Instant::now() + Duration::from_secs(10);
+                    while seen.lock().unwrap().is_empty() && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
                 Outcome::Done
             })
@@ -1468,7 +1472,7 @@ fn the_ack_thread_failing_to_open_its_store_is_reported() {
     seed(&path, &[("w", 2)]);
     let faults = Arc::new(Faults::default());
     faults.acks_open.store(1, Ordering::SeqCst);
-    let (stats, errors) = with_a_slow_second_delivery(&path, &faults, 300);
+    let (stats, errors) = with_a_second_delivery_until_an_error(&path, &faults);
     assert_eq!(stats.completed, 2);
     assert!(stats.store_errors >= 1, "not counted: {stats:?}");
     assert!(!errors.is_empty(), "not reported");
@@ -1523,7 +1527,7 @@ fn a_panic_on_the_ack_thread_does_not_hang_the_dispatcher() {
     seed(&path, &[("w", 2)]);
     let faults = Arc::new(Faults::default());
     faults.acks_open.store(2, Ordering::SeqCst);
-    let (stats, errors) = with_a_slow_second_delivery(&path, &faults, 100);
+    let (stats, errors) = with_a_second_delivery_until_an_error(&path, &faults);
     assert_eq!(stats.completed, 2, "{stats:?}");
     assert!(stats.store_errors >= 1, "{stats:?}");
     assert!(
