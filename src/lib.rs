@@ -4,12 +4,16 @@
 
 pub use miniflow_core::*;
 
+/// The worker pool (`miniflow-pool`): the dispatcher over any store, its outcomes and reports.
+pub use miniflow_pool::{
+    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, OutboxGauges,
+    Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
+};
+
 #[cfg(feature = "sqlite")]
 pub use miniflow_native::{
-    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, Listing,
-    OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, SqliteIdempotencyStore,
-    SqliteOptions, SqliteStore, Stats, Synchronous, SystemClock, UnreadableCommand, Writer,
-    SCHEMA_VERSION,
+    Listing, SqliteDispatcher, SqliteIdempotencyStore, SqliteOptions, SqliteStore, Synchronous,
+    UnreadableCommand, Writer, SCHEMA_VERSION,
 };
 
 /// The async API for tokio services (feature `tokio`): `AsyncStore`, `AsyncDispatcher`,
@@ -28,9 +32,20 @@ pub use miniflow_postgres::{
 };
 
 /// `Dispatcher::postgres`: the dispatcher over a [`PostgresStore`], woken by notifications.
-#[cfg(all(feature = "postgres", feature = "sqlite"))]
+#[cfg(feature = "postgres")]
 pub use miniflow_postgres::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};
 
 /// The PostgreSQL driver the `postgres` feature is built on (see `PostgresStore::append_in`).
 #[cfg(feature = "postgres")]
 pub use miniflow_postgres::postgres;
+
+/// The traits whose methods users call: the store traits (`use miniflow::prelude::*` before calling
+/// `store.pending(…)`, `store.claim(…)`, …) and the dispatchers' constructors (`Dispatcher::sqlite`,
+/// `Dispatcher::postgres`).
+pub mod prelude {
+    pub use miniflow_core::prelude::*;
+    #[cfg(feature = "sqlite")]
+    pub use miniflow_native::SqliteDispatcher;
+    #[cfg(feature = "postgres")]
+    pub use miniflow_postgres::PostgresDispatcher;
+}

@@ -1,6 +1,6 @@
-//! The native miniflow host: [`SqliteStore`], the embedded default store on one SQLite file; the
-//! [`Dispatcher`], a pool of worker threads delivering commands at least once and firing timers;
-//! [`SqliteIdempotencyStore`], a receiver's idempotency records; and [`SystemClock`].
+//! The miniflow store on SQLite, the embedded default: [`SqliteStore`] on one file, its [`Writer`]
+//! thread, [`SqliteIdempotencyStore`] for a receiver's records, and the worker pool over the file
+//! ([`SqliteDispatcher::sqlite`]; the [`Dispatcher`] itself is `miniflow-pool`'s).
 //!
 //! # Example
 //!
@@ -35,7 +35,6 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod clock;
 mod dispatcher;
 mod idempotency;
 mod sqlite;
@@ -44,14 +43,13 @@ mod telemetry;
 pub mod tokio;
 mod writer;
 
-pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};
-
-pub use clock::SystemClock;
-pub use dispatcher::{
-    cancellation_requested, Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown,
-    Stats,
-};
+pub use dispatcher::SqliteDispatcher;
 pub use idempotency::SqliteIdempotencyStore;
+/// The worker pool, re-exported: `Dispatcher::sqlite` comes from [`SqliteDispatcher`].
+pub use miniflow_pool::{
+    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, OutboxGauges,
+    Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
+};
 /// The SQLite driver miniflow is built on, re-exported so that the caller's-transaction entry points
 /// (`SqliteStore::append_in`, `SqliteIdempotencyStore::finish_in`, …) take a transaction of the same
 /// `rusqlite` version.

@@ -10,8 +10,8 @@
 //! - [`Wakeups`]: a `LISTEN` on the hint (`NOTIFY`) that follows the commit of an operation that
 //!   made work claimable, so idle workers start early and otherwise leave the database alone;
 //!   polling stays the fallback.
-//! - `PostgresDispatcher` (feature `dispatcher`): `Dispatcher::postgres(&store, handler)`, the native
-//!   host's worker pool over a `PostgresStore`, woken by notifications.
+//! - [`PostgresDispatcher`]: `Dispatcher::postgres(&store, handler)`, the worker pool
+//!   (`miniflow-pool`) over a `PostgresStore`, woken by notifications. No SQLite is built.
 //! - [`PostgresOptions::database_clock`]: one clock for leases (DESIGN rule 18), the database's, so
 //!   workers whose clocks disagree still agree on when a lease ran out.
 //! - Retention: [`PostgresStore::purge_done`](miniflow_core::Operations::purge_done) for old done
@@ -44,5 +44,4 @@ pub use postgres;
 pub use store::hot_queries;
 pub use store::{Listing, PostgresStore, UnreadableCommand, MAX_FALLBACK};
 pub use wakeup::Wakeups;
-#[cfg(feature = "dispatcher")]
 pub use wakeup::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};

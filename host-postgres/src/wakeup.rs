@@ -168,15 +168,13 @@ fn sleep_unless(stop: &AtomicBool, total: Duration) {
     }
 }
 
-#[cfg(feature = "dispatcher")]
 pub use dispatcher::{PostgresDispatcher, DEFAULT_FALLBACK_POLL};
 
-#[cfg(feature = "dispatcher")]
 mod dispatcher {
     use std::time::Duration;
 
     use miniflow_core::Error;
-    use miniflow_native::{Dispatcher, Handler};
+    use miniflow_pool::{Dispatcher, Handler};
 
     use super::Wakeups;
     use crate::PostgresStore;
@@ -185,7 +183,8 @@ mod dispatcher {
     /// notification came.
     pub const DEFAULT_FALLBACK_POLL: Duration = Duration::from_secs(1);
 
-    /// The native [`Dispatcher`] over a [`PostgresStore`], woken by notifications.
+    /// `Dispatcher::postgres`: the worker pool ([`Dispatcher`]) over a [`PostgresStore`], woken by
+    /// notifications. In `miniflow::prelude`.
     pub trait PostgresDispatcher: Sized {
         /// A dispatcher whose workers share `store`'s pool (and its options: use
         /// [`crate::PostgresOptions::database_clock`] when workers run on several machines). One
@@ -196,7 +195,7 @@ mod dispatcher {
         ///
         /// ```no_run
         /// use miniflow_core::Delivery;
-        /// use miniflow_native::{Dispatcher, Outcome};
+        /// use miniflow_pool::{Dispatcher, Outcome};
         /// use miniflow_postgres::{PostgresDispatcher, PostgresOptions, PostgresStore};
         ///
         /// let options = PostgresOptions::new().database_clock(true);

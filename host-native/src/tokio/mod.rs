@@ -62,6 +62,6 @@ mod transaction;
 pub use self::receiver::AsyncIdempotencyStore;
 pub use self::store::AsyncStore;
 pub use self::transaction::Tx;
-pub use crate::dispatcher::asynchronous::{
-    cancellation_requested, AsyncDispatcher, RunningAsyncDispatcher,
+pub use miniflow_pool::tokio::{
+    cancellation_requested, AsyncDispatcher, AsyncSource, RunningAsyncDispatcher,
 };

@@ -150,11 +150,6 @@ impl AsyncStore {
         &self.clock
     }
 
-    /// A synchronous store of this file (from the pool, or newly opened): call on a blocking thread.
-    pub(crate) fn take_store(&self) -> Result<SqliteStore, Error> {
-        self.shared.take_store()
-    }
-
     /// Runs `work` in the writer's transaction and resolves once its fate is known: `answer` turns
     /// the outcome (its value once durable, or the error) into the answer, on the writer thread
     /// (keep it short).
@@ -478,11 +473,6 @@ impl AsyncStore {
         self.with_store(move |store| store.claim_timers(limit, lease_ttl, now))
             .await
     }
-
-    /// The store back to the pool after work on a blocking thread that took it.
-    pub(crate) fn put_store(&self, store: SqliteStore) {
-        self.shared.put_store(store);
-    }
 }
 
 impl Shared {
@@ -523,4 +513,26 @@ pub(crate) async fn blocking<R: Send + 'static>(
 
 pub(crate) fn stopped() -> Error {
     Error::Storage("the writer thread of this file has stopped".into())
+}
+
+/// The worker pool's view of the store: [`crate::tokio::AsyncDispatcher`] runs its steps on the
+/// file's pooled synchronous stores and is woken by the file's writer.
+impl miniflow_pool::tokio::AsyncSource for AsyncStore {
+    type Store = SqliteStore;
+
+    fn take_store(&self) -> Result<SqliteStore, Error> {
+        self.shared.take_store()
+    }
+
+    fn put_store(&self, store: SqliteStore) {
+        self.shared.put_store(store);
+    }
+
+    fn clock(&self) -> Arc<dyn Clock + Send + Sync> {
+        self.clock.clone()
+    }
+
+    fn wakeup(&self) -> Option<Arc<dyn miniflow_pool::Wakeup>> {
+        Some(Arc::new(self.shared.writer.clone()))
+    }
 }

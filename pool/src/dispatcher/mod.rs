@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::ops::RangeInclusive;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -28,7 +27,7 @@ use miniflow_core::{
 
 use serde_json::Value;
 
-use crate::{telemetry, SqliteStore, SystemClock};
+use crate::{telemetry, SystemClock};
 
 mod acks;
 #[cfg(feature = "tokio")]
@@ -38,7 +37,7 @@ mod leases;
 mod worker;
 
 use self::acks::*;
-use self::idle::*;
+pub use self::idle::Wakeup;
 pub use self::leases::cancellation_requested;
 use self::leases::*;
 use self::worker::*;
@@ -261,30 +260,28 @@ where
     }
 }
 
-/// A pool of workers delivering outbox commands from a store.
+/// A pool of workers delivering outbox commands from a store: `Dispatcher::sqlite(path, handler)`
+/// and `Dispatcher::postgres(&store, handler)` (from the store crates, in `miniflow::prelude`) build
+/// one over a database shared by every worker; [`Dispatcher::new`] over any store.
 ///
 /// ```
 /// use std::time::Duration;
 /// use miniflow_core::prelude::*;
-/// use miniflow_core::{json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
-/// use miniflow_native::{Dispatcher, Outcome, SqliteStore};
+/// use miniflow_core::{json, Command, Commit, Decision, Delivery, Event, MemoryStore, Seq, Timestamp, WorkflowId};
+/// use miniflow_pool::{Dispatcher, Outcome};
 ///
-/// let dir = tempfile::tempdir()?;
-/// let path = dir.path().join("flow.db");
-/// let mut store = SqliteStore::open(&path)?;
+/// let mut store = MemoryStore::new();
 /// let decision = Decision::new().command(Command::new("lock_budget", json!({ "amount": 1200 })));
 /// let event = Event::new("trip_requested", json!({}));
 /// store.append_with_commands(&Commit::new(WorkflowId::new("trip-001")?, Seq::ZERO, event, decision, Timestamp::EPOCH)?)?;
 ///
-/// let dispatcher = Dispatcher::sqlite(&path, |delivery: &miniflow_core::Delivery| {
+/// let dispatcher = Dispatcher::new(move || Ok(store.clone()), |delivery: &Delivery| {
 ///     // call the receiver with delivery.command_id as the idempotency key
 ///     Outcome::Done
 /// })
-/// .workers(2)
 /// .lease_ttl(Duration::from_secs(30));
 /// let stats = dispatcher.run_until_idle()?;
 /// assert_eq!(stats.completed, 1);
-/// assert!(store.pending(10)?.is_empty());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Dispatcher<S> {
@@ -294,7 +291,7 @@ pub struct Dispatcher<S> {
     observer: Option<Arc<Observer>>,
     on_error: Option<Arc<ErrorHook>>,
     clock: Arc<dyn Clock + Send + Sync>,
-    idle: Option<Arc<dyn Idle>>,
+    idle: Option<Arc<dyn Wakeup>>,
     config: Config,
 }
 
@@ -358,21 +355,6 @@ fn within<T: PartialOrd + Debug>(
     ))
 }
 
-impl Dispatcher<SqliteStore> {
-    /// A dispatcher over the SQLite file at `path`: every worker opens a store of its own (a
-    /// connection to read), and all write through the process's [`crate::Writer`] of the file, so
-    /// the acks of a batch and the claim of the next are one transaction, grouped with everything
-    /// else the process writes. An idle worker is woken as soon as a commit of this process makes
-    /// commands or timers claimable; commits of other processes it finds at its next poll.
-    pub fn sqlite(path: impl Into<PathBuf>, handler: impl Handler) -> Self {
-        let path = path.into();
-        let wakeups = WriterWakeups::new(path.clone());
-        let mut dispatcher = Self::new(move || SqliteStore::open(&path), handler);
-        dispatcher.idle = Some(Arc::new(wakeups));
-        dispatcher
-    }
-}
-
 impl<S: Store + 'static> Dispatcher<S> {
     /// A dispatcher whose workers each call `open` for a store of their own, with the defaults: 1
     /// worker, batches of 64, 30 s leases, [`RetryPolicy::default`], [`ClaimOrder::DueFirst`], polling
@@ -418,6 +400,15 @@ impl<S: Store + 'static> Dispatcher<S> {
         W::State: Send,
     {
         self.firer = Some(Arc::new(engine));
+        self
+    }
+
+    /// Wakes idle workers through `wakeup` as soon as it says a commit made work, instead of letting
+    /// them sleep through their poll interval: what a store crate's constructor (`Dispatcher::sqlite`,
+    /// `Dispatcher::postgres`) sets. Polling stays the fallback.
+    #[must_use]
+    pub fn woken_by(mut self, wakeup: impl Wakeup + 'static) -> Self {
+        self.idle = Some(Arc::new(wakeup));
         self
     }
 

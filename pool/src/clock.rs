@@ -8,7 +8,7 @@ use miniflow_core::{Clock, Timestamp};
 ///
 /// ```
 /// use miniflow_core::Clock;
-/// use miniflow_native::SystemClock;
+/// use miniflow_pool::SystemClock;
 ///
 /// assert!(SystemClock.now().as_millis() > 1_600_000_000_000);
 /// ```

@@ -117,7 +117,7 @@ impl Drop for CurrentDelivery {
 ///
 /// ```no_run
 /// use miniflow_core::Delivery;
-/// use miniflow_native::{cancellation_requested, Outcome};
+/// use miniflow_pool::{cancellation_requested, Outcome};
 ///
 /// fn render_video(delivery: &Delivery) -> Outcome {
 ///     for _frame in 0..10_000 {

@@ -17,9 +17,60 @@ use ::tokio::sync::Notify;
 use ::tokio::task::JoinSet;
 use tracing::Instrument;
 
+use miniflow_core::prelude::Outbox;
+
 use super::*;
 use crate::telemetry;
-use crate::tokio::AsyncStore;
+
+/// What an [`AsyncDispatcher`] needs of a store: synchronous stores to run its steps on (a claim
+/// with the acks before it, a failure, the firing of due timers, heartbeats) on tokio's blocking
+/// threads, the store's clock, and what wakes it when a commit made work. A store crate implements
+/// it for its async handle (`miniflow_native::tokio::AsyncStore`, and the like for PostgreSQL), so
+/// the dispatcher's code is the same whatever store is underneath.
+///
+/// ```
+/// use std::sync::Arc;
+/// use miniflow_core::{Clock, Error, ManualClock, MemoryStore};
+/// use miniflow_pool::tokio::AsyncSource;
+/// use miniflow_pool::Wakeup;
+///
+/// /// Each step on a copy of one in-memory store: enough to show the shape.
+/// #[derive(Clone)]
+/// struct Copies(MemoryStore, Arc<ManualClock>);
+///
+/// impl AsyncSource for Copies {
+///     type Store = MemoryStore;
+///     fn take_store(&self) -> Result<MemoryStore, Error> {
+///         Ok(self.0.clone())
+///     }
+///     fn put_store(&self, _store: MemoryStore) {}
+///     fn clock(&self) -> Arc<dyn Clock + Send + Sync> {
+///         self.1.clone()
+///     }
+///     fn wakeup(&self) -> Option<Arc<dyn Wakeup>> {
+///         None // idle dispatchers poll
+///     }
+/// }
+/// # let _ = Copies(MemoryStore::new(), Arc::new(ManualClock::default())).take_store();
+/// ```
+pub trait AsyncSource: Clone + Send + Sync + 'static {
+    /// The synchronous store the dispatcher's steps run on, one step at a time.
+    type Store: Store + Send + 'static;
+    /// A store for the next steps: from a pool of the source's, or newly opened. Called on a
+    /// blocking thread.
+    ///
+    /// # Errors
+    ///
+    /// The store's error when it cannot be opened; the dispatcher reports it and backs off.
+    fn take_store(&self) -> Result<Self::Store, Error>;
+    /// Gives back a store [`AsyncSource::take_store`] gave, for later steps.
+    fn put_store(&self, store: Self::Store);
+    /// The clock the dispatcher takes `now` from.
+    fn clock(&self) -> Arc<dyn Clock + Send + Sync>;
+    /// What tells the dispatcher that a commit made work, if anything does; without it, an idle
+    /// dispatcher polls.
+    fn wakeup(&self) -> Option<Arc<dyn Wakeup>>;
+}
 
 /// The most deliveries an async dispatcher runs at once.
 const MAX_CONCURRENCY: usize = 10_000;
@@ -61,11 +112,26 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 /// failure feedback fire through [`Engine::fire`]. A commit of this process that makes work
 /// claimable wakes it at once.
 ///
+/// Over any [`AsyncSource`] — on SQLite, `miniflow_native::tokio::AsyncStore`; here, a stand-in on
+/// the core's in-memory store:
+///
 /// ```
 /// use std::time::Duration;
-/// use miniflow_core::{json, Command, Commit, Decision, Delivery, Event, Seq, Timestamp, WorkflowId};
-/// use miniflow_native::tokio::{AsyncDispatcher, AsyncStore};
-/// use miniflow_native::Outcome;
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{json, Command, Commit, Decision, Delivery, Event, MemoryStore, Seq, Timestamp, WorkflowId};
+/// use miniflow_pool::tokio::AsyncDispatcher;
+/// use miniflow_pool::Outcome;
+/// # use std::sync::Arc;
+/// # use miniflow_core::{Clock, Error, ManualClock};
+/// # #[derive(Clone)]
+/// # struct Copies(MemoryStore);
+/// # impl miniflow_pool::tokio::AsyncSource for Copies {
+/// #     type Store = MemoryStore;
+/// #     fn take_store(&self) -> Result<MemoryStore, Error> { Ok(self.0.clone()) }
+/// #     fn put_store(&self, _: MemoryStore) {}
+/// #     fn clock(&self) -> Arc<dyn Clock + Send + Sync> { Arc::new(ManualClock::default()) }
+/// #     fn wakeup(&self) -> Option<Arc<dyn miniflow_pool::Wakeup>> { None }
+/// # }
 ///
 /// async fn lock_budget(delivery: Delivery) -> Outcome {
 ///     // call the budget service with `Idempotency-Key: {delivery.command_id}` …
@@ -73,13 +139,12 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 /// }
 ///
 /// # tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-/// let dir = tempfile::tempdir()?;
-/// let store = AsyncStore::open(dir.path().join("flow.db")).await?;
+/// let mut store = MemoryStore::new();
 /// let decision = Decision::new().command(Command::new("lock_budget", json!({ "amount": 1200 })));
-/// let commit = Commit::new(WorkflowId::new("trip-001")?, Seq::ZERO, Event::new("trip_requested", json!({})), decision, Timestamp::EPOCH)?;
-/// store.transaction(move |tx| tx.append(&commit)).await?;
+/// let event = Event::new("trip_requested", json!({}));
+/// store.append_with_commands(&Commit::new(WorkflowId::new("trip-001")?, Seq::ZERO, event, decision, Timestamp::EPOCH)?)?;
 ///
-/// let stats = AsyncDispatcher::new(store.clone(), lock_budget)
+/// let stats = AsyncDispatcher::new(Copies(store), lock_budget)
 ///     .concurrency(16)
 ///     .lease_ttl(Duration::from_secs(30))
 ///     .run_until_idle()
@@ -89,24 +154,24 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-pub struct AsyncDispatcher {
-    store: AsyncStore,
+pub struct AsyncDispatcher<S: AsyncSource> {
+    store: S,
     handler: Arc<AsyncHandler>,
-    firer: Option<Arc<dyn Firer<SqliteStore>>>,
+    firer: Option<Arc<dyn Firer<S::Store>>>,
     observer: Option<Arc<Observer>>,
     on_error: Option<Arc<ErrorHook>>,
     config: Config,
     concurrency: usize,
 }
 
-impl AsyncDispatcher {
+impl<S: AsyncSource> AsyncDispatcher<S> {
     /// A dispatcher over `store` delivering to `handler` (an `async fn(Delivery) -> Outcome`, or a
     /// closure returning such a future), with the synchronous dispatcher's defaults: batches of at
     /// most 64, 30 s leases, [`RetryPolicy::default`], [`ClaimOrder::DueFirst`], a 50 ms poll when
     /// idle; one delivery at a time until [`AsyncDispatcher::concurrency`] says otherwise. A handler
     /// that panics counts as a retryable failure. Settings out of bounds are refused by
     /// [`AsyncDispatcher::start`] and [`AsyncDispatcher::run_until_idle`], naming the setting.
-    pub fn new<F, Fut>(store: AsyncStore, handler: F) -> Self
+    pub fn new<F, Fut>(store: S, handler: F) -> Self
     where
         F: Fn(Delivery) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Outcome> + Send + 'static,
@@ -230,7 +295,7 @@ impl AsyncDispatcher {
     pub async fn run_until_idle(&self) -> Result<Stats, Error> {
         self.validate()?;
         let control = Arc::new(Control::default());
-        let wakeups = watch_for_work(self.store.writer().clone(), control.clone());
+        let wakeups = watch_for_work(self.store.wakeup(), control.clone());
         let held = Arc::new(HeldLeases::default());
         let heartbeat = self.heartbeat(&held, &control);
         let finished = self.deliveries(held, control.clone(), true).run().await;
@@ -262,7 +327,7 @@ impl AsyncDispatcher {
             ));
         }
         let control = Arc::new(Control::default());
-        let wakeups = watch_for_work(self.store.writer().clone(), control.clone());
+        let wakeups = watch_for_work(self.store.wakeup(), control.clone());
         let held = Arc::new(HeldLeases::default());
         let heartbeat = self.heartbeat(&held, &control);
         let deliveries = self.deliveries(held, control.clone(), false);
@@ -280,7 +345,7 @@ impl AsyncDispatcher {
         held: Arc<HeldLeases>,
         control: Arc<Control>,
         until_idle: bool,
-    ) -> Deliveries {
+    ) -> Deliveries<S> {
         let store = self.store.clone();
         let opener = self.store.clone();
         let never: Arc<dyn Handler> =
@@ -292,7 +357,7 @@ impl AsyncDispatcher {
             firer: self.firer.clone(),
             observer: self.observer.clone(),
             on_error: self.on_error.clone(),
-            clock: self.store.clock().clone(),
+            clock: self.store.clock(),
             config: self.config.clone(),
             stop: control.stop.clone(),
             held,
@@ -330,13 +395,25 @@ impl AsyncDispatcher {
             let mut errors = 0;
             while control.heartbeat_pause(ttl / 4).await {
                 let now = store.clock().now();
-                for (id, token) in held.due_for_extension(now, ttl) {
-                    let result = store.extend(&id, token, ttl).await;
-                    if let Some(error) = held.extended(&id, token, result) {
-                        errors += 1;
-                        if let Some(hook) = &on_error {
-                            hook(&error);
-                        }
+                let due = held.due_for_extension(now, ttl);
+                if due.is_empty() {
+                    continue;
+                }
+                let (source, held_now) = (store.clone(), held.clone());
+                // The extensions run on a blocking thread, on a store of the source's.
+                let failed = ::tokio::task::spawn_blocking(move || {
+                    extend_all(&source, &held_now, due, ttl, now)
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    vec![Error::Storage(
+                        format!("the heartbeat's store call failed: {e}").into(),
+                    )]
+                });
+                for error in failed {
+                    errors += 1;
+                    if let Some(hook) = &on_error {
+                        hook(&error);
                     }
                 }
             }
@@ -348,14 +425,14 @@ impl AsyncDispatcher {
 /// An engine that fires timers, with its workflow type erased.
 struct EngineFirer<W: Workflow>(Arc<Engine<W>>);
 
-impl<W> Firer<SqliteStore> for EngineFirer<W>
+impl<S: Store, W> Firer<S> for EngineFirer<W>
 where
     W: Workflow + Send + Sync,
     W::State: Send,
 {
     fn fire(
         &self,
-        store: &mut SqliteStore,
+        store: &mut S,
         timer: &TimerRow,
         now: Timestamp,
     ) -> Result<Option<Handled>, Error> {
@@ -426,13 +503,18 @@ async fn pause_unless(flag: &AtomicBool, notify: &Notify, pause: Duration) -> bo
 
 /// A thread that waits on the writer for commits that made work claimable and wakes the claimer;
 /// it ends when the dispatcher stops (its handle is only kept so it is not mistaken for a leak).
-fn watch_for_work(writer: crate::Writer, control: Arc<Control>) -> Option<JoinHandle<()>> {
+fn watch_for_work(
+    wakeup: Option<Arc<dyn Wakeup>>,
+    control: Arc<Control>,
+) -> Option<JoinHandle<()>> {
+    let wakeup = wakeup?;
     std::thread::Builder::new()
         .name("miniflow-async-wakeups".to_owned())
         .spawn(move || {
-            let mut mark = writer.work_mark();
+            let mut mark = wakeup.mark();
             while !control.stopped() {
-                let now = writer.wait_for_work(mark, WAKEUP_CHECK);
+                wakeup.wait(mark, WAKEUP_CHECK, &control.stop);
+                let now = wakeup.mark();
                 if now != mark {
                     mark = now;
                     control.work.notify_one();
@@ -440,6 +522,30 @@ fn watch_for_work(writer: crate::Writer, control: Arc<Control>) -> Option<JoinHa
             }
         })
         .ok()
+}
+
+/// Extends the leases `due` on a store of `source`'s (as the synchronous heartbeat does); returns
+/// the errors it met.
+fn extend_all<S: AsyncSource>(
+    source: &S,
+    held: &HeldLeases,
+    due: Vec<(CommandId, u64)>,
+    ttl: Duration,
+    now: Timestamp,
+) -> Vec<Error> {
+    let mut store = match source.take_store() {
+        Ok(store) => store,
+        Err(error) => return vec![error],
+    };
+    let failed = due
+        .into_iter()
+        .filter_map(|(id, token)| {
+            let result = store.extend(&id, token, ttl, now);
+            held.extended(&id, token, result)
+        })
+        .collect();
+    source.put_store(store);
+    failed
 }
 
 /// When the loop last fired timers, and whether that round found any.
@@ -466,14 +572,14 @@ type Joined = (
     std::thread::Result<Outcome>,
 );
 
-struct Deliveries {
-    async_store: AsyncStore,
+struct Deliveries<S: AsyncSource> {
+    async_store: S,
     /// The dispatcher's own store, for the [`Worker`]'s methods on a blocking thread (it remembers
     /// the row keys of what it claimed, so acks reach their rows directly). Behind a lock only so
     /// the loop may be shared between threads while it waits; `None` while a blocking call has it.
-    store: Mutex<Option<SqliteStore>>,
+    store: Mutex<Option<S::Store>>,
     handler: Arc<AsyncHandler>,
-    books: Arc<Worker<SqliteStore>>,
+    books: Arc<Worker<S::Store>>,
     control: Arc<Control>,
     request: ClaimRequest,
     timers: Option<TimerRounds>,
@@ -485,7 +591,7 @@ struct Deliveries {
     received: tracing::Span,
 }
 
-impl Deliveries {
+impl<S: AsyncSource> Deliveries<S> {
     async fn run(mut self) -> Finished {
         while !self.books.halted(&self.tally) {
             let fired = self.fire_timers().await;
@@ -526,7 +632,7 @@ impl Deliveries {
     /// the dispatcher halted.
     async fn on_store<R: Send + 'static>(
         &mut self,
-        work: impl FnOnce(&Worker<SqliteStore>, &mut SqliteStore, &mut Vec<Done>, &mut Tally) -> R
+        work: impl FnOnce(&Worker<S::Store>, &mut S::Store, &mut Vec<Done>, &mut Tally) -> R
             + Send
             + 'static,
     ) -> Option<R> {
@@ -575,7 +681,7 @@ impl Deliveries {
         let Some(rounds) = &mut self.timers else {
             return 0;
         };
-        let mark = self.async_store.writer().work_mark();
+        let mark = self.async_store.wakeup().map_or(0, |wakeup| wakeup.mark());
         let poll = self.books.config.poll_interval;
         let due = rounds.fired > 0
             || mark != rounds.mark

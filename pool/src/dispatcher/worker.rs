@@ -13,7 +13,7 @@ pub(super) struct Worker<S> {
     pub(super) config: Config,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) held: Arc<HeldLeases>,
-    pub(super) idle: Option<Arc<dyn Idle>>,
+    pub(super) idle: Option<Arc<dyn Wakeup>>,
     pub(super) until_idle: bool,
     /// Where the worker parks its kept acks while a handler runs, and the board of the flusher that
     /// writes them if they wait too long (none with an `ack_delay` of 0).
