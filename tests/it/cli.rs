@@ -1763,7 +1763,7 @@ fn empty_json_lists_are_brackets_and_a_cut_listing_says_so_on_stderr() {
 /// the store, each `miniflow …` line runs the tool; comments after `#` and the alias line are left
 /// out. Quotes group words, as a shell's do.
 fn readme_session() -> Vec<Vec<String>> {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/operating.md");
     let section = readme
         .split("### Operator controls")
         .nth(1)
