@@ -298,6 +298,16 @@ impl Admission {
         }
     }
 
+    /// Whether `kind` is paused: a claim takes none of it.
+    pub fn is_paused(&self, kind: &str) -> bool {
+        self.paused.contains(kind)
+    }
+
+    /// Whether `kind` has a concurrency limit: its leases count towards it.
+    pub fn is_limited(&self, kind: &str) -> bool {
+        self.slots.contains(kind)
+    }
+
     /// Whether a claim may take a command of `kind` now.
     pub fn admits_kind(&self, kind: &str) -> bool {
         !self.paused.contains(kind) && self.slots.get(kind).is_none_or(|slots| *slots > 0)

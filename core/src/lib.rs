@@ -73,6 +73,7 @@
 
 mod builtin;
 mod cache;
+mod claim;
 mod control;
 mod engine;
 mod error;
@@ -135,6 +136,16 @@ pub use timer::{
     feedback, withdrawn_feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus,
 };
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
+
+/// What authors of a store need and users do not: the claim walk a store drives with its queries,
+/// the admission rule of the operators' controls, row changes and the retention walk. The API for
+/// users is at the crate root; this module may change in a minor version.
+pub mod backend {
+    pub use crate::claim::{
+        Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
+    };
+    pub use crate::control::Admission;
+}
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.
 pub mod prelude {

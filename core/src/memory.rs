@@ -8,14 +8,16 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use index::{ClaimIndex, ClaimKey, TimerIndex, TimerKey};
+use index::{ClaimIndex, TimerIndex, TimerKey};
 
+use crate::claim::{ClaimStep, ClaimWalk, Offer};
 use crate::control::{check_bulk, Admission, KindChange, KindControl};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
+use crate::memory::index::PageKey;
 use crate::model::EventRecord;
 use crate::outbox::{
-    Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
+    Cancelled, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
 };
 use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
@@ -580,45 +582,54 @@ impl Outbox for MemoryStore {
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.mark_done(now))
     }
-    /// Goes through the commands claimable at `now` in claim order as they stood when the claim began,
-    /// like every store: a row buried on the way (its lease ran out on its last attempt) does not
-    /// count towards the limit, and in strict order the next command of its workflow waits for the
-    /// next claim.
+    /// The core's claim walk ([`ClaimWalk`]) over the claim index's pages, like every store: what
+    /// the claim buries on the way (a lease that ran out on its last attempt, a cancelled command)
+    /// does not count towards the limit, and in strict order the next command of its workflow
+    /// waits for the next claim.
     fn claim(&mut self, request: &ClaimRequest, now: Timestamp) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        let mut admission = self.admission(now);
+        let mut walk: ClaimWalk<'_, PageKey, CommandId> =
+            ClaimWalk::new(request, self.admission(now), now);
         let mut deliveries = Vec::new();
-        let mut after: Option<ClaimKey> = None;
-        // Strict order: the workflows looked at, sorted (at most `limit` plus the buried).
-        let mut seen_workflows: Vec<WorkflowId> = Vec::new();
-        while deliveries.len() < request.limit {
-            let Some(key) = self.unfinished.next(request.order, after.as_ref(), now) else {
-                break;
+        loop {
+            let page = match walk.next_step() {
+                ClaimStep::Done => return Ok(deliveries),
+                ClaimStep::FindPriority { below } => {
+                    let level = self.unfinished.priority_below(below);
+                    walk.at_priority(level);
+                    continue;
+                }
+                ClaimStep::ReadPage(page) => {
+                    let outbox = &self.outbox;
+                    let excluded = &page.excluded;
+                    self.unfinished.page(
+                        request.order,
+                        page.priority,
+                        page.after,
+                        now,
+                        page.limit,
+                        |id| {
+                            !excluded.is_empty()
+                                && outbox.get(id).is_some_and(|row| {
+                                    excluded.binary_search(&row.kind.as_str()).is_ok()
+                                })
+                        },
+                    )
+                }
             };
-            if request.order == ClaimOrder::StrictPerWorkflow {
-                match seen_workflows.binary_search(key.2.workflow_id()) {
-                    Ok(_) => {
-                        after = Some(key);
-                        continue;
-                    }
-                    Err(at) => seen_workflows.insert(at, key.2.workflow_id().clone()),
+            let rows = page.len();
+            for key in page {
+                let id = key.1.clone();
+                let offer = match self.outbox.get(&id) {
+                    Some(row) => walk.offer(key, id.clone(), id.workflow_id().as_str(), Some(row)),
+                    None => Offer::Skip,
+                };
+                if offer == Offer::Claim {
+                    deliveries.extend(self.update(&id, now, |row| Ok(walk.claim(row)))?);
                 }
             }
-            let admitted = self
-                .outbox
-                .get(&key.2)
-                .is_some_and(|row| admission.admits(row));
-            if !admitted {
-                after = Some(key);
-                continue;
-            }
-            if let Some(delivery) = self.update(&key.2, now, |row| Ok(row.claim(request, now)))? {
-                admission.took(&delivery.kind);
-                deliveries.push(delivery);
-            }
-            after = Some(key);
+            walk.page_read(rows);
         }
-        Ok(deliveries)
     }
     fn extend(
         &mut self,

@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod claim;
 mod connect;
 mod controls;
 mod db;

@@ -1,27 +1,28 @@
 //! [`PostgresStore`]: the miniflow [`Store`] on a PostgreSQL database.
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, check_bulk, Ack, Cancelled, Changed, ClaimOrder, ClaimRequest, CommandId,
-    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId,
-    KindChange, KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId,
-    TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    canonical_json, check_bulk, Ack, Cancelled, Changed, ClaimRequest, CommandId, Commit, Delivery,
+    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, KindChange,
+    KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, TimerId, TimerRow, Timestamp,
+    TraceContext, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
-use postgres::{Config, GenericClient, Row, Socket, Transaction};
+use postgres::{Config, GenericClient, Socket, Transaction};
 
+use crate::claim::{claim_in, claim_timers_in};
 use crate::connect::{
     is_unique_violation, storage, Clock, PooledClient, PostgresOptions, Shared, NOTIFY_CHANNEL,
 };
 use crate::db::{Db, Statements};
 use crate::rows::{
     col, id_params, insert_timer, load_events, load_events_after, query_rows, query_timers,
-    raw_command_id, read_outbox_row, read_timer, salvage, select_rows, select_timers, text,
-    timer_exists, to_sql_time, token_param, write_row, Column, Params, Unreadable,
+    raw_command_id, read_outbox_row, select_rows, select_timers, text, to_sql_time, token_param,
+    write_row, Column, Params,
 };
 use crate::wakeup::Wakeups;
 
@@ -528,13 +529,13 @@ pub(crate) const SELECT_WORKFLOW: &str =
 /// (`$7`) at a time, each page after the key `($3, $4, $5, $6)` of the last candidate it looked at,
 /// leaving out the kinds the operators' controls exclude (`$8`) and skipping rows another claim holds
 /// (see [`claim_in`]).
-const CLAIM_DUE_FIRST: &str = select_rows!(
+pub(crate) const CLAIM_DUE_FIRST: &str = select_rows!(
     "WHERE processed_at IS NULL AND priority = $7 AND available_at <= $1 \
      AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
      AND kind <> ALL($8::text[]) \
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
 );
-const CLAIM_STRICT: &str = select_rows!(
+pub(crate) const CLAIM_STRICT: &str = select_rows!(
     "WHERE processed_at IS NULL AND priority = $7 AND available_at <= $1 \
      AND (available_at, workflow_id, event_seq, idx) > ($3, $4, $5, $6) \
      AND kind <> ALL($8::text[]) \
@@ -543,7 +544,7 @@ const CLAIM_STRICT: &str = select_rows!(
      ORDER BY available_at, workflow_id, event_seq, idx LIMIT $2 FOR UPDATE OF o SKIP LOCKED"
 );
 /// The highest priority of an unfinished command below `$1`: the next priority a claim reads.
-const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
+pub(crate) const NEXT_PRIORITY: &str = "SELECT priority FROM outbox \
      WHERE processed_at IS NULL AND priority < $1::bigint ORDER BY priority DESC LIMIT 1";
 /// The store's `now` (`$1`, or the database's clock when `$1` is null), whether a command is due, and
 /// when the next one is due after it: three reads of the first entries of `outbox_due`. (`now` comes
@@ -563,7 +564,7 @@ const TIMERS_DUE: &str = "WITH clock AS (SELECT COALESCE($1::bigint, \
          (SELECT min(available_at) FROM timers \
           WHERE processed_at IS NULL AND available_at > clock.now) AS next \
      FROM clock, first";
-const CLAIM_TIMERS: &str = select_timers!(
+pub(crate) const CLAIM_TIMERS: &str = select_timers!(
     "WHERE processed_at IS NULL AND available_at <= $1 ORDER BY available_at, timer_id LIMIT $2 \
      FOR UPDATE SKIP LOCKED"
 );
@@ -947,7 +948,7 @@ fn fire_timer(
 
 /// Writes a row change the core computed ([`OutboxRow::change`]), the feedback it schedules and the
 /// feedback it withdraws, in the caller's transaction; says whether there was feedback.
-fn write_change<T>(
+pub(crate) fn write_change<T>(
     db: &mut Db<'_, impl GenericClient>,
     changed: &Changed<T>,
 ) -> Result<bool, Error> {
@@ -963,227 +964,6 @@ fn write_change<T>(
     match &changed.feedback {
         Some(timer) => insert_timer(db, timer).map(|()| true),
         None => Ok(false),
-    }
-}
-
-/// A claim candidate's key in claim order: `(available_at, workflow_id, event_seq, idx)`.
-type ClaimKey = (i64, String, i64, i64);
-
-/// A command a claim looked at: its key, and its row, or what the claim needs to bury a row that
-/// cannot be read.
-struct Candidate {
-    key: ClaimKey,
-    row: Result<OutboxRow, Unclaimable>,
-}
-
-/// A candidate that cannot be read: which row, why, and what could be read of it.
-struct Unclaimable {
-    name: String,
-    why: Unreadable,
-    salvaged: Option<OutboxRow>,
-}
-
-impl Candidate {
-    fn read(row: &Row) -> Result<Self, Error> {
-        let key = (
-            col::AVAILABLE_AT.read(row).map_err(storage)?,
-            col::WORKFLOW_ID.read(row).map_err(storage)?,
-            col::EVENT_SEQ.read(row).map_err(storage)?,
-            col::IDX.read(row).map_err(storage)?,
-        );
-        let row = read_outbox_row(row).map_err(|why| Unclaimable {
-            name: raw_command_id(row),
-            why,
-            salvaged: salvage(row),
-        });
-        Ok(Self { key, row })
-    }
-}
-
-/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
-/// claim order ([`OutboxRow::claim_order`]), one priority at a time, like every store (see
-/// [`OutboxRow::claim`]); rows another claim holds are skipped. Only what the operators' controls
-/// admit is taken ([`crate::controls::admission`]): kinds that are paused or out of slots are left
-/// out of each page, and a kind that runs out of slots within a page is skipped for the rest of it.
-/// Returns the deliveries and whether the claim scheduled feedback.
-///
-/// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
-/// out on its last allowed attempt (or whose command was cancelled), and a row that cannot be read
-/// (DESIGN rule 13, see [`bury_unreadable`]). So the claim reads on, a page of what it still needs
-/// at a time, after the last candidate it looked at, then at the next lower priority.
-fn claim_in(
-    db: &mut Db<'_, Transaction<'_>>,
-    request: &ClaimRequest,
-    now: Timestamp,
-) -> Result<(Vec<Delivery>, bool), Error> {
-    let sql = match request.order {
-        ClaimOrder::DueFirst => CLAIM_DUE_FIRST,
-        ClaimOrder::StrictPerWorkflow => CLAIM_STRICT,
-    };
-    let now_sql = to_sql_time("now", now)?;
-    let mut admission = crate::controls::admission(db, now)?;
-    const FIRST: ClaimKey = (i64::MIN, String::new(), i64::MIN, i64::MIN);
-    let mut after: ClaimKey = FIRST;
-    let mut priority = next_priority(db, i64::MAX)?;
-    // What this claim already looked at: in strict order a burial lets the next command of its
-    // workflow qualify, which was no candidate when the claim began, so it is not taken now.
-    let mut seen: HashSet<(String, i64, i64)> = HashSet::new();
-    let mut seen_workflows: HashSet<String> = HashSet::new();
-    let mut deliveries = Vec::new();
-    let mut fed_back = false;
-    while let Some(level) = priority.filter(|_| deliveries.len() < request.limit) {
-        let wanted = request.limit - deliveries.len();
-        let excluded: Vec<&str> = admission.excluded();
-        let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
-            &now_sql,
-            &sql_limit(wanted),
-            &after.0,
-            &after.1,
-            &after.2,
-            &after.3,
-            &level,
-            &excluded,
-        ];
-        let page = db
-            .query(sql, &params)
-            .map_err(storage)?
-            .iter()
-            .map(Candidate::read)
-            .collect::<Result<Vec<_>, _>>()?;
-        let full_page = page.len() == wanted;
-        let leased_before = deliveries.len();
-        for Candidate { key, row } in page {
-            let first_look = match request.order {
-                ClaimOrder::DueFirst => seen.insert((key.1.clone(), key.2, key.3)),
-                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(key.1.clone()),
-            };
-            after = key;
-            if !first_look {
-                continue;
-            }
-            match row {
-                // Its kind ran out of slots earlier in this page.
-                Ok(row) if !admission.admits(&row) => {}
-                Ok(row) => {
-                    let mut changed = row.change(now, |row| Ok(row.claim(request, now)))?;
-                    match changed.value.take() {
-                        Some(delivery) => {
-                            admission.took(&delivery.kind);
-                            deliveries.push(delivery);
-                        }
-                        None => fed_back |= write_change(db, &changed)?,
-                    }
-                }
-                Err(unclaimable) => fed_back |= bury_unreadable(db, &after, unclaimable, now)?,
-            }
-        }
-        write_leases(db, request, &deliveries[leased_before..])?;
-        if !full_page {
-            priority = next_priority(db, i64::from(level))?;
-            after = FIRST;
-        }
-    }
-    Ok((deliveries, fed_back))
-}
-
-/// The highest priority of an unfinished command below `below`, if any.
-fn next_priority(db: &mut Db<'_, Transaction<'_>>, below: i64) -> Result<Option<i32>, Error> {
-    db.query_opt(NEXT_PRIORITY, &[&below])
-        .map_err(storage)?
-        .map(|row| row.try_get(0).map_err(storage))
-        .transpose()
-}
-
-/// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
-/// path of [`Outbox::claim`].
-fn write_leases(
-    db: &mut Db<'_, Transaction<'_>>,
-    request: &ClaimRequest,
-    deliveries: &[Delivery],
-) -> Result<(), Error> {
-    let Some(first) = deliveries.first() else {
-        return Ok(());
-    };
-    let mut workflows = Vec::with_capacity(deliveries.len());
-    let (mut seqs, mut indexes, mut attempts, mut tokens) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for delivery in deliveries {
-        let (w, s, i) = id_params(&delivery.command_id);
-        workflows.push(w);
-        seqs.push(s);
-        indexes.push(i);
-        attempts.push(i64::from(delivery.attempt));
-        tokens.push(token_param(delivery.token));
-    }
-    // One claim gives every lease the same owner and expiry.
-    let expires_at = to_sql_time("lease_expires_at", first.lease_expires_at)?;
-    db.execute(
-        "UPDATE outbox o SET status = 'leased', attempts = c.attempts, available_at = $6, \
-         lease_owner = $7, lease_expires_at = $6, lease_token = c.token \
-         FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[], $5::bigint[]) \
-             AS c (workflow_id, event_seq, idx, attempts, token) \
-         WHERE o.workflow_id = c.workflow_id AND o.event_seq = c.event_seq AND o.idx = c.idx",
-        &[
-            &workflows,
-            &seqs,
-            &indexes,
-            &attempts,
-            &tokens,
-            &expires_at,
-            &request.worker,
-        ],
-    )
-    .map_err(storage)?;
-    Ok(())
-}
-
-/// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no
-/// other delivery (DESIGN rule 13): dead, `last_error` naming the column and the reason, processed at
-/// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
-/// that could be read. Its other columns stay as they are, for whoever repairs it. Says whether it
-/// scheduled feedback.
-fn bury_unreadable(
-    db: &mut Db<'_, Transaction<'_>>,
-    key: &ClaimKey,
-    unclaimable: Unclaimable,
-    now: Timestamp,
-) -> Result<bool, Error> {
-    let reason = format!(
-        "the stored command could not be read: command {}: {}",
-        unclaimable.name, unclaimable.why
-    );
-    let (_, workflow_id, event_seq, idx) = key;
-    // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
-    // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
-    let (status, last_error, feedback) = match unclaimable.salvaged {
-        Some(row) => {
-            let changed = row.change(now, |row| {
-                row.bury(reason, now);
-                Ok(())
-            })?;
-            (changed.row.status, changed.row.last_error, changed.feedback)
-        }
-        None => (Status::Dead, Some(reason), None),
-    };
-    db.execute(
-        "UPDATE outbox SET status = $4, last_error = $5, processed_at = $6 \
-         WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3",
-        &[
-            workflow_id,
-            event_seq,
-            idx,
-            &status.as_str(),
-            &last_error.as_deref().map(text),
-            &to_sql_time("now", now)?,
-        ],
-    )
-    .map_err(storage)?;
-    match feedback {
-        // A count of manual retries that could not be read may name a failure already reported.
-        Some(timer) if !timer_exists(db, &timer.timer_id)? => {
-            insert_timer(db, &timer).map(|()| true)
-        }
-        _ => Ok(false),
     }
 }
 
@@ -1748,49 +1528,6 @@ impl Operations for PostgresStore {
         check_bulk(kind, batch)?;
         self.change_dead_of_kind(kind, batch, now, |row, now| row.resolve(note, now))
     }
-}
-
-/// Takes up to `limit` due timers inside `tx` (see [`Timers::claim_timers`]). A timer that cannot be
-/// read stops no other (DESIGN rule 13): it ends `rejected` with the read error, where operators see
-/// it, and is not taken again.
-fn claim_timers_in(
-    db: &mut Db<'_, Transaction<'_>>,
-    limit: usize,
-    lease_ttl: Duration,
-    now: Timestamp,
-) -> Result<Vec<TimerRow>, Error> {
-    let now_sql = to_sql_time("now", now)?;
-    let rows = db
-        .query(CLAIM_TIMERS, &[&now_sql, &sql_limit(limit)])
-        .map_err(storage)?;
-    let mut timers = Vec::with_capacity(rows.len());
-    for row in &rows {
-        match read_timer(row) {
-            Ok(timer) => timers.push(timer),
-            Err(why) => {
-                let timer_id: String = row.try_get("timer_id").map_err(storage)?;
-                let reason = format!("the stored timer could not be read: timer {timer_id}: {why}");
-                db.execute(
-                    "UPDATE timers SET status = 'rejected', processed_at = $2, last_error = $3 \
-                     WHERE timer_id = $1 AND processed_at IS NULL",
-                    &[&timer_id, &now_sql, &text(&reason)],
-                )
-                .map_err(storage)?;
-            }
-        }
-    }
-    for timer in &mut timers {
-        timer.take(lease_ttl, now);
-        db.execute(
-            "UPDATE timers SET available_at = $2 WHERE timer_id = $1",
-            &[
-                &timer.timer_id.to_string(),
-                &to_sql_time("available_at", timer.available_at)?,
-            ],
-        )
-        .map_err(storage)?;
-    }
-    Ok(timers)
 }
 
 /// The queries workers, `pending`, retention and stats run, each with sample arguments (SQL literals)

@@ -178,7 +178,8 @@ fn an_unreadable_row_in_strict_order_is_buried_and_its_workflow_goes_on() {
 }
 
 /// A timer whose stored event payload cannot be read ends `rejected` with the read error when a
-/// firer comes to it; the other workflows' due timers are still taken.
+/// firer comes to it; the other workflows' due timers are still taken, and the burial does not use
+/// up the claim's limit (the core's timer claim reads on, as a command claim does).
 #[test]
 fn an_unreadable_timer_is_rejected_and_other_timers_are_still_taken() {
     let dir = tempfile::tempdir().unwrap();
@@ -202,9 +203,9 @@ fn an_unreadable_timer_is_rejected_and_other_timers_are_still_taken() {
             [],
         )
         .unwrap();
+    // The broken timer comes first; buried, it leaves the one place to the healthy one.
     let taken = store.claim_timers(1, Duration::from_secs(1), T0).unwrap();
-    assert!(taken.is_empty(), "the broken timer came first: {taken:?}");
-    let taken = store.claim_timers(1, Duration::from_secs(1), T0).unwrap();
+    assert_eq!(taken.len(), 1, "{taken:?}");
     assert_eq!(taken[0].timer_id.workflow_id().as_str(), "healthy");
     let (status, error): (String, String) = store
         .connection()

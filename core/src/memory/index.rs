@@ -9,8 +9,8 @@
 //! operations.
 //!
 //! The priority leads the claim order, so each set is a bucket per priority (the highest first) of
-//! keys in due order, and [`ClaimIndex::next`] walks the buckets from the highest and the due range
-//! `..=now` of each, as a SQL store reads one priority at a time: a claim still reads only what it
+//! keys in due order, and [`ClaimIndex::page`] reads a claim's page from one priority's due range
+//! `..=now`, as a SQL store reads one priority at a time: a claim still reads only what it
 //! takes, whatever is not yet due at a higher priority.
 
 use std::cmp::Reverse;
@@ -25,6 +25,10 @@ use crate::timer::{TimerRow, TimerStatus};
 
 /// A command's place in claim order: [`OutboxRow::claim_order`], owned.
 pub(super) type ClaimKey = (Reverse<i32>, Timestamp, CommandId);
+
+/// A command's place within its priority: `(available_at, command_id)`, what a claim's page reads
+/// after.
+pub(super) type PageKey = (Timestamp, CommandId);
 
 /// One priority's keys in due order.
 type Bucket = BTreeSet<(Timestamp, CommandId)>;
@@ -62,24 +66,38 @@ impl Buckets {
         }
     }
 
-    /// The first key after `after` (from the start when `None`) that is due at `now`: in each
-    /// priority from `after`'s, the first key after it, if it is due.
-    fn next(&self, after: Option<&ClaimKey>, now: Timestamp) -> Option<ClaimKey> {
-        let start = after.map_or(0, |(priority, _, _)| {
-            self.find(*priority).unwrap_or_else(|index| index)
+    /// The highest priority below `below` that holds a key.
+    fn below(&self, below: i64) -> Option<i64> {
+        self.0
+            .iter()
+            .map(|(Reverse(priority), _)| i64::from(*priority))
+            .find(|priority| *priority < below)
+    }
+
+    /// Up to `limit` keys of `priority` after `after` (from its first when `None`) that are due at
+    /// `now`, in due order, leaving out those `leave_out` names: a claim's page.
+    fn page(
+        &self,
+        priority: i64,
+        after: Option<&PageKey>,
+        now: Timestamp,
+        limit: usize,
+        mut leave_out: impl FnMut(&CommandId) -> bool,
+    ) -> Vec<PageKey> {
+        let Ok(index) = i32::try_from(priority).map_or(Err(0), |p| self.find(Reverse(p))) else {
+            return Vec::new();
+        };
+        let from = after.map_or(Bound::Unbounded, |(at, id)| {
+            Bound::Excluded((*at, id.clone()))
         });
-        for (priority, bucket) in &self.0[start..] {
-            let from = match after {
-                Some((p, at, id)) if p == priority => Bound::Excluded((*at, id.clone())),
-                _ => Bound::Unbounded,
-            };
-            if let Some((at, id)) = bucket.range((from, Bound::Unbounded)).next() {
-                if *at <= now {
-                    return Some((*priority, *at, id.clone()));
-                }
-            }
-        }
-        None
+        self.0[index]
+            .1
+            .range((from, Bound::Unbounded))
+            .take_while(|(at, _)| *at <= now)
+            .filter(|(_, id)| !leave_out(id))
+            .take(limit)
+            .cloned()
+            .collect()
     }
 
     #[cfg(test)]
@@ -209,17 +227,27 @@ impl ClaimIndex {
         }
     }
 
-    /// The first candidate of an `order` claim after `after` (from the start when `None`) that is
-    /// claimable at `now`. O(priorities · log n).
-    pub(super) fn next(
+    /// The highest priority of an unfinished command below `below`.
+    pub(super) fn priority_below(&self, below: i64) -> Option<i64> {
+        self.due.below(below)
+    }
+
+    /// A claim's page (see [`crate::backend::ClaimPage`]): up to `limit` candidates of an `order`
+    /// claim of `priority` after `after`, claimable at `now`, leaving out those `leave_out` names.
+    pub(super) fn page(
         &self,
         order: ClaimOrder,
-        after: Option<&ClaimKey>,
+        priority: i64,
+        after: Option<&PageKey>,
         now: Timestamp,
-    ) -> Option<ClaimKey> {
+        limit: usize,
+        leave_out: impl FnMut(&CommandId) -> bool,
+    ) -> Vec<PageKey> {
         match order {
-            ClaimOrder::DueFirst => self.due.next(after, now),
-            ClaimOrder::StrictPerWorkflow => self.heads.next(after, now),
+            ClaimOrder::DueFirst => self.due.page(priority, after, now, limit, leave_out),
+            ClaimOrder::StrictPerWorkflow => {
+                self.heads.page(priority, after, now, limit, leave_out)
+            }
         }
     }
 

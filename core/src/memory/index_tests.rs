@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::*;
+use crate::outbox::ClaimOrder;
 use crate::{Command, Decision, Event, Timer};
 
 const WORKFLOWS: [&str; 5] = ["a", "a:1", "b-10", "b-9", "c"];

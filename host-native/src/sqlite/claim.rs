@@ -11,12 +11,6 @@ pub(super) struct Candidate {
     pub(super) row: Result<OutboxRow, Unclaimable>,
 }
 
-/// A candidate that cannot be read: why, and what could be read of it (see [`salvage`]).
-pub(super) struct Unclaimable {
-    pub(super) why: UnreadableRow,
-    pub(super) salvaged: Option<OutboxRow>,
-}
-
 impl Candidate {
     pub(super) fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
         let key = [
@@ -30,10 +24,13 @@ impl Candidate {
         let row = match read_outbox_row(row) {
             Ok(outbox_row) => Ok(outbox_row),
             Err(e) => Err(Unclaimable {
-                why: UnreadableRow {
-                    row: raw_command_id(row),
-                    why: unreadable_value(row, e)?,
-                },
+                name: format!(
+                    "{}:{}:{}",
+                    raw_text(row, col::WORKFLOW_ID),
+                    raw_text(row, col::EVENT_SEQ),
+                    raw_text(row, col::IDX)
+                ),
+                why: unreadable_value(row, e)?.to_string(),
                 salvaged: salvage(row),
             }),
         };
@@ -41,10 +38,10 @@ impl Candidate {
     }
 
     /// The workflow as stored, to recognise a workflow seen before.
-    pub(super) fn workflow(&self) -> String {
+    pub(super) fn workflow(&self) -> std::borrow::Cow<'_, str> {
         match &self.key[1] {
-            SqlValue::Text(text) => text.clone(),
-            other => format!("{other:?}"),
+            SqlValue::Text(text) => std::borrow::Cow::Borrowed(text),
+            other => std::borrow::Cow::Owned(format!("{other:?}")),
         }
     }
 }
@@ -77,16 +74,10 @@ pub(super) fn salvage(row: &Row<'_>) -> Option<OutboxRow> {
     })
 }
 
-/// Leases up to `request.limit` commands inside `tx`, going through the commands claimable at `now` in
-/// claim order as they stood when the claim began, like every store (see [`OutboxRow::claim`] and
-/// [`OutboxRow::claim_order`]), one priority at a time, and taking only what the operators' controls
-/// admit ([`Admission`]): kinds that are paused or out of slots are left out of each page, and a kind
-/// that runs out of slots within a page is skipped for the rest of it.
-///
-/// Two kinds of candidate are buried on the way and do not count towards the limit: a lease that ran
-/// out on its last allowed attempt, and a row that cannot be read (DESIGN rule 13, see
-/// [`bury_unreadable`]). So the claim reads on, a page of what it still needs at a time, after the last
-/// candidate it looked at, then at the next lower priority.
+/// Leases up to `request.limit` commands inside `tx`: the core's claim walk ([`ClaimWalk`]) driven
+/// with this store's queries, one page of candidates at a time, one priority at a time. Kinds the
+/// operators' controls leave out are left out of each page ([`excluded`]); a row that cannot be
+/// read is buried as the walk says (DESIGN rule 13, [`bury_unreadable`]).
 ///
 /// Each delivery comes with its row's integer key, for the ack.
 pub(super) fn claim_in(
@@ -94,91 +85,93 @@ pub(super) fn claim_in(
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<Vec<(i64, Delivery)>, Error> {
-    let strict = request.order == ClaimOrder::StrictPerWorkflow;
     let now_sql = to_sql_time("now", now)?;
-    let mut admission = admission(tx, now)?;
-    const FIRST: [SqlValue; 4] = [
-        SqlValue::Integer(i64::MIN),
-        SqlValue::Text(String::new()),
-        SqlValue::Integer(i64::MIN),
-        SqlValue::Integer(i64::MIN),
-    ];
-    let mut after = FIRST;
-    let mut priority = next_priority(tx, i64::MAX)?;
-    // What this claim already looked at. A lease shorter than a millisecond leaves a claimed command
-    // due, and in strict order a burial lets the next command of its workflow qualify: neither was a
-    // candidate when the claim began, so neither is taken now.
-    let mut seen: HashSet<i64> = HashSet::new();
-    let mut seen_workflows: HashSet<String> = HashSet::new();
+    let mut walk: ClaimWalk<'_, [SqlValue; 4], i64> =
+        ClaimWalk::new(request, admission(tx, now)?, now);
     let mut deliveries = Vec::new();
-    while let Some(level) = priority.filter(|_| deliveries.len() < request.limit) {
-        let wanted = request.limit - deliveries.len();
-        let mut page = Vec::with_capacity(wanted);
-        let [a, w, s, i] = &after;
-        let wanted_sql = limit(wanted);
-        let mut args: Vec<&dyn rusqlite::ToSql> = vec![&now_sql, &wanted_sql, a, w, s, i, &level];
-        let excluded = excluded(&admission);
-        let sql = match (&excluded, strict) {
-            (None, false) => CLAIM_DUE_FIRST,
-            (None, true) => CLAIM_STRICT,
-            (Some(_), false) => CLAIM_DUE_FIRST_EXCLUDING,
-            (Some(_), true) => CLAIM_STRICT_EXCLUDING,
-        };
-        if let Some((first, rest)) = &excluded {
-            args.push(first);
-            args.push(rest);
-        }
-        each_row(
-            tx,
-            sql,
-            args.as_slice(),
-            Candidate::read,
-            |_| String::new(),
-            |candidate| {
-                page.push(candidate.map_err(UnreadableRow::into_error)?);
-                Ok(true)
-            },
-        )?;
-        let full_page = page.len() == wanted;
-        page.sort_by(|a, b| claim_key_order(&a.key, &b.key));
-        for candidate in page {
-            let first_look = match request.order {
-                ClaimOrder::DueFirst => seen.insert(candidate.id),
-                ClaimOrder::StrictPerWorkflow => seen_workflows.insert(candidate.workflow()),
-            };
-            after = candidate.key;
-            if !first_look {
+    loop {
+        let page = match walk.next_step() {
+            ClaimStep::Done => return Ok(deliveries),
+            ClaimStep::FindPriority { below } => {
+                let level = next_priority(tx, below)?;
+                walk.at_priority(level);
                 continue;
             }
-            match candidate.row {
-                // Its kind ran out of slots earlier in this page.
-                Ok(row) if !admission.admits(&row) => {}
-                Ok(mut row) => {
-                    // The payload goes to the delivery as it was read, not copied: the claim's
-                    // rule does not look at it, and a row's change never writes it.
-                    let payload = std::mem::take(&mut row.payload);
-                    let mut changed = row.into_change(now, |row| Ok(row.claim(request, now)))?;
+            ClaimStep::ReadPage(page) => read_page(tx, &now_sql, &page)?,
+        };
+        let rows = page.len();
+        for candidate in page {
+            let workflow = candidate.workflow().into_owned();
+            let offer = walk.offer(
+                candidate.key,
+                candidate.id,
+                &workflow,
+                candidate.row.as_ref().ok(),
+            );
+            match (offer, candidate.row) {
+                (Offer::Skip, _) => {}
+                (Offer::Claim, Ok(row)) => {
+                    let mut changed = walk.claim_owned(row)?;
                     match changed.value.take() {
-                        Some(mut delivery) => {
-                            delivery.payload = payload;
-                            let counted =
-                                admission.limited_kinds().any(|kind| kind == delivery.kind);
+                        Some(delivery) => {
+                            let counted = walk.is_limited(&delivery.kind);
                             write_lease(tx, candidate.id, &changed.row, counted)?;
-                            admission.took(&delivery.kind);
                             deliveries.push((candidate.id, delivery));
                         }
                         None => write_change(tx, &changed)?,
                     }
                 }
-                Err(unclaimable) => bury_unreadable(tx, candidate.id, unclaimable, now)?,
+                (_, Err(unclaimable)) => {
+                    bury_unreadable(tx, candidate.id, walk.bury(unclaimable)?)?
+                }
+                (Offer::Bury, Ok(_)) => unreachable!("the walk buries only what did not read"),
             }
         }
-        if !full_page {
-            priority = next_priority(tx, level)?;
-            after = FIRST;
-        }
+        walk.page_read(rows);
     }
-    Ok(deliveries)
+}
+
+/// The candidates of `page`, in claim order.
+fn read_page(
+    tx: &Connection,
+    now_sql: &i64,
+    page: &ClaimPage<'_, [SqlValue; 4]>,
+) -> Result<Vec<Candidate>, Error> {
+    let first = [
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Text(String::new()),
+        SqlValue::Integer(i64::MIN),
+        SqlValue::Integer(i64::MIN),
+    ];
+    let [a, w, s, i] = page.after.unwrap_or(&first);
+    let wanted_sql = limit(page.limit);
+    let mut args: Vec<&dyn rusqlite::ToSql> =
+        vec![now_sql, &wanted_sql, a, w, s, i, &page.priority];
+    let excluded = excluded_kinds(&page.excluded);
+    let sql = match (&excluded, page.strict) {
+        (None, false) => CLAIM_DUE_FIRST,
+        (None, true) => CLAIM_STRICT,
+        (Some(_), false) => CLAIM_DUE_FIRST_EXCLUDING,
+        (Some(_), true) => CLAIM_STRICT_EXCLUDING,
+    };
+    if let Some((first, rest)) = &excluded {
+        args.push(first);
+        args.push(rest);
+    }
+    let mut candidates = Vec::with_capacity(page.limit);
+    each_row(
+        tx,
+        sql,
+        args.as_slice(),
+        Candidate::read,
+        |_| String::new(),
+        |candidate| {
+            candidates.push(candidate.map_err(UnreadableRow::into_error)?);
+            Ok(true)
+        },
+    )?;
+    candidates.sort_by(|a, b| claim_key_order(&a.key, &b.key));
+    Ok(candidates)
 }
 
 /// The order of two candidates' keys `(available_at, workflow_id, event_seq, idx)` as SQLite sorts
@@ -218,40 +211,24 @@ pub(super) fn next_priority(tx: &Connection, below: i64) -> Result<Option<i64>, 
     }
 }
 
-/// Buries a claim candidate that cannot be read, inside the claim's transaction, so that it stops no
-/// other delivery (DESIGN rule 13): dead, `last_error` naming the column and the reason, processed at
-/// `now`, and its `command_failed` feedback scheduled like any dead command's, built from the columns
-/// that could be read. Its other columns stay as they are, for whoever repairs it.
-pub(super) fn bury_unreadable(
-    tx: &Connection,
-    id: i64,
-    unclaimable: Unclaimable,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let reason = format!(
-        "the stored command could not be read: {}",
-        unclaimable.why.why
-    );
-    let processed_at = to_sql_time("now", now)?;
-    // The row as the core buries it (`OutboxRow::bury`); only the columns that change are written.
-    // A row whose key columns do not read has no workflow to tell, and no row to apply the rule to.
-    let (status, last_error, feedback) = match unclaimable.salvaged {
-        Some(row) => {
-            let changed = row.change(now, |row| {
-                row.bury(reason, now);
-                Ok(())
-            })?;
-            (changed.row.status, changed.row.last_error, changed.feedback)
-        }
-        None => (Status::Dead, Some(reason), None),
-    };
+/// Writes a burial the claim walk decided ([`ClaimWalk::bury`]), inside the claim's transaction:
+/// only the columns that change; the feedback unless a timer of its ID exists (a count of manual
+/// retries that could not be read may name a failure already reported).
+pub(super) fn bury_unreadable(tx: &Connection, id: i64, burial: Burial) -> Result<(), Error> {
+    let processed_at = to_sql_time("now", burial.processed_at)?;
     tx.prepare_cached(
         "UPDATE outbox SET status = ?2, last_error = ?3, processed_at = ?4 WHERE id = ?1",
     )
-    .and_then(|mut stmt| stmt.execute(params![id, status.as_str(), last_error, processed_at]))
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            id,
+            burial.status.as_str(),
+            burial.last_error,
+            processed_at
+        ])
+    })
     .map_err(storage)?;
-    match feedback {
-        // A count of manual retries that could not be read may name a failure already reported.
+    match burial.feedback {
         Some(timer) if !timer_exists(tx, &timer.timer_id)? => insert_timer(tx, &timer),
         _ => Ok(()),
     }

@@ -45,8 +45,7 @@ pub(super) fn admission(conn: &Connection, now: Timestamp) -> Result<Admission, 
 
 /// The kinds `admission` excludes as the claim queries take them: the first, and the others as a
 /// JSON array; `None` when it excludes none.
-pub(super) fn excluded(admission: &Admission) -> Option<(String, String)> {
-    let excluded = admission.excluded();
+pub(super) fn excluded_kinds(excluded: &[&str]) -> Option<(String, String)> {
     let (first, rest) = excluded.split_first()?;
     let rest = serde_json::to_string(rest).unwrap_or_else(|_| "[]".to_owned());
     Some(((*first).to_owned(), rest))

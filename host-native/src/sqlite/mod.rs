@@ -1,17 +1,20 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use miniflow_core::backend::{
+    Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
+};
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimOrder, ClaimRequest,
-    CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled,
-    Handover, HistoryId, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq,
-    Settled, Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimRequest, CommandId,
+    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover,
+    HistoryId, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled,
+    Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -304,7 +307,7 @@ impl SqliteStore {
     /// transaction, so they take the write lock only when there is something to take.
     fn any_claimable(&self, now: Timestamp) -> Result<bool, Error> {
         let admission = admission(&self.conn, now)?;
-        let excluded = excluded(&admission);
+        let excluded = excluded_kinds(&admission.excluded());
         let now = to_sql_time("now", now)?;
         let mut level = next_priority(&self.conn, i64::MAX)?;
         while let Some(priority) = level {

@@ -159,50 +159,62 @@ pub(super) fn write_change<T>(conn: &Connection, changed: &Changed<T>) -> Result
 }
 
 /// Takes up to `limit_rows` due timers for `lease_ttl` (see [`Timers::claim_timers`]), inside the
-/// caller's transaction.
+/// caller's transaction: the core's [`TimerClaim`] driven with this store's query. A timer that
+/// cannot be read stops no other (DESIGN rule 13): it ends `rejected` as the claim says, where
+/// operators see it, and is not taken again.
 pub(super) fn claim_timers_in(
     tx: &Connection,
     limit_rows: usize,
     lease_ttl: Duration,
     now: Timestamp,
 ) -> Result<Vec<TimerRow>, Error> {
+    let mut claim = TimerClaim::new(limit_rows, lease_ttl, now);
     let mut timers = Vec::new();
-    let mut unreadable = Vec::new();
-    each_row(
-        tx,
-        CLAIM_TIMERS,
-        params![to_sql_time("now", now)?, limit(limit_rows)],
-        read_timer,
-        |row| raw_text(row, 0),
-        |timer| {
-            match timer {
-                Ok(timer) => timers.push(timer),
-                Err(bad) => unreadable.push(bad),
+    while let Some(wanted) = claim.wanted() {
+        let mut page = Vec::with_capacity(wanted);
+        each_row(
+            tx,
+            CLAIM_TIMERS,
+            params![to_sql_time("now", now)?, limit(wanted)],
+            read_timer,
+            |row| raw_text(row, 0),
+            |timer| {
+                page.push(timer);
+                Ok(true)
+            },
+        )?;
+        let rows = page.len();
+        for timer in page {
+            let (timer_id, timer) = match timer {
+                Ok(timer) => (timer.timer_id.to_string(), Ok(timer)),
+                Err(bad) => (bad.row, Err(bad.why.to_string())),
+            };
+            match claim.offer(&timer_id, timer) {
+                TimerOffer::Take(timer) => {
+                    tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
+                        .and_then(|mut stmt| {
+                            stmt.execute(params![timer_id, to_sql_time_lossy(timer.available_at)])
+                        })
+                        .map_err(storage)?;
+                    timers.push(timer);
+                }
+                TimerOffer::Reject {
+                    last_error,
+                    processed_at,
+                } => {
+                    tx.prepare_cached(
+                        "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
+                         WHERE timer_id = ?1 AND processed_at IS NULL",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(params![timer_id, to_sql_time_lossy(processed_at), last_error])
+                    })
+                    .map_err(storage)?;
+                }
+                _ => {}
             }
-            Ok(true)
-        },
-    )?;
-    // A timer that cannot be read stops no other (DESIGN rule 13): it ends `rejected` with the
-    // read error, where operators see it, and is not taken again.
-    for bad in unreadable {
-        let reason = format!("the stored timer could not be read: {}", bad.why);
-        tx.prepare_cached(
-            "UPDATE timers SET status = 'rejected', processed_at = ?2, last_error = ?3 \
-             WHERE timer_id = ?1 AND processed_at IS NULL",
-        )
-        .and_then(|mut stmt| stmt.execute(params![bad.row, to_sql_time_lossy(now), reason]))
-        .map_err(storage)?;
-    }
-    for timer in &mut timers {
-        timer.take(lease_ttl, now);
-        tx.prepare_cached("UPDATE timers SET available_at = ?2 WHERE timer_id = ?1")
-            .and_then(|mut stmt| {
-                stmt.execute(params![
-                    timer.timer_id.to_string(),
-                    to_sql_time_lossy(timer.available_at)
-                ])
-            })
-            .map_err(storage)?;
+        }
+        claim.page_read(rows);
     }
     Ok(timers)
 }
