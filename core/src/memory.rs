@@ -682,6 +682,9 @@ impl Timers for MemoryStore {
         }
         Ok(taken)
     }
+    fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+        Ok(!self.scheduled.due(now, 1).is_empty())
+    }
     fn reject_timer(
         &mut self,
         timer_id: &TimerId,

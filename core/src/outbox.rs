@@ -159,6 +159,10 @@ pub struct Delivery {
     /// trace from it (e.g. send [`TraceContext::child`]'s `traceparent` to the receiver).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_context: Option<TraceContext>,
+    /// Whether the command asked for its result ([`crate::Command::report_result`]): then a
+    /// completion with a result feeds it back into the workflow as `command_completed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reports_result: bool,
 }
 
 /// Which commands a claim hands out first (DESIGN rule 6).
@@ -560,6 +564,7 @@ impl OutboxRow {
             lease_expires_at: expires_at,
             due_at,
             trace_context: self.trace_context.clone(),
+            reports_result: self.report_result,
         })
     }
 

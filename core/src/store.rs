@@ -711,6 +711,18 @@ pub trait Timers {
 
     /// Every timer of `workflow_id` (scheduled, fired, cancelled and rejected), by ID.
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error>;
+
+    /// Whether a timer is due at `now` ([`TimerRow::is_due`]), a read that takes nothing: what a
+    /// dispatcher that fires no timers looks at once, to say that they wait. The default answers
+    /// `false` (a store that cannot tell cheaply says nothing).
+    ///
+    /// # Errors
+    ///
+    /// The store's errors.
+    fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+        let _ = now;
+        Ok(false)
+    }
 }
 
 /// What operators do by hand and what they look at: dead letters, retries, resolutions, retention,

@@ -1386,6 +1386,9 @@ impl Timers for PostgresStore {
         };
         Ok(timers)
     }
+    fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+        Ok(self.due(TIMERS_DUE, now)?.1)
+    }
     fn reject_timer(
         &mut self,
         timer_id: &TimerId,

@@ -961,7 +961,12 @@ fn error_log() -> (
     let log = Arc::new(Mutex::new(Vec::new()));
     let keep = log.clone();
     (log, move |e: &Error| {
-        keep.lock().unwrap().push(e.to_string())
+        // The once-per-dispatcher notices of configuration (a result nobody asked for, feedback
+        // nobody fires) have tests of their own; these tests count store errors.
+        let text = e.to_string();
+        if !text.ends_with("(reported once per dispatcher)") {
+            keep.lock().unwrap().push(text)
+        }
     })
 }
 
@@ -1182,7 +1187,10 @@ fn a_started_dispatcher_backs_off_from_a_failing_store_reports_it_and_recovers()
     assert_eq!(shutdown.stats.completed, 1);
     assert_eq!(
         shutdown.stats.store_errors,
-        6 + error_rx.try_iter().count() as u64,
+        6 + error_rx
+            .try_iter()
+            .filter(|(_, e)| !e.ends_with("(reported once per dispatcher)"))
+            .count() as u64,
         "every store error counted and reported"
     );
 }
@@ -1624,4 +1632,180 @@ fn mixed_handlers_settle_each_command_once() {
     assert_eq!((ids.len(), log.len()), (200, 200));
     assert!(log.iter().all(|(_, s)| *s == Settlement::Completed));
     assert!(store.pending(1000).unwrap().is_empty());
+}
+
+/// Books a room and records the reference its result carries back.
+struct Booking;
+
+impl Workflow for Booking {
+    type State = Vec<String>;
+
+    fn evolve(&self, kinds: &mut Vec<String>, event: &EventRecord) {
+        kinds.push(event.kind.clone());
+    }
+
+    fn decide(&self, _: &Vec<String>, event: &EventRecord) -> Decision {
+        match event.kind.as_str() {
+            "requested" => Decision::new()
+                .command(Command::new("book_room", json!({})).report_result())
+                .command(Command::new("book_taxi", json!({})).report_result()),
+            _ => Decision::none(),
+        }
+    }
+}
+
+/// `run_until_idle` returns only when nothing due is left, the feedback of its last acks included:
+/// a program that runs it once and then reads its workflows sees every result fed back.
+#[test]
+fn run_until_idle_fires_the_feedback_of_its_last_acks_before_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let engine = Engine::new(Booking);
+    let trips: Vec<WorkflowId> = (0..4)
+        .map(|n| WorkflowId::new(format!("trip-{n}")).unwrap())
+        .collect();
+    for trip in &trips {
+        engine
+            .handle(&mut store, trip, Event::new("requested", json!({})), T0)
+            .unwrap();
+    }
+    let stats = Dispatcher::sqlite(&path, |d: &Delivery| {
+        Outcome::done_with(json!(format!("REF-{}", d.command_id)))
+    })
+    .workflow(Engine::new(Booking))
+    .workers(2)
+    .run_until_idle()
+    .unwrap();
+    assert_eq!(stats.completed, 8);
+    assert_eq!(stats.timers_fired, 8, "{stats:?}");
+    for trip in &trips {
+        let kinds: Vec<String> = store
+            .load(trip)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.clone())
+            .collect();
+        assert_eq!(
+            kinds,
+            ["requested", "command_completed", "command_completed"],
+            "{trip}"
+        );
+        assert!(store
+            .timers(trip)
+            .unwrap()
+            .iter()
+            .all(|t| t.status != TimerStatus::Scheduled));
+    }
+}
+
+/// What `on_error` was told: each error's field (for `InvalidInput`) and message.
+type Told = Arc<Mutex<Vec<(&'static str, String)>>>;
+
+fn record_into(told: &Told) -> impl Fn(&Error) + Send + Sync + 'static {
+    let told = told.clone();
+    move |e: &Error| {
+        let field = match e {
+            Error::InvalidInput { field, .. } => field,
+            _ => "(not a notice)",
+        };
+        told.lock().unwrap().push((field, e.to_string()));
+    }
+}
+
+/// The fields of the notices a run reported.
+fn notices_of(told: &Told) -> Vec<&'static str> {
+    told.lock()
+        .unwrap()
+        .iter()
+        .map(|(field, _)| *field)
+        .collect()
+}
+
+/// A dispatcher built without a workflow says, once, that the results it completes wait for a
+/// dispatcher that feeds them back; and a result for a command that did not ask for one is
+/// reported once, not dropped silently.
+#[test]
+fn results_nobody_feeds_back_are_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let engine = Engine::new(Booking);
+    for n in 0..3 {
+        let trip = WorkflowId::new(format!("trip-{n}")).unwrap();
+        engine
+            .handle(&mut store, &trip, Event::new("requested", json!({})), T0)
+            .unwrap();
+    }
+    seed_more(&mut store, "plain", 3);
+    let errors: Told = Arc::default();
+    let stats = Dispatcher::sqlite(&path, |_: &Delivery| Outcome::done_with(json!("REF")))
+        .on_error(record_into(&errors))
+        .run_until_idle()
+        .unwrap();
+    assert_eq!(stats.completed, 9);
+    let mut notices = notices_of(&errors);
+    notices.sort_unstable();
+    assert_eq!(
+        notices,
+        ["result", "workflow"],
+        "{:?}",
+        errors.lock().unwrap()
+    );
+    let text: Vec<String> = errors
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, t)| t.clone())
+        .collect();
+    assert!(text.iter().any(|t| t.contains("report_result")), "{text:?}");
+    assert!(
+        text.iter().any(|t| t.contains(".workflow(engine)")),
+        "{text:?}"
+    );
+}
+
+/// A dispatcher built without a workflow that finds timers due says so once, and leaves them for
+/// a dispatcher that fires them.
+#[test]
+fn due_timers_of_a_dispatcher_without_a_workflow_are_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    let mut store = SqliteStore::open(&path).unwrap();
+    let decision = Decision::new().timer(Timer::after("remind", Duration::ZERO, json!({})));
+    let commit = Commit::new(
+        WorkflowId::new("w").unwrap(),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        decision,
+        T0,
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
+    let errors: Told = Arc::default();
+    let clock = Arc::new(ManualClock::new(T0));
+    let dispatcher = Dispatcher::sqlite(&path, |_: &Delivery| Outcome::Done)
+        .clock(clock.clone())
+        .on_error(record_into(&errors));
+    dispatcher.run_until_idle().unwrap();
+    assert_eq!(notices_of(&errors), ["workflow"]);
+    assert!(errors.lock().unwrap()[0].1.contains("timers are due"));
+    let timers = store.timers(&WorkflowId::new("w").unwrap()).unwrap();
+    assert_eq!(timers[0].status, TimerStatus::Scheduled, "left to a firer");
+}
+
+/// Adds `count` commands that do not ask for their result, on a workflow of their own.
+fn seed_more(store: &mut SqliteStore, workflow: &str, count: usize) {
+    let decision: Vec<Command> = (0..count)
+        .map(|n| Command::new("notify", json!({ "n": n })))
+        .collect();
+    let commit = Commit::new(
+        WorkflowId::new(workflow).unwrap(),
+        Seq::ZERO,
+        Event::new("e", json!({})),
+        decision.into(),
+        T0,
+    )
+    .unwrap();
+    store.append_with_commands(&commit).unwrap();
 }

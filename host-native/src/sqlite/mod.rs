@@ -657,6 +657,9 @@ impl Timers for SqliteStore {
         }
         self.write_checked(move |tx| claim_timers_in(tx, limit_rows, lease_ttl, now))
     }
+    fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+        self.any_due(ANY_TIMER_DUE, now)
+    }
     fn reject_timer(
         &mut self,
         timer_id: &TimerId,

@@ -365,6 +365,7 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
             until_idle,
             // Each ack is written as its handler returns.
             acks: None,
+            notices: Arc::default(),
         });
         Deliveries {
             request: self.config.claim_request(self.config.name.clone()),
@@ -615,6 +616,10 @@ impl<S: AsyncSource> Deliveries<S> {
                     continue;
                 }
                 if self.in_flight.is_empty() {
+                    if self.books.looks_for_unfired_timers() {
+                        self.on_store(|books, store, _, _| books.notice_unfired_timers(store))
+                            .await;
+                    }
                     if self.books.until_idle {
                         break;
                     }

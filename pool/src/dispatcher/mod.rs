@@ -391,8 +391,11 @@ impl<S: Store + 'static> Dispatcher<S> {
 
     /// Also fires due timers and failure feedback (`command_failed`, `command_resolved`) into their
     /// workflows through `engine`: replay → decide → commit, each timer exactly once (DESIGN rules
-    /// 11–12). Without it, timers wait for a dispatcher that has one. The workers share `engine` and
-    /// its state cache, so the workflow's state must be `Send`.
+    /// 11–12). Without it, timers wait for a dispatcher that has one, and the dispatcher says so
+    /// once through [`Dispatcher::on_error`] (an [`Error::InvalidInput`] naming `workflow`): when a
+    /// command that reports its result completes, or, the first time it finds nothing to claim,
+    /// when a timer is due (a read). The workers share `engine` and its
+    /// state cache, so the workflow's state must be `Send`.
     #[must_use]
     pub fn workflow<W>(mut self, engine: Engine<W>) -> Self
     where
@@ -518,6 +521,10 @@ impl<S: Store + 'static> Dispatcher<S> {
     /// - a timer whose event its workflow rejected ([`Error::Rejected`], [`Stats::timers_rejected`]);
     /// - a timer during whose firing the workflow panicked, reported as an [`Error::Rejected`] whose
     ///   reason says so ([`Stats::timer_panics`]).
+    /// - once per dispatcher, as an [`Error::InvalidInput`]: a handler's result for a command that
+    ///   did not ask for one (field `result`: kept on the command, its workflow not told), and
+    ///   feedback or timers due while this dispatcher fires none (field `workflow`, see
+    ///   [`Dispatcher::workflow`]).
     ///
     /// After a failed store operation the worker pauses before it tries again: the poll interval,
     /// doubling with each failure in a row, up to 5 s (or the poll interval, if longer). It runs on
@@ -574,6 +581,7 @@ impl<S: Store + 'static> Dispatcher<S> {
             heartbeat_errors: Arc::new(AtomicU64::new(0)),
         };
         let held = Arc::new(HeldLeases::default());
+        let notices = Arc::new(Notices::default());
         // With an ack delay, a flusher writes the acks a worker keeps once they have waited it.
         let board = (!self.config.ack_delay.is_zero())
             .then(|| Arc::new(AckBoard::new(self.config.workers)));
@@ -595,6 +603,7 @@ impl<S: Store + 'static> Dispatcher<S> {
                 acks: board
                     .as_ref()
                     .map(|board| (board.parked[n].clone(), board.clone())),
+                notices: notices.clone(),
             };
             running
                 .workers

@@ -18,6 +18,27 @@ pub(super) struct Worker<S> {
     /// Where the worker parks its kept acks while a handler runs, and the board of the flusher that
     /// writes them if they wait too long (none with an `ack_delay` of 0).
     pub(super) acks: Option<(Arc<Parked>, Arc<AckBoard>)>,
+    /// What the dispatcher has told `on_error` once already.
+    pub(super) notices: Arc<Notices>,
+}
+
+/// Mistakes of configuration that lose nothing but leave work waiting, each reported once per
+/// dispatcher through `on_error` (as [`Error::InvalidInput`]): never silently.
+#[derive(Debug, Default)]
+pub(super) struct Notices {
+    /// A result came back for a command that did not ask for one.
+    result_not_asked: AtomicBool,
+    /// Feedback for a workflow was scheduled, and this dispatcher fires none.
+    feedback_unfired: AtomicBool,
+    /// The one look for due timers of a dispatcher that fires none was taken.
+    timers_looked_at: AtomicBool,
+}
+
+impl Notices {
+    /// Whether `notice` is to be reported now: the first time only.
+    fn first(notice: &AtomicBool) -> bool {
+        !notice.swap(true, Ordering::SeqCst)
+    }
 }
 
 /// A completed delivery waiting for its ack, with the handler's result.
@@ -84,15 +105,19 @@ impl<S: Store> Worker<S> {
                 break;
             }
             let mark = self.idle.as_ref().map(|idle| idle.mark());
+            let acked = !done.is_empty();
             let claimed = self.settle_and_claim(store, &received, &mut done, &request, tally);
             let Some(batch) = claimed else {
                 self.back_off(tally);
                 continue;
             };
-            if batch.is_empty() && fired > 0 {
-                continue; // the fired events may have decided new commands or timers
+            if batch.is_empty() && (fired > 0 || acked) {
+                // The fired events may have decided new commands or timers, and the acks may have
+                // scheduled feedback (`command_completed`) that is due now: look again before idling.
+                continue;
             }
             if batch.is_empty() {
+                self.notice_unfired_timers(store);
                 if self.until_idle {
                     break;
                 }
@@ -394,10 +419,72 @@ impl<S: Store> Worker<S> {
             self.report(delivery, Settlement::LeaseLost, tally);
             return None;
         }
-        Some(match outcome.verdict() {
+        let verdict = outcome.verdict();
+        self.notice(delivery, &verdict);
+        Some(match verdict {
             Verdict::Done(Some(result)) => Verdict::Done(self.kept(process, delivery, result)),
             verdict => verdict,
         })
+    }
+
+    /// Reports, once per dispatcher, a verdict whose consequence would otherwise go unnoticed: a
+    /// result for a command that did not ask for one (kept on the command, never fed back), and a
+    /// result this dispatcher cannot feed back because it fires no timers (built without
+    /// [`Dispatcher::workflow`]).
+    fn notice(&self, delivery: &Delivery, verdict: &Verdict) {
+        let Verdict::Done(result) = verdict else {
+            return;
+        };
+        if result.is_some() && !delivery.reports_result {
+            if Notices::first(&self.notices.result_not_asked) {
+                self.report_error(&Error::invalid(
+                    "result",
+                    &delivery.command_id,
+                    format!(
+                        "a handler returned a result for a command of kind {:?} that did not ask \
+                         for one (Command::report_result): the result is kept on the command, and \
+                         its workflow is not told (reported once per dispatcher)",
+                        delivery.kind
+                    ),
+                ));
+            }
+        } else if self.firer.is_none() && Notices::first(&self.notices.feedback_unfired) {
+            self.report_error(&self.fires_none(&format!(
+                "the result of {} is fed back to its workflow as a command_completed event",
+                delivery.command_id
+            )));
+        }
+    }
+
+    /// Whether [`Worker::notice_unfired_timers`] still has its look to take.
+    pub(super) fn looks_for_unfired_timers(&self) -> bool {
+        self.firer.is_none() && !self.notices.timers_looked_at.load(Ordering::SeqCst)
+    }
+
+    /// The notice of a dispatcher built without a workflow, for `what` waiting on it.
+    fn fires_none(&self, what: &str) -> Error {
+        Error::invalid(
+            "workflow",
+            "none",
+            format!(
+                "{what}, but this dispatcher fires no timers (built without .workflow(engine)): it \
+                 waits for a dispatcher that fires them (reported once per dispatcher)"
+            ),
+        )
+    }
+
+    /// Once per dispatcher that fires no timers, when it first finds nothing to claim: looks (a
+    /// read, [`miniflow_core::prelude::Timers::any_timer_due`]) whether timers or feedback are due,
+    /// and reports that they wait for another dispatcher.
+    pub(super) fn notice_unfired_timers(&self, store: &mut S) {
+        if !self.looks_for_unfired_timers() || !Notices::first(&self.notices.timers_looked_at) {
+            return;
+        }
+        if store.any_timer_due(self.clock.now()).unwrap_or(false)
+            && Notices::first(&self.notices.feedback_unfired)
+        {
+            self.report_error(&self.fires_none("timers are due to fire into their workflows"));
+        }
     }
 
     /// The handler's `result` for `delivery`, if a store keeps it ([`JsonLimits::fed_back`]). One
