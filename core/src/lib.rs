@@ -123,7 +123,7 @@ pub use outbox::{
 };
 pub use retention::{
     command_is_settled, count_retirable, finished_at, is_retirable, last_recorded_at, may_retire,
-    retired, sweep_retirable, timer_is_settled,
+    purge_cutoff, retired, sweep_retirable, timer_is_settled,
 };
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};

@@ -750,11 +750,12 @@ impl OutboxRow {
     }
 
     /// Whether an explicit retention run at `now` may delete this row: done (or cancelled, which is
-    /// as final), and processed at least `older_than` ago. Pending, leased and dead rows are never
-    /// purged (DESIGN rule 5).
+    /// as final), and processed at least `older_than` ago (at or before
+    /// [`crate::purge_cutoff`]). Pending, leased and dead rows are never purged (DESIGN rule 5).
     pub fn is_purgeable(&self, older_than: Duration, now: Timestamp) -> bool {
         matches!(self.status, Status::Done | Status::Cancelled)
-            && self.processed_at.is_some_and(|at| at + older_than <= now)
+            && crate::retention::purge_cutoff(now, older_than)
+                .is_some_and(|cutoff| self.processed_at.is_some_and(|at| at <= cutoff))
     }
 
     /// The order claims hand rows out in (DESIGN rules 6–7): the highest priority first, then the

@@ -86,8 +86,32 @@ pub fn finished_at(
     Some(settled.fold(last_event_at?, Timestamp::max))
 }
 
+/// The cutoff of a retention run at `now` that keeps `older_than`: what was finished or processed at
+/// or before it is old enough to go. `None` when nothing can be that old (`older_than` reaches back
+/// past the Unix epoch), so that nothing goes. The one place the cutoff is computed: the core's
+/// rules ([`is_retirable`], [`OutboxRow::is_purgeable`]) compare with it, a store binds it in its
+/// `processed_at <= $cutoff`, and a dry run counts with it.
+///
+/// ```
+/// use std::time::Duration;
+/// use miniflow_core::{purge_cutoff, Timestamp};
+///
+/// let now = Timestamp::from_millis(86_400_000 * 31);
+/// let day = Duration::from_secs(86_400);
+/// assert_eq!(purge_cutoff(now, 30 * day), Some(Timestamp::from_millis(86_400_000)));
+/// assert_eq!(purge_cutoff(now, Duration::ZERO), Some(now), "everything up to now");
+/// assert_eq!(purge_cutoff(now, 32 * day), None, "nothing is 32 days old on day 31");
+/// ```
+pub fn purge_cutoff(now: Timestamp, older_than: Duration) -> Option<Timestamp> {
+    // Whole milliseconds, and not saturated: a period past `u64::MAX` ms reaches past every time.
+    let older_than = u64::try_from(older_than.as_millis()).ok()?;
+    now.as_millis()
+        .checked_sub(older_than)
+        .map(Timestamp::from_millis)
+}
+
 /// Whether a retention run at `now` may delete a workflow's history: finished (see
-/// [`finished_at`]) at least `older_than` before `now`.
+/// [`finished_at`]) at least `older_than` before `now` (at or before [`purge_cutoff`]).
 pub fn is_retirable(
     last_event_at: Option<Timestamp>,
     commands: &[OutboxRow],
@@ -95,7 +119,10 @@ pub fn is_retirable(
     older_than: Duration,
     now: Timestamp,
 ) -> bool {
-    finished_at(last_event_at, commands, timers).is_some_and(|at| at + older_than <= now)
+    let Some(cutoff) = purge_cutoff(now, older_than) else {
+        return false;
+    };
+    finished_at(last_event_at, commands, timers).is_some_and(|at| at <= cutoff)
 }
 
 /// What a store's retention run decides for one workflow from what it read of it: the time of its
@@ -224,6 +251,60 @@ mod tests {
             at(1_000),
         )
         .unwrap()
+    }
+
+    #[test]
+    fn the_purge_cutoff_is_now_less_the_period_and_none_before_the_epoch() {
+        let day = Duration::from_secs(86_400);
+        assert_eq!(purge_cutoff(at(5_000), Duration::ZERO), Some(at(5_000)));
+        assert_eq!(
+            purge_cutoff(at(5_000), Duration::from_millis(1)),
+            Some(at(4_999))
+        );
+        assert_eq!(
+            purge_cutoff(at(5_000), Duration::from_millis(5_000)),
+            Some(Timestamp::EPOCH)
+        );
+        assert_eq!(purge_cutoff(at(5_000), Duration::from_millis(5_001)), None);
+        assert_eq!(
+            purge_cutoff(Timestamp::EPOCH, Duration::ZERO),
+            Some(Timestamp::EPOCH)
+        );
+        assert_eq!(
+            purge_cutoff(at(u64::MAX), day),
+            Some(at(u64::MAX - 86_400_000))
+        );
+        // Sub-millisecond parts of a period are dropped, as everywhere the core takes a duration.
+        assert_eq!(
+            purge_cutoff(at(5_000), Duration::from_micros(1_999)),
+            Some(at(4_999))
+        );
+        // A period too long for milliseconds in a u64 reaches past every time.
+        assert_eq!(purge_cutoff(at(u64::MAX), Duration::MAX), None);
+    }
+
+    #[test]
+    fn what_is_old_enough_to_go_is_what_was_settled_at_or_before_the_cutoff() {
+        let mut row = first_commit().commands()[0].clone();
+        row.mark_done(at(u64::MAX - 10)).unwrap();
+        let period = Duration::from_millis(20);
+        // Settled 10 ms before the end of time: nothing is 20 ms old yet, however the sum rounds.
+        assert!(!row.is_purgeable(period, at(u64::MAX)));
+        assert!(!is_retirable(
+            Some(at(0)),
+            &[row.clone()],
+            &[],
+            period,
+            at(u64::MAX)
+        ));
+        assert!(row.is_purgeable(Duration::from_millis(10), at(u64::MAX)));
+        assert!(is_retirable(
+            Some(at(0)),
+            &[row],
+            &[],
+            Duration::from_millis(10),
+            at(u64::MAX)
+        ));
     }
 
     #[test]

@@ -55,6 +55,7 @@ pub use miniflow_pool::{
 /// `rusqlite` version.
 pub use rusqlite;
 pub use sqlite::{
-    Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand, SCHEMA_VERSION,
+    EventListing, Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand,
+    UnreadableEvent, SCHEMA_VERSION,
 };
 pub use writer::Writer;

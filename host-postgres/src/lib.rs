@@ -29,6 +29,7 @@ mod connect;
 mod controls;
 mod db;
 mod idempotency;
+mod inspect;
 mod notifier;
 mod retention;
 mod rows;
@@ -38,6 +39,7 @@ mod wakeup;
 
 pub use connect::{redact_password, PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};
 pub use idempotency::PostgresIdempotencyStore;
+pub use inspect::{EventListing, UnreadableEvent};
 /// The PostgreSQL driver miniflow is built on, re-exported so that the caller's-transaction entry
 /// points ([`PostgresStore::append_in`], …) take a transaction of the same `postgres` version.
 pub use postgres;

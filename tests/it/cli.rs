@@ -944,7 +944,7 @@ fn unreadable_rows_are_listed_apart_and_shown_as_stored() {
         "{out}"
     );
     assert!(
-        out.contains("1 unreadable: corrupt store: payload is not JSON"),
+        out.contains("1 unreadable: column payload cannot be read as JSON"),
         "{out}"
     );
 }
@@ -1251,7 +1251,7 @@ fn unreadable_rows_in_a_postgres_database_are_listed_apart_and_shown_as_stored()
     );
     assert!(
         out.contains("1 trip_requested")
-            && out.contains("2 unreadable: corrupt store: payload is not JSON"),
+            && out.contains("2 unreadable: column payload cannot be read as JSON"),
         "{out}"
     );
 }
@@ -1839,4 +1839,221 @@ fn the_operator_controls_session_of_the_readme_runs() {
     ] {
         assert!(all.contains(says), "the session did not print {says:?}:\n{all}");
     }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Times out of range, and what is not a store.
+
+/// Runs the tool and returns its exit code (`None` when a signal ended it), stdout and stderr.
+fn miniflow_status(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Process::new(env!("CARGO_BIN_EXE_miniflow"))
+        .args(args)
+        .output()
+        .expect("run miniflow");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether the tool ended as a tool does, with 0 or 1 (or clap's 2 for bad arguments), rather than
+/// by a panic (101) or a signal.
+fn ended_cleanly(code: Option<i32>) -> bool {
+    matches!(code, Some(0..=2))
+}
+
+#[test]
+fn a_now_out_of_range_is_refused_naming_it_and_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let store = seeded(&db);
+    let db_arg = db.to_str().unwrap();
+
+    // Microseconds given as milliseconds: the year 58,900.
+    let (code, out, err) =
+        miniflow_status(&["retry", db_arg, "trip-001:1:1", "--now", "1796152429467000"]);
+    assert!(
+        ended_cleanly(code) && code != Some(0),
+        "{code:?}: {out}{err}"
+    );
+    assert!(
+        err.contains("1796152429467000")
+            && err.contains("9999-12-31T23:59:59.999Z")
+            && err.contains("253402300799999")
+            && err.contains("microseconds")
+            && err.contains("1796152429467"),
+        "{err}"
+    );
+    assert_eq!(
+        status_of(&store, "trip-001:1:1"),
+        Status::Dead,
+        "nothing was retried"
+    );
+    let (code, _, err) = miniflow_status(&["stats", db_arg, "--now", "1796152429467000"]);
+    assert!(
+        ended_cleanly(code) && code != Some(0) && err.contains("microseconds"),
+        "{code:?}: {err}"
+    );
+
+    // The last millisecond of the year 9999 is accepted; the next one is not.
+    let (code, out, err) = miniflow_status(&["stats", db_arg, "--now", "253402300799999"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("at 9999-12-31T23:59:59.999Z:"), "{out}");
+    let (code, _, err) = miniflow_status(&["stats", db_arg, "--now", "253402300800000"]);
+    assert!(ended_cleanly(code) && code != Some(0), "{code:?}: {err}");
+    assert!(
+        err.contains("253402300800000") && err.contains("past the year 9999"),
+        "{err}"
+    );
+    let (code, _, err) = miniflow_status(&["stats", db_arg, "--now", "18446744073709551616"]);
+    assert!(ended_cleanly(code) && code != Some(0), "{code:?}: {err}");
+    assert!(err.contains("18446744073709551616"), "{err}");
+
+    // Seconds given as milliseconds are a time in January 1970: taken, with a word about it.
+    let (code, out, err) = miniflow_status(&["stats", db_arg, "--now", "1735732800"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("at 1970-01-21T02:08:52.800Z:"), "{out}");
+    assert!(
+        err.contains("seconds") && err.contains("1735732800000"),
+        "{err}"
+    );
+}
+
+#[test]
+fn no_stored_time_makes_a_command_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("flow.db");
+    let store = seeded(&db);
+    // What a `retry --now` in microseconds wrote, and the largest times a file can hold.
+    store
+        .connection()
+        .execute_batch(
+            "UPDATE outbox SET available_at = 1796152429467000 WHERE idx = 2;
+             UPDATE outbox SET created_at = 9223372036854775807,
+                 lease_expires_at = 9223372036854775807 WHERE idx = 1;
+             UPDATE outbox SET processed_at = 9223372036854775807 WHERE idx = 0;
+             UPDATE events SET recorded_at = 9223372036854775807;
+             INSERT INTO kind_controls VALUES ('book_flight', 1, NULL, 'alice', 9223372036854775807);
+             INSERT INTO retired_workflows VALUES ('trip-gone', 3, 9223372036854775807);",
+        )
+        .unwrap();
+    drop(store);
+    let db_arg = db.to_str().unwrap();
+    let mut runs: Vec<Vec<&str>> = Vec::new();
+    for id in ["trip-001:1:0", "trip-001:1:1", "trip-001:1:2"] {
+        runs.push(vec!["show", db_arg, id]);
+        runs.push(vec!["show", db_arg, id, "--json"]);
+        runs.push(vec!["show", db_arg, id, "--raw"]);
+    }
+    for now in ["1", "2025-01-01T00:00:00Z", "9999-12-31T23:59:59.999Z"] {
+        runs.push(vec!["stats", db_arg, "--now", now]);
+        runs.push(vec!["stats", db_arg, "--now", now, "--json"]);
+    }
+    for list in ["pending", "dead"] {
+        runs.push(vec![list, db_arg]);
+        runs.push(vec![list, db_arg, "--json"]);
+    }
+    for workflow in ["trip-001", "trip-gone"] {
+        runs.push(vec!["events", db_arg, workflow]);
+        runs.push(vec!["events", db_arg, workflow, "--json"]);
+    }
+    runs.push(vec![
+        "purge-done",
+        db_arg,
+        "--older-than",
+        "1s",
+        "--dry-run",
+    ]);
+    runs.push(vec![
+        "purge-finished",
+        db_arg,
+        "--older-than",
+        "1s",
+        "--dry-run",
+    ]);
+    for args in &runs {
+        let (code, out, err) = miniflow_status(args);
+        assert!(
+            ended_cleanly(code),
+            "{args:?} ended with {code:?}:\n{out}\n{err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+
+    // A time that has no RFC 3339 form is printed as the number it is.
+    let (code, out, err) = miniflow_status(&["show", db_arg, "trip-001:1:2"]);
+    assert_eq!(code, Some(0), "{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        shown["available_at"],
+        "1796152429467000 ms since the Unix epoch (past the year 9999)"
+    );
+    let (_, out, _) = miniflow_status(&["events", db_arg, "trip-gone"]);
+    assert!(out.is_empty(), "{out}");
+    let (_, _, err) = miniflow_status(&["events", db_arg, "trip-gone"]);
+    assert!(
+        err.contains("9223372036854775807 ms since the Unix epoch"),
+        "{err}"
+    );
+    let (_, out, _) = miniflow_status(&["stats", db_arg, "--now", "1"]);
+    assert!(
+        out.contains("by alice at 9223372036854775807 ms since the Unix epoch"),
+        "{out}"
+    );
+}
+
+/// Connection strings that name no PostgreSQL database by URL, with the password `s3cret`, and how
+/// the tool shows each.
+const NOT_A_STORE: [(&str, &str); 4] = [
+    (
+        "host=db.internal password=s3cret dbname=flow",
+        "host=db.internal password=*** dbname=flow",
+    ),
+    (
+        "dbname=flow user=app password='s3 cret'",
+        "dbname=flow user=app password=***",
+    ),
+    ("mysql://u:s3cret@h/x", "mysql://u:***@h/x"),
+    (
+        "sqlite://flow.db?password=s3cret",
+        "sqlite://flow.db?password=***",
+    ),
+];
+
+#[test]
+fn a_connection_string_that_is_no_postgres_url_is_refused_without_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    for (given, shown) in NOT_A_STORE {
+        for args in every_command(given).into_iter().chain([
+            vec!["migrate", given],
+            vec!["purge-finished", given, "--older-than", "1d"],
+        ]) {
+            let (ok, out, err) = miniflow_in(Some(dir.path()), &args);
+            assert!(!ok, "{args:?} succeeded: {out}");
+            for secret in ["s3cret", "s3 cret"] {
+                assert!(
+                    !out.contains(secret) && !err.contains(secret),
+                    "{args:?} printed the password: {out}{err}"
+                );
+            }
+            assert!(
+                err.contains(shown)
+                    && err.contains("connection string")
+                    && err.contains("postgresql://")
+                    && err.contains("SQLite file"),
+                "{args:?}: {err}"
+            );
+        }
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "no file is created for a connection string"
+    );
+    // Written without quotes, the words are arguments of their own: clap's complaint about them
+    // does not show the password either.
+    let (ok, out, err) = miniflow(&["dead", "host=db.internal", "password=s3cret"]);
+    assert!(!ok, "{out}");
+    assert!(!out.contains("s3cret") && !err.contains("s3cret"), "{err}");
+    assert!(err.contains("password=***"), "{err}");
 }

@@ -7,6 +7,7 @@
 mod cluster;
 mod crash;
 mod delivery;
+mod inspect;
 mod restart;
 mod retention;
 mod store;

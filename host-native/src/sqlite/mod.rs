@@ -29,6 +29,7 @@ use crate::writer::{made_work, Isolation, Writer};
 mod rows;
 mod claim;
 mod controls;
+mod inspect;
 mod retention;
 mod schema;
 mod timers;
@@ -36,6 +37,7 @@ mod writes;
 
 use self::claim::*;
 use self::controls::*;
+pub use self::inspect::{EventListing, UnreadableEvent};
 use self::retention::*;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
