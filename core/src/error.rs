@@ -22,9 +22,10 @@ pub enum Error {
     InvalidInput {
         /// Which input was wrong.
         field: &'static str,
-        /// The offending value, as text.
+        /// The offending value, as text; one of more than 100 characters is cut after its first
+        /// 100, followed by `…` and its whole length in bytes (`"xxx… (1048576 bytes)"`).
         value: String,
-        /// What is wrong with it.
+        /// What is wrong with it (at most 1,000 characters, cut as the value is).
         reason: String,
     },
 
@@ -143,13 +144,30 @@ pub enum Error {
     Storage(#[source] BoxError),
 }
 
+/// How many characters of a rejected value an [`Error::InvalidInput`] repeats.
+pub(crate) const SHOWN_CHARS: usize = 100;
+
+/// How many characters of a reason an [`Error::InvalidInput`] keeps: a reason that quotes what it
+/// read (a parser's message) stays bounded too.
+const REASON_CHARS: usize = 1_000;
+
+/// `text` cut after its first `chars` characters (at a character boundary), followed by `…` and its
+/// whole length in bytes; shorter text as it is.
+fn cut(text: String, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
+        None => text,
+    }
+}
+
 impl Error {
-    /// An [`Error::InvalidInput`] naming `field`, its `value` and the `reason`.
+    /// An [`Error::InvalidInput`] naming `field`, its `value` and the `reason`, each cut to a
+    /// bounded length (see [`Error::InvalidInput`]): a rejected megabyte makes a short message.
     pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             field,
-            value: value.to_string(),
-            reason: reason.into(),
+            value: cut(value.to_string(), SHOWN_CHARS),
+            reason: cut(reason.into(), REASON_CHARS),
         }
     }
 
@@ -171,5 +189,68 @@ impl Error {
             Error::Corrupt(_) => "CORRUPT",
             Error::Storage(_) => "STORAGE",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn megabyte_of(c: char) -> String {
+        std::iter::repeat_n(c, (1 << 20) / c.len_utf8()).collect()
+    }
+
+    #[test]
+    fn a_rejected_value_of_a_megabyte_is_cut_in_the_message_which_still_names_the_field() {
+        let big = megabyte_of('x');
+        let mut refused = vec![(
+            WorkflowId::new(big.clone()).unwrap_err(),
+            "workflow_id",
+            big.len(),
+        )];
+        #[cfg(feature = "cron")]
+        refused.push((
+            crate::Schedule::cron("nightly", big.clone())
+                .check(crate::Timestamp::from_millis(0))
+                .unwrap_err(),
+            "schedule.cron",
+            big.len(),
+        ));
+        // Cut at a character boundary: two-byte characters, an odd cut in bytes.
+        let wide = megabyte_of('é');
+        refused.push((
+            WorkflowId::new(wide.clone()).unwrap_err(),
+            "workflow_id",
+            wide.len(),
+        ));
+        for (error, field, len) in refused {
+            let message = error.to_string();
+            assert!(
+                message.len() < 400,
+                "{} bytes: {}…",
+                message.len(),
+                message.chars().take(200).collect::<String>()
+            );
+            assert!(
+                message.starts_with(&format!("invalid {field} ")),
+                "{message}"
+            );
+            assert!(message.contains(&format!("… ({len} bytes)")), "{message}");
+            let Error::InvalidInput { value, .. } = &error else {
+                panic!("{error:?}")
+            };
+            assert!(value.len() < 300, "the field keeps {} bytes", value.len());
+            assert_eq!(value.chars().take_while(|c| *c != '…').count(), SHOWN_CHARS);
+        }
+    }
+
+    #[test]
+    fn a_short_value_is_shown_whole() {
+        let exactly = "y".repeat(SHOWN_CHARS);
+        let error = Error::invalid("name", &exactly, "is wrong");
+        assert_eq!(
+            error.to_string(),
+            format!("invalid name {exactly:?}: is wrong")
+        );
     }
 }
