@@ -137,6 +137,72 @@ fn unreadable_rows_are_reported_as_corrupt_not_a_panic() {
     assert!(matches!(store.load(&wid("w")), Err(Error::Corrupt(_))));
 }
 
+/// Child process: opens the store `MINIFLOW_TEST_DB` read-only, reads it as `miniflow dead` and
+/// `miniflow pending` do, and prints what it read.
+#[test]
+fn child_reader() {
+    if child::role().as_deref() != Some("reader") {
+        return;
+    }
+    let store = SqliteStore::open_read_only(child::setting("MINIFLOW_TEST_DB")).unwrap();
+    let dead = store.dead_letters(10).unwrap().len();
+    let pending = store.pending(10).unwrap().len();
+    println!("dead={dead} pending={pending}");
+}
+
+#[test]
+fn a_read_as_another_user_leaves_nothing_beside_the_store_that_its_owner_cannot_write() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = |path: &Path| std::fs::metadata(path).unwrap().uid();
+    if uid(Path::new("/proc/self")) != 0 {
+        eprintln!("skipped: reading the store as another user (nobody) needs root to switch users");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A directory others may create files in, as one shared with operators.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("flow.db");
+    let commit = |store: &mut SqliteStore, seq: u64| {
+        let commit = Commit::new(
+            wid("w"),
+            Seq::new(seq).unwrap(),
+            Event::new("e", json!({})),
+            Decision::new().command(Command::new("send", json!({}))),
+            Timestamp::from_millis(7),
+        )
+        .unwrap();
+        store.append_with_commands(&commit)
+    };
+    let mut store = SqliteStore::open(&path).unwrap();
+    commit(&mut store, 0).unwrap();
+    drop(store);
+    let owner = uid(&path);
+    let reader = child::spawn_through(
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+        ],
+        "sqlite::child_reader",
+        "reader",
+        &[("MINIFLOW_TEST_DB", path.display().to_string())],
+    );
+    let read = child::wait_ok(reader, "the read as nobody");
+    assert_eq!(child::reported(&read, "pending").as_deref(), Some("1"));
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        assert_eq!(
+            entry.metadata().unwrap().uid(),
+            owner,
+            "{:?} is left beside the store by the reader, not owned by the store's owner",
+            entry.file_name()
+        );
+    }
+    let mut store = SqliteStore::open(&path).unwrap();
+    commit(&mut store, 1).expect("the owner writes after the read");
+}
+
 fn wid(text: &str) -> WorkflowId {
     WorkflowId::new(text).unwrap()
 }

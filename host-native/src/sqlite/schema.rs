@@ -245,11 +245,26 @@ pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Err
     };
     let cannot_read =
         |e: rusqlite::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
+    let closed = wal && !beside(path, "-shm").exists();
+    // The `-shm` and `-wal` SQLite would create for a reader that is neither the file's owner nor
+    // root (root's are given to the owner) would be the reader's, and every later write of the
+    // owner would fail on them ("attempt to write a readonly database"). So such a reader reads a
+    // store nobody has open as the file alone, and creates nothing.
+    if closed && !creates_files_for_the_owner(path)? {
+        refuse_unread_log_of_another_user(path)?;
+        let (conn, version) = open(
+            Path::new(&immutable_uri(path)?),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(cannot_read)?;
+        check_schema(&conn, path, version)?;
+        return Ok((conn, version));
+    }
     // SQLite opens a WAL database, even read-only, through a `-shm` index and a `-wal` log that it
     // creates beside it when nobody has it open. So such a file is checked first as the file alone
     // (immutable: all there is while no `-wal` holds commits), and one that is not a store of this
     // version is refused with nothing created beside it.
-    if wal && !beside(path, "-shm").exists() {
+    if closed {
         if let Ok(uri) = immutable_uri(path) {
             let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
             let (alone, version) = open(Path::new(&uri), flags).map_err(cannot_read)?;
@@ -275,6 +290,41 @@ pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Err
     };
     check_schema(&conn, path, version)?;
     Ok((conn, version))
+}
+
+/// Whether the files SQLite creates beside the database at `path` belong to the file's owner: this
+/// process runs as the owner, or as root (SQLite gives root's files to the database's owner).
+#[cfg(unix)]
+fn creates_files_for_the_owner(path: &Path) -> Result<bool, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(path)
+        .map_err(|e| Error::Storage(format!("cannot read {}: {e}", path.display()).into()))?
+        .uid();
+    let user = rustix::process::geteuid();
+    Ok(user.is_root() || user.as_raw() == owner)
+}
+
+#[cfg(not(unix))]
+fn creates_files_for_the_owner(_: &Path) -> Result<bool, Error> {
+    Ok(true)
+}
+
+/// Refuses to read, as another user than its owner, a store whose `-wal` holds commits nobody has
+/// indexed: reading them would create a `-shm` the owner could not write.
+fn refuse_unread_log_of_another_user(path: &Path) -> Result<(), Error> {
+    let wal = beside(path, "-wal");
+    if std::fs::metadata(&wal).is_ok_and(|meta| meta.len() > 0) {
+        return Err(Error::Storage(
+            format!(
+                "cannot read {} as this user: its write-ahead log {} holds commits that are not                  in the file yet, and reading them would create {} owned by this user, which the                  store's owner could not write afterwards; read it as its owner (or root), or                  after its owner opened it",
+                path.display(),
+                wal.display(),
+                beside(path, "-shm").display(),
+            )
+            .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `path` with `suffix` appended to its file name, as SQLite names the files beside a database.
