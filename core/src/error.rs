@@ -22,10 +22,10 @@ pub enum Error {
     InvalidInput {
         /// Which input was wrong.
         field: &'static str,
-        /// The offending value, as text; one of more than 100 characters is cut after its first
-        /// 100, followed by `…` and its whole length in bytes (`"xxx… (1048576 bytes)"`).
+        /// The offending value, as text; one longer than 100 bytes is cut there (at a character
+        /// boundary), followed by `…` and its whole length in bytes (`"xxx… (1048576 bytes)"`).
         value: String,
-        /// What is wrong with it (at most 1,000 characters, cut as the value is).
+        /// What is wrong with it. It never repeats more of the value than `value` does.
         reason: String,
     },
 
@@ -144,30 +144,27 @@ pub enum Error {
     Storage(#[source] BoxError),
 }
 
-/// How many characters of a rejected value an [`Error::InvalidInput`] repeats.
-pub(crate) const SHOWN_CHARS: usize = 100;
+/// How many bytes of a rejected value an [`Error::InvalidInput`] repeats, at most.
+pub(crate) const SHOWN_BYTES: usize = 100;
 
-/// How many characters of a reason an [`Error::InvalidInput`] keeps: a reason that quotes what it
-/// read (a parser's message) stays bounded too.
-const REASON_CHARS: usize = 1_000;
-
-/// `text` cut after its first `chars` characters (at a character boundary), followed by `…` and its
-/// whole length in bytes; shorter text as it is.
-fn cut(text: String, chars: usize) -> String {
-    match text.char_indices().nth(chars) {
-        Some((end, _)) => format!("{}… ({} bytes)", &text[..end], text.len()),
-        None => text,
+/// `text` cut after its first `bytes` bytes (at a character boundary: fewer when a character
+/// straddles it), followed by `…` and its whole length in bytes; shorter text as it is.
+fn cut(text: String, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text;
     }
+    let end = text.floor_char_boundary(bytes);
+    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 impl Error {
-    /// An [`Error::InvalidInput`] naming `field`, its `value` and the `reason`, each cut to a
-    /// bounded length (see [`Error::InvalidInput`]): a rejected megabyte makes a short message.
+    /// An [`Error::InvalidInput`] naming `field`, its `value` (cut to a bounded length, see
+    /// [`Error::InvalidInput`]: a rejected megabyte makes a short message) and the `reason`.
     pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             field,
-            value: cut(value.to_string(), SHOWN_CHARS),
-            reason: cut(reason.into(), REASON_CHARS),
+            value: cut(value.to_string(), SHOWN_BYTES),
+            reason: reason.into(),
         }
     }
 
@@ -216,8 +213,8 @@ mod tests {
             "schedule.cron",
             big.len(),
         ));
-        // Cut at a character boundary: two-byte characters, an odd cut in bytes.
-        let wide = megabyte_of('é');
+        // Cut at a character boundary: three-byte characters, 100 bytes falling inside one.
+        let wide = megabyte_of('€');
         refused.push((
             WorkflowId::new(wide.clone()).unwrap_err(),
             "workflow_id",
@@ -240,13 +237,17 @@ mod tests {
                 panic!("{error:?}")
             };
             assert!(value.len() < 300, "the field keeps {} bytes", value.len());
-            assert_eq!(value.chars().take_while(|c| *c != '…').count(), SHOWN_CHARS);
+            let shown = value.split('…').next().unwrap();
+            assert!(
+                (SHOWN_BYTES - 3..=SHOWN_BYTES).contains(&shown.len()),
+                "{shown:?}"
+            );
         }
     }
 
     #[test]
     fn a_short_value_is_shown_whole() {
-        let exactly = "y".repeat(SHOWN_CHARS);
+        let exactly = "y".repeat(SHOWN_BYTES);
         let error = Error::invalid("name", &exactly, "is wrong");
         assert_eq!(
             error.to_string(),
