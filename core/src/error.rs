@@ -22,7 +22,7 @@ pub enum Error {
     InvalidInput {
         /// Which input was wrong.
         field: &'static str,
-        /// The offending value, as text; one longer than 100 bytes is cut there (at a character
+        /// The offending value, as text; one longer than 256 bytes is cut there (at a character
         /// boundary), followed by `…` and its whole length in bytes (`"xxx… (1048576 bytes)"`).
         value: String,
         /// What is wrong with it. It never repeats more of the value than `value` does.
@@ -144,8 +144,9 @@ pub enum Error {
     Storage(#[source] BoxError),
 }
 
-/// How many bytes of a rejected value an [`Error::InvalidInput`] repeats, at most.
-pub(crate) const SHOWN_BYTES: usize = 100;
+/// How many bytes of a rejected value an [`Error::InvalidInput`] repeats, at most: a value just past
+/// any of miniflow's limits on IDs and keys (128 and 255 bytes) is still shown whole.
+pub(crate) const SHOWN_BYTES: usize = 256;
 
 /// `text` cut after its first `bytes` bytes (at a character boundary: fewer when a character
 /// straddles it), followed by `…` and its whole length in bytes; shorter text as it is.
@@ -213,7 +214,7 @@ mod tests {
             "schedule.cron",
             big.len(),
         ));
-        // Cut at a character boundary: three-byte characters, 100 bytes falling inside one.
+        // Cut at a character boundary: three-byte characters, 256 bytes falling inside one.
         let wide = megabyte_of('€');
         refused.push((
             WorkflowId::new(wide.clone()).unwrap_err(),
