@@ -316,7 +316,10 @@ fn refuse_unread_log_of_another_user(path: &Path) -> Result<(), Error> {
     if std::fs::metadata(&wal).is_ok_and(|meta| meta.len() > 0) {
         return Err(Error::Storage(
             format!(
-                "cannot read {} as this user: its write-ahead log {} holds commits that are not                  in the file yet, and reading them would create {} owned by this user, which the                  store's owner could not write afterwards; read it as its owner (or root), or                  after its owner opened it",
+                "cannot read {} as this user: its write-ahead log {} holds commits that are not \
+                 in the file yet, and reading them would create {} owned by this user, which the \
+                 store's owner could not write afterwards; read it as its owner (or root), or \
+                 after its owner opened it",
                 path.display(),
                 wal.display(),
                 beside(path, "-shm").display(),
