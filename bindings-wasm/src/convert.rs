@@ -32,6 +32,18 @@ pub fn name(name: &'static str) -> JsValue {
     })
 }
 
+/// Why a string with a lone surrogate is refused.
+const LONE_SURROGATE: &str = "has a lone surrogate (\\uD800 to \\uDFFF unpaired): not text";
+
+/// `value` as Rust text when it is a JS string; `Some(Err(..))` when it is not well-formed UTF-16 (a
+/// lone surrogate), which the conversion would silently turn into U+FFFD, making two different
+/// strings one. Asked of JS (`String.prototype.isWellFormed`, one call per string).
+fn text(value: &JsValue) -> Option<Result<String, &'static str>> {
+    let text = value.as_string()?;
+    let lossy = !value.unchecked_ref::<js_sys::JsString>().is_well_formed();
+    Some(if lossy { Err(LONE_SURROGATE) } else { Ok(text) })
+}
+
 /// Field `name` of `object` (`undefined` when absent), or why reading it threw (a getter, a
 /// `Proxy`'s trap).
 pub fn field(object: &JsValue, name: &'static str) -> Result<JsValue, String> {
@@ -209,8 +221,8 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
         }
         return json_number(number).map(Value::Number).map_err(Fault::new);
     }
-    if let Some(text) = value.as_string() {
-        return Ok(Value::String(text));
+    if let Some(text) = text(value) {
+        return text.map(Value::String).map_err(Fault::new);
     }
     if !value.is_object() {
         if let Some(flag) = value.as_bool() {
@@ -251,7 +263,9 @@ fn walk(value: &JsValue, depth: usize, stored: bool) -> Result<Value, Fault> {
     }
     let mut map = Map::new();
     for key in js_keys(value).map_err(|e| Fault::new(threw(&e)))?.iter() {
-        let name = key.as_string().unwrap_or_default();
+        let name = text(&key)
+            .unwrap_or(Ok(String::new()))
+            .map_err(Fault::new)?;
         let member =
             Reflect::get(value, &key).map_err(|e| Fault::new(threw(&e)).at(member_path(&name)))?;
         if member.is_undefined() {
@@ -290,9 +304,13 @@ pub fn describe(error: &JsValue) -> String {
 
 /// A string argument.
 pub fn string(field: &str, value: &JsValue) -> Result<String, JsValue> {
-    value
-        .as_string()
-        .ok_or_else(|| invalid(field, format!("expected a string, got {}", type_of(value))))
+    match text(value) {
+        Some(text) => text.map_err(|why| invalid(field, why)),
+        None => Err(invalid(
+            field,
+            format!("expected a string, got {}", type_of(value)),
+        )),
+    }
 }
 
 /// A non-negative integer argument that JS represents exactly.
@@ -467,21 +485,19 @@ impl<'a> Fields<'a> {
     /// A required string field.
     pub fn string(&self, name: &'static str) -> Result<String, JsValue> {
         let value = self.get(name);
-        match value.as_string() {
-            Some(text) => Ok(text),
-            None if value.is_undefined() => Err(invalid(&self.path(name), "is missing")),
-            None => string(&self.path(name), &value),
+        if value.is_undefined() {
+            return Err(invalid(&self.path(name), "is missing"));
         }
+        string(&self.path(name), &value)
     }
 
     /// An optional string field.
     pub fn optional_string(&self, name: &'static str) -> Result<Option<String>, JsValue> {
         let value = self.get(name);
-        match value.as_string() {
-            Some(text) => Ok(Some(text)),
-            None if value.is_undefined() => Ok(None),
-            None => string(&self.path(name), &value).map(Some),
+        if value.is_undefined() {
+            return Ok(None);
         }
+        string(&self.path(name), &value).map(Some)
     }
 
     /// An optional whole number field (≥ 0, exact in JS).

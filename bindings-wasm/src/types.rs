@@ -145,13 +145,16 @@ export declare const SCHEDULE_FIRED: "schedule_fired";
 export interface TimerFired { timer_id: string; name: string; payload: Json }
 /** The payload of a `schedule_fired` event: one occurrence of a schedule, standing also for the
  * `missed` earlier ones its policy folded into it; `next_at` is the occurrence armed with it (null:
- * the schedule ends). Times are milliseconds since the epoch. */
+ * the schedule ends). Times are milliseconds since the epoch. `missed` is exact for an interval
+ * schedule; a cron schedule counts at most 100,000 matches, and past that `missed_at_least` is
+ * `true` (`missed` is a lower bound) — the field is present only then. */
 export interface ScheduleFired {
   timer_id: string;
   name: string;
   payload: Json;
   scheduled_at: number;
   missed: number;
+  missed_at_least?: true;
   next_at: number | null;
   recurrence: { every_ms: number } | { cron: string };
   on_missed: Missed;

@@ -106,8 +106,15 @@ pub struct ScheduleFired {
     pub scheduled_at: Timestamp,
     /// How many earlier occurrences went by without an event of their own (the host was down, or
     /// firing fell behind) and are folded into this one by the [`Missed`] policy; 0 when none was
-    /// missed. Counted up to [`ScheduleFired::MAX_MISSED`].
+    /// missed. Exact for an interval schedule, however long the outage (computed, not counted).
+    /// A cron schedule's matches are counted one by one, up to [`ScheduleFired::MAX_MISSED`]:
+    /// past that, `missed` is that many and [`ScheduleFired::missed_at_least`] is `true`.
     pub missed: u64,
+    /// `true` when [`ScheduleFired::missed`] is a lower bound: a cron schedule missed more than
+    /// [`ScheduleFired::MAX_MISSED`] matches, and counting stopped there. In JSON the field is
+    /// present only then (`"missed_at_least": true`); an event without it has an exact `missed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missed_at_least: bool,
     /// The next occurrence, armed in the same commit as this event (unless this event's decision
     /// stops or restarts the schedule); `None` when the schedule has no later occurrence, and ends.
     pub next_at: Option<Timestamp>,
@@ -118,8 +125,9 @@ pub struct ScheduleFired {
 }
 
 impl ScheduleFired {
-    /// The most missed occurrences [`ScheduleFired::missed`] counts: after a longer outage it says
-    /// this many (counting a cron expression's matches one by one takes time).
+    /// The most missed matches of a cron schedule [`ScheduleFired::missed`] counts (one by one,
+    /// so a firing's cost stays bounded): after a longer outage it says this many, with
+    /// [`ScheduleFired::missed_at_least`] set. An interval schedule's count has no such bound.
     pub const MAX_MISSED: u64 = 100_000;
 }
 
@@ -240,7 +248,7 @@ impl Payload for ScheduleFired {
             Missed::FireOnce => Value::String("fire_once".into()),
             Missed::FireAll { max } => object([("fire_all", object([("max", max.into())]))]),
         };
-        object([
+        let mut payload = object([
             ("timer_id", Value::String(self.timer_id.clone())),
             ("name", Value::String(self.name.clone())),
             ("payload", self.payload.clone()),
@@ -252,7 +260,13 @@ impl Payload for ScheduleFired {
             ),
             ("recurrence", recurrence),
             ("on_missed", on_missed),
-        ])
+        ]);
+        if self.missed_at_least {
+            if let Value::Object(fields) = &mut payload {
+                fields.insert("missed_at_least".to_owned(), Value::Bool(true));
+            }
+        }
+        payload
     }
 }
 
@@ -326,16 +340,19 @@ mod tests {
                     Missed::FireAll { max: 1_000 },
                 ),
             ] {
-                same(&ScheduleFired {
-                    timer_id: "trip-001:s:tick".into(),
-                    name: "tick".into(),
-                    payload: value.clone(),
-                    scheduled_at: Timestamp::from_millis(1_700_000_000_000),
-                    missed: ScheduleFired::MAX_MISSED,
-                    next_at,
-                    recurrence,
-                    on_missed,
-                });
+                for missed_at_least in [false, true] {
+                    same(&ScheduleFired {
+                        timer_id: "trip-001:s:tick".into(),
+                        name: "tick".into(),
+                        payload: value.clone(),
+                        scheduled_at: Timestamp::from_millis(1_700_000_000_000),
+                        missed: ScheduleFired::MAX_MISSED,
+                        missed_at_least,
+                        next_at,
+                        recurrence: recurrence.clone(),
+                        on_missed,
+                    });
+                }
             }
             same(&CommandCompleted {
                 command_id: id.clone(),

@@ -22,9 +22,10 @@ pub enum Error {
     InvalidInput {
         /// Which input was wrong.
         field: &'static str,
-        /// The offending value, as text.
+        /// The offending value, as text; one longer than 256 bytes is cut there (at a character
+        /// boundary), followed by `…` and its whole length in bytes (`"xxx… (1048576 bytes)"`).
         value: String,
-        /// What is wrong with it.
+        /// What is wrong with it. It never repeats more of the value than `value` does.
         reason: String,
     },
 
@@ -143,12 +144,27 @@ pub enum Error {
     Storage(#[source] BoxError),
 }
 
+/// How many bytes of a rejected value an [`Error::InvalidInput`] repeats, at most: a value just past
+/// any of miniflow's limits on IDs and keys (128 and 255 bytes) is still shown whole.
+pub(crate) const SHOWN_BYTES: usize = 256;
+
+/// `text` cut after its first `bytes` bytes (at a character boundary: fewer when a character
+/// straddles it), followed by `…` and its whole length in bytes; shorter text as it is.
+fn cut(text: String, bytes: usize) -> String {
+    if text.len() <= bytes {
+        return text;
+    }
+    let end = text.floor_char_boundary(bytes);
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
 impl Error {
-    /// An [`Error::InvalidInput`] naming `field`, its `value` and the `reason`.
+    /// An [`Error::InvalidInput`] naming `field`, its `value` (cut to a bounded length, see
+    /// [`Error::InvalidInput`]: a rejected megabyte makes a short message) and the `reason`.
     pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
         Error::InvalidInput {
             field,
-            value: value.to_string(),
+            value: cut(value.to_string(), SHOWN_BYTES),
             reason: reason.into(),
         }
     }
@@ -171,5 +187,72 @@ impl Error {
             Error::Corrupt(_) => "CORRUPT",
             Error::Storage(_) => "STORAGE",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn megabyte_of(c: char) -> String {
+        std::iter::repeat_n(c, (1 << 20) / c.len_utf8()).collect()
+    }
+
+    #[test]
+    fn a_rejected_value_of_a_megabyte_is_cut_in_the_message_which_still_names_the_field() {
+        let big = megabyte_of('x');
+        let mut refused = vec![(
+            WorkflowId::new(big.clone()).unwrap_err(),
+            "workflow_id",
+            big.len(),
+        )];
+        #[cfg(feature = "cron")]
+        refused.push((
+            crate::Schedule::cron("nightly", big.clone())
+                .check(crate::Timestamp::from_millis(0))
+                .unwrap_err(),
+            "schedule.cron",
+            big.len(),
+        ));
+        // Cut at a character boundary: three-byte characters, 256 bytes falling inside one.
+        let wide = megabyte_of('€');
+        refused.push((
+            WorkflowId::new(wide.clone()).unwrap_err(),
+            "workflow_id",
+            wide.len(),
+        ));
+        for (error, field, len) in refused {
+            let message = error.to_string();
+            assert!(
+                message.len() < 400,
+                "{} bytes: {}…",
+                message.len(),
+                message.chars().take(200).collect::<String>()
+            );
+            assert!(
+                message.starts_with(&format!("invalid {field} ")),
+                "{message}"
+            );
+            assert!(message.contains(&format!("… ({len} bytes)")), "{message}");
+            let Error::InvalidInput { value, .. } = &error else {
+                panic!("{error:?}")
+            };
+            assert!(value.len() < 300, "the field keeps {} bytes", value.len());
+            let shown = value.split('…').next().unwrap();
+            assert!(
+                (SHOWN_BYTES - 3..=SHOWN_BYTES).contains(&shown.len()),
+                "{shown:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_short_value_is_shown_whole() {
+        let exactly = "y".repeat(SHOWN_BYTES);
+        let error = Error::invalid("name", &exactly, "is wrong");
+        assert_eq!(
+            error.to_string(),
+            format!("invalid name {exactly:?}: is wrong")
+        );
     }
 }

@@ -110,14 +110,14 @@ impl JsonLimits {
     pub fn check(&self, path: &str, value: &Value) -> Result<(), Error> {
         let depth = depth(value, self.max_depth);
         if depth > self.max_depth {
-            return Err(Error::InvalidInput {
-                field: "json value",
-                value: path.to_owned(),
-                reason: format!(
+            return Err(Error::invalid(
+                "json value",
+                path,
+                format!(
                     "nests deeper than {} levels of arrays and objects",
                     self.max_depth
                 ),
-            });
+            ));
         }
         // Bounded recursion from here on: the depth is known to be small.
         let mut counter = Counter {
@@ -125,11 +125,11 @@ impl JsonLimits {
             max: self.max_bytes,
         };
         if serde_json::to_writer(&mut counter, value).is_err() || counter.bytes > self.max_bytes {
-            return Err(Error::InvalidInput {
-                field: "json value",
-                value: path.to_owned(),
-                reason: format!("is longer than {} bytes as JSON", self.max_bytes),
-            });
+            return Err(Error::invalid(
+                "json value",
+                path,
+                format!("is longer than {} bytes as JSON", self.max_bytes),
+            ));
         }
         Ok(())
     }

@@ -116,8 +116,11 @@ use crate::model::Decision;
 ///
 /// Occurrences come due while no firer runs (the host was down, or firing fell behind). When the
 /// armed occurrence finally fires, every occurrence due by then is *late*; the [`Missed`] policy
-/// says which of them get an event. Each occurrence is accounted for exactly once: it has an event
-/// of its own, or it is counted in the `missed` of the event that stands for it.
+/// says which of them get an event. No occurrence fires twice, and none is lost: each has an event
+/// of its own or is folded into the `missed` of the event that stands for it. For an interval
+/// schedule `missed` is the exact number folded in, whatever the length of the outage; a cron
+/// schedule counts its matches one by one up to [`ScheduleFired::MAX_MISSED`], and past that says
+/// so (`missed_at_least: true`, `missed` a lower bound).
 ///
 /// | policy | after an outage across occurrences | as in |
 /// |---|---|---|
@@ -282,6 +285,7 @@ impl Schedule {
             payload: self.payload,
             scheduled_at: first,
             missed: 0,
+            missed_at_least: false,
             next_at: None,
             recurrence: self.recurrence,
             on_missed: self.on_missed,
@@ -295,6 +299,7 @@ impl Schedule {
 fn arm(id: TimerId, mut armed: ScheduleFired, rule: &Rule, now: Timestamp) -> TimerRow {
     armed.timer_id = id.to_string();
     armed.missed = 0;
+    armed.missed_at_least = false;
     armed.next_at = rule.next_after(armed.scheduled_at);
     let name = armed.name.clone();
     let at = armed.scheduled_at;
@@ -335,11 +340,13 @@ enum Rule {
     Cron(Box<croner::Cron>),
 }
 
-/// Which late occurrence a firing commits, how many it folds in, and the next one to arm.
+/// Which late occurrence a firing commits, how many it folds in (at least, when `at_least`), and
+/// the next one to arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CatchUp {
     fire_at: Timestamp,
     missed: u64,
+    at_least: bool,
     next: Option<Timestamp>,
 }
 
@@ -375,15 +382,16 @@ impl Rule {
 
     /// Firing the armed occurrence `t0` at `now` with at most `cap` events for late occurrences:
     /// with `L` occurrences due in `[t0, now]`, the event stands for the `(L - cap)`-th (the first
-    /// when `L <= cap`), folding in the ones before it.
+    /// when `L <= cap`), folding in the ones before it. An interval computes `L` in O(1), exactly;
+    /// a cron expression counts at most [`ScheduleFired::MAX_MISSED`] matches (`at_least` past that).
     fn catch_up(&self, t0: Timestamp, now: Timestamp, cap: u32) -> CatchUp {
-        let (fire_at, missed) = match self {
+        let (fire_at, missed, at_least) = match self {
             Rule::Every(interval) => {
                 let late = now.as_millis().saturating_sub(t0.as_millis()) / interval + 1;
                 let skip = late.saturating_sub(u64::from(cap));
                 // `skip * interval` is at most `now - t0`: it cannot overflow.
                 let fire_at = Timestamp::from_millis(t0.as_millis() + skip * interval);
-                (fire_at, skip.min(ScheduleFired::MAX_MISSED))
+                (fire_at, skip, false)
             }
             #[cfg(feature = "cron")]
             Rule::Cron(cron) => cron::catch_up(cron, t0, now, cap),
@@ -391,6 +399,7 @@ impl Rule {
         CatchUp {
             fire_at,
             missed,
+            at_least,
             next: self.next_after(fire_at),
         }
     }
@@ -451,6 +460,7 @@ impl Firing {
             timer_id: timer.timer_id.to_string(),
             scheduled_at: caught.fire_at,
             missed: caught.missed,
+            missed_at_least: caught.at_least,
             next_at: caught.next,
             ..armed
         };
@@ -502,6 +512,10 @@ fn read_armed(payload: &Value) -> Option<ScheduleFired> {
         payload: payload.get("payload")?.clone(),
         scheduled_at: time(payload.get("scheduled_at")?)?,
         missed: payload.get("missed")?.as_u64()?,
+        missed_at_least: match payload.get("missed_at_least") {
+            None => false,
+            Some(flag) => flag.as_bool()?,
+        },
         next_at,
         recurrence,
         on_missed,
@@ -567,13 +581,14 @@ mod cron {
 
     /// See [`Rule::catch_up`]: walks back from `now` to the `cap`-th latest match after `t0` (at
     /// most `cap` steps), then counts what it folds in from `t0` (at most
-    /// [`ScheduleFired::MAX_MISSED`] steps).
+    /// [`ScheduleFired::MAX_MISSED`] steps). Returns the match to fire, the count, and whether the
+    /// count stopped short (a lower bound).
     pub(super) fn catch_up(
         cron: &Cron,
         t0: Timestamp,
         now: Timestamp,
         cap: u32,
-    ) -> (Timestamp, u64) {
+    ) -> (Timestamp, u64, bool) {
         let mut fire_at = None;
         let mut until = Some(now);
         for _ in 0..cap {
@@ -583,24 +598,25 @@ mod cron {
                     until = at.as_millis().checked_sub(1).map(Timestamp::from_millis);
                 }
                 // Fewer than `cap` matches after `t0`: every late occurrence fires, `t0` first.
-                _ => return (t0, 0),
+                _ => return (t0, 0, false),
             }
         }
         let Some(fire_at) = fire_at else {
-            return (t0, 0);
+            return (t0, 0, false);
         };
+        let folded = |at| next_after(cron, at).filter(|next| *next < fire_at);
         let mut missed = 1; // `t0` itself
         let mut at = t0;
         while missed < ScheduleFired::MAX_MISSED {
-            match next_after(cron, at) {
-                Some(next) if next < fire_at => {
+            match folded(at) {
+                Some(next) => {
                     missed += 1;
                     at = next;
                 }
-                _ => break,
+                None => return (fire_at, missed, false),
             }
         }
-        (fire_at, missed)
+        (fire_at, missed, folded(at).is_some())
     }
 }
 
@@ -655,6 +671,7 @@ mod tests {
                 payload: serde_json::json!({ "unit": "kWh", "n": [1, 2.5] }),
                 scheduled_at: at(60 * SECOND),
                 missed: 3,
+                missed_at_least: next_at.is_none(),
                 next_at,
                 recurrence,
                 on_missed,
@@ -672,6 +689,7 @@ mod tests {
             payload: Value::Null,
             scheduled_at: at(60 * SECOND),
             missed: 0,
+            missed_at_least: false,
             next_at: None,
             recurrence: Recurrence::Every(Duration::from_secs(60)),
             on_missed: Missed::FireOnce,
@@ -689,6 +707,7 @@ mod tests {
             ),
             ("next_at", serde_json::json!("soon")),
             ("missed", serde_json::json!(1.5)),
+            ("missed_at_least", serde_json::json!("yes")),
             ("timer_id", Value::Null),
         ] {
             let mut payload = good.clone();
@@ -705,6 +724,7 @@ mod tests {
         CatchUp {
             fire_at: at(fire_at),
             missed,
+            at_least: false,
             next: next.map(at),
         }
     }
@@ -744,9 +764,10 @@ mod tests {
         );
         // A stored policy of 0 still fires one.
         assert_eq!(Missed::FireAll { max: 0 }.cap(), 1);
-        // The count saturates.
+        // The count is exact, however long the outage.
         let long = rule.catch_up(at(t0), at(t0 + 10 * SECOND * 1_000_000), 1);
-        assert_eq!(long.missed, ScheduleFired::MAX_MISSED);
+        assert_eq!(long.missed, 1_000_000);
+        assert!(!long.at_least);
         assert_eq!(long.fire_at, at(t0 + 10 * SECOND * 1_000_000));
         // Past the end of time there is no next occurrence: the schedule ends.
         assert_eq!(rule.next_after(at(u64::MAX - 5)), None);
@@ -1029,9 +1050,72 @@ mod tests {
             let back = t0 + 2 * 86_400 * SECOND;
             assert_eq!(
                 rule.catch_up(at(t0), at(back), 1),
+                CatchUp {
+                    at_least: true,
+                    ..caught(back, ScheduleFired::MAX_MISSED, Some(back + SECOND))
+                }
+            );
+            // Exactly the maximum is exact.
+            let back = t0 + ScheduleFired::MAX_MISSED * SECOND;
+            assert_eq!(
+                rule.catch_up(at(t0), at(back), 1),
                 caught(back, ScheduleFired::MAX_MISSED, Some(back + SECOND))
             );
         }
+
+        #[test]
+        fn a_cron_count_past_its_maximum_says_it_is_a_lower_bound() {
+            let start = at(utc(2024, 1, 1, 0, 0, 0));
+            let two_days = Duration::from_secs(2 * 86_400);
+            let every_second = Schedule::cron("tick", "* * * * * *");
+            let fired = super::fired_after_an_outage(every_second, start, two_days);
+            assert_eq!(fired["missed"], ScheduleFired::MAX_MISSED, "{fired}");
+            assert_eq!(fired["missed_at_least"], true, "{fired}");
+            // Counted to the end: exact, and the payload has no such field.
+            let daily = Schedule::cron("report", "0 9 * * *");
+            let fired = super::fired_after_an_outage(daily, start, two_days);
+            assert_eq!(fired["missed"], 2, "{fired}");
+            assert_eq!(fired.get("missed_at_least"), None, "{fired}");
+        }
+    }
+
+    /// The payload of the event that the first occurrence of `schedule`, started at `start`,
+    /// commits when it fires `down` after it was due.
+    fn fired_after_an_outage(schedule: Schedule, start: Timestamp, down: Duration) -> Value {
+        let engine = Engine::new(Ticks(schedule));
+        let mut store = MemoryStore::new();
+        let wf = WorkflowId::new("w").unwrap();
+        engine
+            .handle(&mut store, &wf, Event::new("start", Value::Null), start)
+            .unwrap();
+        let first = store.timers(&wf).unwrap()[0].fire_at;
+        let now = first + down;
+        let due = store.claim_timers(10, Duration::ZERO, now).unwrap();
+        engine
+            .fire(&mut store, &due[0], now)
+            .unwrap()
+            .expect("fires");
+        store.load(&wf).unwrap().remove(1).payload
+    }
+
+    #[test]
+    fn a_one_second_schedule_missed_for_a_year_counts_every_missed_occurrence() {
+        let year = Duration::from_secs(365 * 86_400);
+        let start = at(1_704_067_200_000);
+        let every_second = Schedule::every("tick", Duration::from_secs(1));
+        let fired = fired_after_an_outage(every_second.clone(), start, year);
+        // Due: the armed occurrence and one every second for a year; the latest has the event.
+        assert_eq!(fired["missed"], 31_536_000);
+        assert_eq!(
+            fired["scheduled_at"],
+            start.as_millis() + SECOND + 31_536_000 * SECOND
+        );
+        assert_eq!(fired.get("missed_at_least"), None, "exact: {fired}");
+        // Catching up oldest first, the first event folds in all but the newest 1,000.
+        let all = every_second.on_missed(Missed::FireAll { max: 1_000 });
+        let fired = fired_after_an_outage(all, start, year);
+        assert_eq!(fired["missed"], 31_536_001 - 1_000);
+        assert_eq!(fired.get("missed_at_least"), None, "exact: {fired}");
     }
 
     /// A workflow that records the schedule events it sees and starts `schedule` on `start`.

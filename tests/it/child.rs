@@ -9,7 +9,27 @@ const ROLE: &str = "MINIFLOW_TEST_CHILD";
 
 /// Starts this test binary again, running only `test_name` with `role` and `settings`.
 pub fn spawn(test_name: &str, role: &str, settings: &[(&str, String)]) -> Child {
-    Command::new(std::env::current_exe().expect("test binary path"))
+    spawn_through(&[], test_name, role, settings)
+}
+
+/// As [`spawn`], through the command `through` (e.g. `setpriv` with its options, to run the child
+/// as another user): the test binary's path and arguments follow it.
+pub fn spawn_through(
+    through: &[&str],
+    test_name: &str,
+    role: &str,
+    settings: &[(&str, String)],
+) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut command = match through.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command.args(args).arg(exe);
+            command
+        }
+        None => Command::new(exe),
+    };
+    command
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .envs(settings.iter().map(|(k, v)| (*k, v.as_str())))

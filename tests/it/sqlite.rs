@@ -137,6 +137,109 @@ fn unreadable_rows_are_reported_as_corrupt_not_a_panic() {
     assert!(matches!(store.load(&wid("w")), Err(Error::Corrupt(_))));
 }
 
+/// Child process: opens the store `MINIFLOW_TEST_DB` read-only, reads it as `miniflow dead` and
+/// `miniflow pending` do, and prints what it read.
+#[test]
+fn child_reader() {
+    if child::role().as_deref() != Some("reader") {
+        return;
+    }
+    let store = match SqliteStore::open_read_only(child::setting("MINIFLOW_TEST_DB")) {
+        Ok(store) => store,
+        Err(e) => return println!("refused: {e}"),
+    };
+    let dead = store.dead_letters(10).unwrap().len();
+    let pending = store.pending(10).unwrap().len();
+    println!("dead={dead} pending={pending}");
+}
+
+/// Reads the store at `path` as `nobody` in a child process; what it printed.
+fn read_as_nobody(path: &Path) -> String {
+    let reader = child::spawn_through(
+        &[
+            "setpriv",
+            "--reuid=nobody",
+            "--regid=nogroup",
+            "--clear-groups",
+        ],
+        "sqlite::child_reader",
+        "reader",
+        &[("MINIFLOW_TEST_DB", path.display().to_string())],
+    );
+    child::wait_ok(reader, "the read as nobody")
+}
+
+#[test]
+fn a_read_as_another_user_leaves_nothing_beside_the_store_that_its_owner_cannot_write() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let uid = |path: &Path| std::fs::metadata(path).unwrap().uid();
+    if uid(Path::new("/proc/self")) != 0 {
+        eprintln!("skipped: reading the store as another user (nobody) needs root to switch users");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A directory others may create files in, as one shared with operators.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = dir.path().join("flow.db");
+    let commit = |store: &mut SqliteStore, seq: u64| {
+        let commit = Commit::new(
+            wid("w"),
+            Seq::new(seq).unwrap(),
+            Event::new("e", json!({})),
+            Decision::new().command(Command::new("send", json!({}))),
+            Timestamp::from_millis(7),
+        )
+        .unwrap();
+        store.append_with_commands(&commit)
+    };
+    let mut store = SqliteStore::open(&path).unwrap();
+    commit(&mut store, 0).unwrap();
+    drop(store);
+    let owner = uid(&path);
+    let read = read_as_nobody(&path);
+    assert_eq!(
+        child::reported(&read, "pending").as_deref(),
+        Some("1"),
+        "{read}"
+    );
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let entry = entry.unwrap();
+        assert_eq!(
+            entry.metadata().unwrap().uid(),
+            owner,
+            "{:?} is left beside the store by the reader, not owned by the store's owner",
+            entry.file_name()
+        );
+    }
+    let mut store = SqliteStore::open(&path).unwrap();
+    commit(&mut store, 1).expect("the owner writes after the read");
+    // A store left with commits in its -wal and no -shm (its writer was killed) cannot be read
+    // without creating one: refused, saying why, and nothing created.
+    let left = dir.path().join("left");
+    std::fs::create_dir(&left).unwrap();
+    std::fs::set_permissions(&left, std::fs::Permissions::from_mode(0o777)).unwrap();
+    for name in ["flow.db", "flow.db-wal"] {
+        std::fs::copy(dir.path().join(name), left.join(name)).unwrap();
+    }
+    drop(store);
+    assert!(std::fs::metadata(left.join("flow.db-wal")).unwrap().len() > 0);
+    let read = read_as_nobody(&left.join("flow.db"));
+    assert!(
+        read.contains("refused: ") && read.contains("holds commits that are not in the file yet"),
+        "{read}"
+    );
+    let mut names: Vec<_> = std::fs::read_dir(&left)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["flow.db", "flow.db-wal"],
+        "nothing created beside it"
+    );
+}
+
 fn wid(text: &str) -> WorkflowId {
     WorkflowId::new(text).unwrap()
 }

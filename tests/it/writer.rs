@@ -344,3 +344,47 @@ fn under_a_flood_of_commits_deliveries_keep_pace_and_every_producer_progresses()
         "{delivered_while_flooded} of {committed} commands delivered while producers ran"
     );
 }
+
+#[test]
+fn a_commit_after_the_wal_was_deleted_under_the_store_is_an_error_not_an_acknowledgement() {
+    for synchronous in [Synchronous::Full, Synchronous::Normal] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("flow.db");
+        let options = SqliteOptions {
+            synchronous,
+            ..SqliteOptions::default()
+        };
+        let mut store = SqliteStore::open_with(&path, &options).unwrap();
+        let commit = |seq: u64| {
+            Commit::new(
+                WorkflowId::new("w").unwrap(),
+                Seq::new(seq).unwrap(),
+                Event::new("e", json!({})),
+                Decision::new().command(Command::new("send", json!({}))),
+                Timestamp::from_millis(7),
+            )
+            .unwrap()
+        };
+        store.append_with_commands(&commit(0)).unwrap();
+        for suffix in ["-wal", "-shm"] {
+            let mut beside = path.clone().into_os_string();
+            beside.push(suffix);
+            std::fs::remove_file(beside).unwrap();
+        }
+        match store.append_with_commands(&commit(1)) {
+            Err(Error::Storage(why)) => {
+                let why = why.to_string();
+                assert!(
+                    why.contains("removed or replaced while the store was open"),
+                    "{synchronous:?}: {why}"
+                );
+            }
+            other => panic!("{synchronous:?}: a commit that cannot be durable gave {other:?}"),
+        }
+        // And every write after it: the writer stopped.
+        assert!(
+            store.append_with_commands(&commit(1)).is_err(),
+            "{synchronous:?}"
+        );
+    }
+}

@@ -205,6 +205,14 @@ impl SqliteStore {
     /// written. On a read-only file system, a store that was closed cleanly (no `-wal` with content
     /// beside it) is read as an immutable file, without locks.
     ///
+    /// A reader that is neither the file's owner nor root never creates those files (they would be
+    /// its own, and the owner's next write would fail on them): a store nobody has open is read as
+    /// an immutable file, and one whose `-wal` still holds commits (its writer was killed) is
+    /// refused, saying why. Such a read takes no locks, so it is meant for a stopped service: a
+    /// service that starts meanwhile and checkpoints while it reads may make it fail or read a mix
+    /// of old and new rows (the store itself is never harmed); while the service runs, its files
+    /// exist and the reader uses them.
+    ///
     /// ```
     /// use miniflow_core::prelude::*;
     /// use miniflow_native::SqliteStore;

@@ -24,7 +24,13 @@ pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Co
         conn.execute_batch("PRAGMA auto_vacuum = INCREMENTAL")
             .map_err(storage)?;
     }
-    expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())?;
+    // Turning a rollback-journal file (an old store) into WAL reads the file, then takes its write
+    // lock; SQLite answers BUSY at once, without the busy handler, when another connection got
+    // the write lock between the two (as one opening the file at the same time does). So that
+    // opening waits like every other write: up to the busy timeout.
+    until_not_busy(options.busy_timeout, || {
+        expect_pragma(&conn, "journal_mode", "WAL", "wal".to_owned())
+    })?;
     expect_pragma(&conn, "synchronous", synchronous.0, synchronous.1)?;
     expect_pragma(&conn, "foreign_keys", "ON", 1)?;
     // Statement journals (a savepoint per request of the writer) stay in memory.
@@ -33,6 +39,26 @@ pub(crate) fn open_connection(path: &Path, options: &SqliteOptions) -> Result<Co
     migrate(&mut conn)?;
     give_back_space_from_now_on(&conn)?;
     Ok(conn)
+}
+
+/// Runs `attempt` again while it fails with [`Error::Busy`], for up to `timeout` (pausing 1 ms, then
+/// longer, up to 50 ms): for the statements SQLite refuses at once instead of calling its busy
+/// handler. The last error after `timeout`.
+fn until_not_busy<T>(
+    timeout: Duration,
+    mut attempt: impl FnMut() -> Result<T, Error>,
+) -> Result<T, Error> {
+    let deadline = std::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match attempt() {
+            Err(Error::Busy(_)) if std::time::Instant::now() + pause < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            done => return done,
+        }
+    }
 }
 
 /// Refuses the names SQLite does not read as a file: the empty name (a temporary database) and
@@ -219,11 +245,26 @@ pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Err
     };
     let cannot_read =
         |e: rusqlite::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
+    let closed = wal && !beside(path, "-shm").exists();
+    // The `-shm` and `-wal` SQLite would create for a reader that is neither the file's owner nor
+    // root (root's are given to the owner) would be the reader's, and every later write of the
+    // owner would fail on them ("attempt to write a readonly database"). So such a reader reads a
+    // store nobody has open as the file alone, and creates nothing.
+    if closed && !creates_files_for_the_owner(path)? {
+        refuse_unread_log_of_another_user(path)?;
+        let (conn, version) = open(
+            Path::new(&immutable_uri(path)?),
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(cannot_read)?;
+        check_schema(&conn, path, version)?;
+        return Ok((conn, version));
+    }
     // SQLite opens a WAL database, even read-only, through a `-shm` index and a `-wal` log that it
     // creates beside it when nobody has it open. So such a file is checked first as the file alone
     // (immutable: all there is while no `-wal` holds commits), and one that is not a store of this
     // version is refused with nothing created beside it.
-    if wal && !beside(path, "-shm").exists() {
+    if closed {
         if let Ok(uri) = immutable_uri(path) {
             let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
             let (alone, version) = open(Path::new(&uri), flags).map_err(cannot_read)?;
@@ -249,6 +290,44 @@ pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Err
     };
     check_schema(&conn, path, version)?;
     Ok((conn, version))
+}
+
+/// Whether the files SQLite creates beside the database at `path` belong to the file's owner: this
+/// process runs as the owner, or as root (SQLite gives root's files to the database's owner).
+#[cfg(unix)]
+fn creates_files_for_the_owner(path: &Path) -> Result<bool, Error> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::metadata(path)
+        .map_err(|e| Error::Storage(format!("cannot read {}: {e}", path.display()).into()))?
+        .uid();
+    let user = rustix::process::geteuid();
+    Ok(user.is_root() || user.as_raw() == owner)
+}
+
+#[cfg(not(unix))]
+fn creates_files_for_the_owner(_: &Path) -> Result<bool, Error> {
+    Ok(true)
+}
+
+/// Refuses to read, as another user than its owner, a store whose `-wal` holds commits nobody has
+/// indexed: reading them would create a `-shm` the owner could not write.
+fn refuse_unread_log_of_another_user(path: &Path) -> Result<(), Error> {
+    let wal = beside(path, "-wal");
+    if std::fs::metadata(&wal).is_ok_and(|meta| meta.len() > 0) {
+        return Err(Error::Storage(
+            format!(
+                "cannot read {} as this user: its write-ahead log {} holds commits that are not \
+                 in the file yet, and reading them would create {} owned by this user, which the \
+                 store's owner could not write afterwards; read it as its owner (or root), or \
+                 after its owner opened it",
+                path.display(),
+                wal.display(),
+                beside(path, "-shm").display(),
+            )
+            .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// `path` with `suffix` appended to its file name, as SQLite names the files beside a database.
@@ -538,6 +617,74 @@ mod opening_tests {
                     ('w', 1, 3, 'mail', '{}', 'done', 1, 5, 'old', 50, 1, 5, 60);",
         )
         .unwrap();
+    }
+
+    /// Opens the old store at `path` while another connection holds its write lock for `held` (as
+    /// another process opening it at the same time does while it upgrades it): the opening must
+    /// wait for the lock, as every write does, not fail at once.
+    fn open_while_written(path: &Path, held: Duration) -> Result<Duration, Error> {
+        let writer = Connection::open(path).unwrap();
+        writer
+            .execute_batch("BEGIN IMMEDIATE; UPDATE events SET recorded_at = recorded_at")
+            .unwrap();
+        std::thread::scope(|scope| {
+            scope.spawn(move || {
+                std::thread::sleep(held);
+                writer.execute_batch("COMMIT").unwrap();
+            });
+            let started = std::time::Instant::now();
+            open_connection(path, &SqliteOptions::default()).map(|_| started.elapsed())
+        })
+    }
+
+    #[test]
+    fn opening_an_old_store_waits_for_another_writer_instead_of_failing_busy() {
+        for wal in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("v4.db");
+            version_4_store(&path);
+            if wal {
+                Connection::open(&path)
+                    .unwrap()
+                    .pragma_update(None, "journal_mode", "WAL")
+                    .unwrap();
+            }
+            match open_while_written(&path, Duration::from_millis(300)) {
+                Ok(waited) => assert!(
+                    waited >= Duration::from_millis(250),
+                    "WAL {wal}: {waited:?}"
+                ),
+                Err(e) => panic!("WAL {wal}: {e:?}"),
+            }
+            assert_eq!(user_version(&path), SCHEMA_VERSION, "WAL {wal}");
+        }
+    }
+
+    #[test]
+    fn connections_opening_an_old_store_at_once_all_wait_for_its_upgrade() {
+        const ROUNDS: usize = 6;
+        const OPENERS: usize = 8;
+        let mut failures = Vec::new();
+        for round in 0..ROUNDS {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("v4.db");
+            version_4_store(&path);
+            let start = std::sync::Barrier::new(OPENERS);
+            let opened: Vec<_> = std::thread::scope(|scope| {
+                let openers: Vec<_> = (0..OPENERS)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            start.wait();
+                            open_connection(&path, &SqliteOptions::default()).map(drop)
+                        })
+                    })
+                    .collect();
+                openers.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            failures.extend(opened.into_iter().filter_map(Result::err));
+            assert_eq!(user_version(&path), SCHEMA_VERSION, "round {round}");
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
     }
 
     #[test]

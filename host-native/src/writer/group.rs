@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior};
 
+use super::beside::Beside;
 use super::durable::{stopped_by, Durability};
 use super::{copy_error, take_made_work, Isolation, Job, WorkSignal};
 use crate::sqlite::storage;
@@ -50,14 +51,21 @@ fn gather(
 pub(super) type Answered = (Vec<Box<dyn Job>>, Result<(), Error>);
 
 /// The reply thread's loop, until the writer thread ends: takes every group that is over, makes
-/// the ones that committed durable with one sync (see [`Durability`]), and answers their requests in
-/// order, off the writer thread (waking the callers costs a system call each).
-pub(super) fn reply(answered: Receiver<Answered>, mut durability: Durability) {
+/// the ones that committed durable with one sync (see [`Durability`]), checks that the `-wal` and
+/// `-shm` they went to are still the store's ([`Beside`]; otherwise they fail, and the writer stops
+/// through `failed`), and answers their requests in order, off the writer thread (waking the
+/// callers costs a system call each).
+pub(super) fn reply(
+    answered: Receiver<Answered>,
+    mut durability: Durability,
+    mut beside: Beside,
+    failed: &OnceLock<String>,
+) {
     while let Ok(first) = answered.recv() {
         let mut groups = vec![first];
         groups.extend(answered.try_iter());
         if groups.iter().any(|(_, committed)| committed.is_ok()) {
-            if let Err(e) = durability.sync() {
+            if let Err(e) = durability.sync().and_then(|()| beside.check(failed)) {
                 for (_, committed) in &mut groups {
                     if committed.is_ok() {
                         *committed = Err(copy_error(&e));

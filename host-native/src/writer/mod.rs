@@ -35,6 +35,7 @@ use rusqlite::Transaction;
 use crate::sqlite::open_connection;
 use crate::{SqliteOptions, Synchronous};
 
+mod beside;
 mod durable;
 mod group;
 
@@ -105,9 +106,12 @@ fn running(key: &Key) -> Option<Arc<Shared>> {
 }
 
 /// Starts the threads of a writer on `conn`: the writer, and the reply thread, which syncs the WAL
-/// file at `wal` before it answers, if given (see `durable`).
+/// file at `wal` before it answers, if given (see `durable`), and checks that the `-wal` and `-shm`
+/// are still those `conn` opened (see `beside`).
 fn start(conn: rusqlite::Connection, key: Key, wal: Option<PathBuf>) -> Result<Shared, Error> {
     let failed = Arc::new(OnceLock::new());
+    let beside = beside::Beside::of(&key.path);
+    let stopped = failed.clone();
     let syncs = Arc::new(AtomicU64::new(0));
     let durability = match wal {
         Some(path) => durable::Durability::SyncWal {
@@ -130,7 +134,7 @@ fn start(conn: rusqlite::Connection, key: Key, wal: Option<PathBuf>) -> Result<S
     };
     let replies = spawn(
         "miniflow-replies",
-        Box::new(move || group::reply(answered, durability)),
+        Box::new(move || group::reply(answered, durability, beside, &stopped)),
     )?;
     let writer = spawn(
         "miniflow-writer",
