@@ -87,8 +87,20 @@ pub struct ClaimPage<'w, K> {
     pub limit: usize,
     /// Strict per-workflow order ([`ClaimOrder::StrictPerWorkflow`]).
     pub strict: bool,
-    /// The kinds the claim takes nothing of now (paused, or no slot left), sorted.
-    pub excluded: Vec<&'w str>,
+    admission: &'w Admission,
+}
+
+impl<K> ClaimPage<'_, K> {
+    /// The kinds the claim takes nothing of now (paused, or no slot left), sorted: what a query
+    /// leaves out.
+    pub fn excluded(&self) -> Vec<&str> {
+        self.admission.excluded()
+    }
+
+    /// Whether the page leaves out commands of `kind` ([`ClaimPage::excluded`] names it).
+    pub fn excludes(&self, kind: &str) -> bool {
+        !self.admission.admits_kind(kind)
+    }
 }
 
 /// What to do with a candidate ([`ClaimWalk::offer`]).
@@ -113,10 +125,14 @@ pub struct ClaimWalk<'r, K, I> {
     admission: Admission,
     level: Level,
     after: Option<K>,
-    /// The rows looked at (due-first order), sorted: a row whose claim left it due (a clock that
-    /// went back) was no candidate when the claim began. (Sorted vectors, not sets: they spare the
-    /// WebAssembly module a hash or B-tree instance.)
+    /// The rows looked at, sorted, in debug builds: no page may offer a row twice. (A claimed row's
+    /// lease runs at least a millisecond, [`ClaimRequest::MIN_LEASE_TTL`], so it is not due again
+    /// within its claim; a buried one is finished.) Sorted vectors, not sets, spare the WebAssembly
+    /// module a hash or B-tree instance.
+    #[cfg(debug_assertions)]
     seen: Vec<I>,
+    #[cfg(not(debug_assertions))]
+    seen: std::marker::PhantomData<I>,
     /// The workflows looked at (strict order), sorted: a burial lets the next command of its
     /// workflow qualify, which was no candidate when the claim began.
     seen_workflows: Vec<String>,
@@ -175,7 +191,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
             admission,
             level: Level::Find(i64::MAX),
             after: None,
-            seen: Vec::new(),
+            seen: Default::default(),
             seen_workflows: Vec::new(),
             taken: 0,
             page_limit: 0,
@@ -195,7 +211,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
                 after: self.after.as_ref(),
                 limit: self.page_limit,
                 strict: self.request.order == ClaimOrder::StrictPerWorkflow,
-                excluded: self.admission.excluded(),
+                admission: &self.admission,
             }),
             Level::Done => ClaimStep::Done,
         }
@@ -211,8 +227,15 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
     /// identity, its workflow as stored, and the row if it reads (`None`: it cannot be read).
     pub fn offer(&mut self, key: K, id: I, workflow: &str, row: Option<&OutboxRow>) -> Offer {
         self.after = Some(key);
+        #[cfg(debug_assertions)]
+        debug_assert!(
+            insert_sorted(&mut self.seen, id),
+            "the store's claim query offered a row twice in one claim"
+        );
+        #[cfg(not(debug_assertions))]
+        let _ = id;
         let first_look = match self.request.order {
-            ClaimOrder::DueFirst => insert_sorted(&mut self.seen, id),
+            ClaimOrder::DueFirst => true,
             ClaimOrder::StrictPerWorkflow => match self
                 .seen_workflows
                 .binary_search_by(|seen| seen.as_str().cmp(workflow))
@@ -357,6 +380,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
 }
 
 /// Inserts `value` into the sorted `values`; false when it was there.
+#[cfg(debug_assertions)]
 fn insert_sorted<T: Ord>(values: &mut Vec<T>, value: T) -> bool {
     match values.binary_search(&value) {
         Ok(_) => false,

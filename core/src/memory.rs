@@ -601,19 +601,13 @@ impl Outbox for MemoryStore {
                 }
                 ClaimStep::ReadPage(page) => {
                     let outbox = &self.outbox;
-                    let excluded = &page.excluded;
                     self.unfinished.page(
                         request.order,
                         page.priority,
                         page.after,
                         now,
                         page.limit,
-                        |id| {
-                            !excluded.is_empty()
-                                && outbox.get(id).is_some_and(|row| {
-                                    excluded.binary_search(&row.kind.as_str()).is_ok()
-                                })
-                        },
+                        |id| outbox.get(id).is_some_and(|row| page.excludes(&row.kind)),
                     )
                 }
             };

@@ -321,7 +321,7 @@ impl IdempotencyStore for SqliteIdempotencyStore {
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
         miniflow_core::check_purge_batch(batch)?;
         // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
-        let Some(cutoff) = now.checked_sub(self.policy.retention) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(now, self.policy.retention) else {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;

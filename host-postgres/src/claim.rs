@@ -77,6 +77,7 @@ pub(crate) fn claim_in(
                 let first = (i64::MIN, String::new(), i64::MIN, i64::MIN);
                 let after = page.after.unwrap_or(&first);
                 let priority = i32::try_from(page.priority).unwrap_or(i32::MIN);
+                let excluded = page.excluded();
                 let params: [&(dyn postgres::types::ToSql + Sync); 8] = [
                     &now_sql,
                     &sql_limit(page.limit),
@@ -85,7 +86,7 @@ pub(crate) fn claim_in(
                     &after.2,
                     &after.3,
                     &priority,
-                    &page.excluded,
+                    &excluded,
                 ];
                 db.query(sql, &params)
                     .map_err(storage)?

@@ -308,7 +308,7 @@ impl IdempotencyStore for PostgresIdempotencyStore {
         let mut db = connection.db();
         let clock = Clock::read(&self.shared.options, &mut db, now)?;
         // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
-        let Some(cutoff) = clock.now.checked_sub(self.policy.retention) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, self.policy.retention) else {
             return Ok(0);
         };
         let deleted = db

@@ -151,7 +151,7 @@ impl PostgresStore {
         miniflow_core::check_purge_batch(batch)?;
         let mut connection = self.shared().connection()?;
         let clock = self.clock(&mut connection.db(), now)?.now;
-        let Some(cutoff) = clock.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(clock, older_than) else {
             return Ok(0);
         };
         miniflow_core::sweep_retirable(
@@ -222,7 +222,7 @@ impl PostgresStore {
         let mut connection = self.shared().connection()?;
         let mut db = connection.db();
         let clock = self.clock(&mut db, now)?.now;
-        let Some(cutoff) = clock.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(clock, older_than) else {
             return Ok(0);
         };
         miniflow_core::count_retirable(|after, limit| {

@@ -1441,7 +1441,7 @@ impl Operations for PostgresStore {
         let mut db = connection.db();
         let clock = self.clock(&mut db, now)?;
         // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
-        let Some(cutoff) = clock.now.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, older_than) else {
             return Ok(0);
         };
         let deleted = db

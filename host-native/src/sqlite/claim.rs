@@ -147,7 +147,7 @@ fn read_page(
     let wanted_sql = limit(page.limit);
     let mut args: Vec<&dyn rusqlite::ToSql> =
         vec![now_sql, &wanted_sql, a, w, s, i, &page.priority];
-    let excluded = excluded_kinds(&page.excluded);
+    let excluded = excluded_kinds(&page.excluded());
     let sql = match (&excluded, page.strict) {
         (None, false) => CLAIM_DUE_FIRST,
         (None, true) => CLAIM_STRICT,

@@ -693,7 +693,7 @@ impl Operations for SqliteStore {
     ) -> Result<usize, Error> {
         miniflow_core::check_purge_batch(batch)?;
         // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
-        let Some(cutoff) = now.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);
         };
         let cutoff = to_sql_time("now", cutoff)?;

@@ -137,7 +137,7 @@ impl SqliteStore {
         if batch == 0 {
             return Err(Error::invalid("batch", batch, "must be at least 1"));
         }
-        let Some(cutoff) = now.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);
         };
         miniflow_core::sweep_retirable(
@@ -188,7 +188,7 @@ impl SqliteStore {
     ///
     /// The store's errors.
     pub fn count_finished(&self, older_than: Duration, now: Timestamp) -> Result<usize, Error> {
-        let Some(cutoff) = now.checked_sub(older_than) else {
+        let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);
         };
         miniflow_core::count_retirable(|after, limit| {
