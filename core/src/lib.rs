@@ -80,6 +80,7 @@ mod error;
 mod id;
 mod idempotency;
 mod limits;
+mod listing;
 mod memory;
 mod model;
 mod outbox;
@@ -113,6 +114,7 @@ pub use idempotency::{
     IdempotencyStore, MemoryIdempotencyStore, RecordState,
 };
 pub use limits::JsonLimits;
+pub use listing::{EventListing, Listing, UnreadableCommand, UnreadableEvent};
 pub use memory::MemoryStore;
 pub use model::{
     canonical_json, check_kind, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,

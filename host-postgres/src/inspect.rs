@@ -25,27 +25,7 @@ const EVENTS_AS_STORED: &str =
 const COUNT_PURGEABLE: &str = "SELECT count(*) FROM outbox \
      WHERE status IN ('done', 'cancelled') AND processed_at <= $1";
 
-/// A workflow's events as [`PostgresStore::events_listing`] reads them: those that read, and apart
-/// from them those that cannot be read.
-#[derive(Debug, Clone, Default, PartialEq)]
-#[non_exhaustive]
-pub struct EventListing {
-    /// The events that read, in seq order.
-    pub events: Vec<EventRecord>,
-    /// The events that cannot be read, in seq order.
-    pub unreadable: Vec<UnreadableEvent>,
-}
-
-/// An event the database holds but cannot read (edited by hand, or written by a version that stored
-/// it otherwise).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UnreadableEvent {
-    /// Its seq as stored.
-    pub seq: String,
-    /// Why it cannot be read, naming the column.
-    pub error: String,
-}
+pub use miniflow_core::{EventListing, UnreadableEvent};
 
 impl PostgresStore {
     /// Every column of one outbox row by name, in the table's order, as stored: integers, reals and
@@ -99,12 +79,11 @@ impl PostgresStore {
         for row in &rows {
             match read_event(workflow_id, row) {
                 Ok(event) => listing.events.push(event),
-                Err(why) => listing.unreadable.push(UnreadableEvent {
-                    seq: row
-                        .try_get::<_, i64>("seq")
+                Err(why) => listing.unreadable.push(UnreadableEvent::new(
+                    row.try_get::<_, i64>("seq")
                         .map_or_else(|_| "?".to_owned(), |seq| seq.to_string()),
-                    error: why.to_string(),
-                }),
+                    why.to_string(),
+                )),
             }
         }
         Ok(listing)

@@ -419,13 +419,12 @@ impl PostgresStore {
         for row in &page {
             match read_outbox_row(row) {
                 Ok(outbox_row) => listing.rows.push(outbox_row),
-                Err(why) => listing.unreadable.push(UnreadableCommand {
-                    command_id: raw_command_id(row),
-                    status: row
-                        .try_get::<_, String>("status")
+                Err(why) => listing.unreadable.push(UnreadableCommand::new(
+                    raw_command_id(row),
+                    row.try_get::<_, String>("status")
                         .unwrap_or_else(|_| "?".into()),
-                    error: why.to_string(),
-                }),
+                    why.to_string(),
+                )),
             }
         }
         Ok(listing)
@@ -481,27 +480,7 @@ impl PostgresStore {
     }
 }
 
-/// The outbox rows of a listing ([`PostgresStore::pending_listing`],
-/// [`PostgresStore::dead_listing`]): those that read, and apart from them those that cannot be read.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Listing {
-    /// The rows that read, in the listing's order.
-    pub rows: Vec<OutboxRow>,
-    /// The rows among the first `limit` that cannot be read.
-    pub unreadable: Vec<UnreadableCommand>,
-}
-
-/// A row of the outbox that cannot be read (edited by hand, or written by a version that stored it
-/// otherwise), as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnreadableCommand {
-    /// Its ID as stored (`workflow_id:event_seq:idx`).
-    pub command_id: String,
-    /// Its stored status.
-    pub status: String,
-    /// Why it cannot be read, naming the column.
-    pub error: String,
-}
+pub use miniflow_core::{Listing, UnreadableCommand};
 
 /// A row count as an SQL `LIMIT`.
 pub(crate) fn sql_limit(n: usize) -> i64 {

@@ -22,26 +22,7 @@ const EVENTS_AS_STORED: &str =
 const COUNT_PURGEABLE: &str = "SELECT COUNT(*) FROM outbox \
      WHERE (status = 'done' OR status = 'cancelled') AND processed_at <= ?1";
 
-/// A workflow's events as [`SqliteStore::events_listing`] reads them: those that read, and apart
-/// from them those that cannot be read.
-#[derive(Debug, Clone, Default, PartialEq)]
-#[non_exhaustive]
-pub struct EventListing {
-    /// The events that read, in seq order.
-    pub events: Vec<EventRecord>,
-    /// The events that cannot be read, in seq order.
-    pub unreadable: Vec<UnreadableEvent>,
-}
-
-/// An event the store holds but cannot read (a damaged file, or a value an older version wrote).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UnreadableEvent {
-    /// Its seq as stored.
-    pub seq: String,
-    /// Why it cannot be read, naming the column.
-    pub error: String,
-}
+pub use miniflow_core::{EventListing, UnreadableEvent};
 
 impl SqliteStore {
     /// Every column of one outbox row by name, in the table's order, as stored: text as a JSON
@@ -123,10 +104,10 @@ impl SqliteStore {
             |item| {
                 match item {
                     Ok(event) => listing.events.push(event),
-                    Err(unreadable) => listing.unreadable.push(UnreadableEvent {
-                        seq: unreadable.row,
-                        error: unreadable.why.to_string(),
-                    }),
+                    Err(unreadable) => listing.unreadable.push(UnreadableEvent::new(
+                        unreadable.row,
+                        unreadable.why.to_string(),
+                    )),
                 }
                 Ok(true)
             },

@@ -240,10 +240,11 @@ pub(super) fn read_listing<T>(
             Err(e) => {
                 let why = unreadable_value(row, e).map_err(storage)?;
                 if let Some(named) = name(row) {
-                    unreadable.push(UnreadableCommand {
-                        error: why.to_string(),
-                        ..named
-                    });
+                    unreadable.push(UnreadableCommand::new(
+                        named.command_id,
+                        named.status,
+                        why.to_string(),
+                    ));
                 }
             }
         }
@@ -254,18 +255,7 @@ pub(super) fn read_listing<T>(
     Ok((rows, unreadable))
 }
 
-/// An outbox row that a listing found but cannot read (a damaged file, or a value an older version
-/// wrote): what is known of it, as stored, and why it cannot be read.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct UnreadableCommand {
-    /// Its ID as stored (`workflow_id:event_seq:idx`).
-    pub command_id: String,
-    /// Its stored status.
-    pub status: String,
-    /// Why it cannot be read, naming the column.
-    pub error: String,
-}
+pub use miniflow_core::{Listing, UnreadableCommand};
 
 /// The raw ID and status of an outbox row, whatever the rest of it holds.
 pub(super) fn name_unreadable(row: &Row<'_>) -> Option<UnreadableCommand> {
@@ -275,26 +265,16 @@ pub(super) fn name_unreadable(row: &Row<'_>) -> Option<UnreadableCommand> {
         Ok(other) => format!("{other:?}"),
         Err(e) => format!("({e})"),
     };
-    Some(UnreadableCommand {
-        command_id: format!(
+    Some(UnreadableCommand::new(
+        format!(
             "{}:{}:{}",
             raw(col::WORKFLOW_ID),
             raw(col::EVENT_SEQ),
             raw(col::IDX)
         ),
-        status: raw(col::STATUS),
-        error: String::new(),
-    })
-}
-
-/// What an operator's listing shows: the rows that read, and apart from them the ones that do not.
-#[derive(Debug, Clone, Default, PartialEq)]
-#[non_exhaustive]
-pub struct Listing {
-    /// The rows that read, in the listing's order.
-    pub rows: Vec<OutboxRow>,
-    /// The rows among the first `limit` that cannot be read.
-    pub unreadable: Vec<UnreadableCommand>,
+        raw(col::STATUS),
+        String::new(),
+    ))
 }
 
 impl SqliteStore {
@@ -326,7 +306,9 @@ impl SqliteStore {
             name_unreadable,
             limit,
         )?;
-        Ok(Listing { rows, unreadable })
+        let mut listing = Listing::default();
+        (listing.rows, listing.unreadable) = (rows, unreadable);
+        Ok(listing)
     }
 }
 
