@@ -35,7 +35,7 @@
 //!             let keys: Vec<usize> = (from..rows.len()).take(page.limit).collect();
 //!             for &key in &keys {
 //!                 let id = rows[key].command_id.clone();
-//!                 let offer = walk.offer(key, id, "w", Some(&rows[key]));
+//!                 let offer = walk.offer(key, &id, "w", Some(&rows[key]));
 //!                 if offer == Offer::Claim {
 //!                     deliveries.extend(walk.claim(&mut rows[key]));
 //!                 }
@@ -95,11 +95,6 @@ impl<K> ClaimPage<'_, K> {
     /// leaves out.
     pub fn excluded(&self) -> Vec<&str> {
         self.admission.excluded()
-    }
-
-    /// Whether the page leaves out commands of `kind` ([`ClaimPage::excluded`] names it).
-    pub fn excludes(&self, kind: &str) -> bool {
-        !self.admission.admits_kind(kind)
     }
 }
 
@@ -181,9 +176,10 @@ pub struct Unclaimable {
     pub salvaged: Option<OutboxRow>,
 }
 
-impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
+impl<'r, K, I: Ord + Clone> ClaimWalk<'r, K, I> {
     /// A claim of `request` at `now` under `admission` (the controls of kinds, with the leases of
     /// each limited kind counted). The store has validated `request` ([`ClaimRequest::validate`]).
+    #[inline(always)]
     pub fn new(request: &'r ClaimRequest, admission: Admission, now: Timestamp) -> Self {
         Self {
             request,
@@ -199,6 +195,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
     }
 
     /// What the store does next.
+    #[inline(always)]
     pub fn next_step(&mut self) -> ClaimStep<'_, K> {
         if self.taken >= self.request.limit {
             return ClaimStep::Done;
@@ -218,6 +215,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
     }
 
     /// The highest priority of an unfinished command below the one asked for, if any.
+    #[inline(always)]
     pub fn at_priority(&mut self, level: Option<i64>) {
         self.level = level.map_or(Level::Done, Level::At);
         self.after = None;
@@ -225,11 +223,12 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
 
     /// A candidate of the page, in claim order: its key (the page after it starts there), its row's
     /// identity, its workflow as stored, and the row if it reads (`None`: it cannot be read).
-    pub fn offer(&mut self, key: K, id: I, workflow: &str, row: Option<&OutboxRow>) -> Offer {
+    #[inline(always)]
+    pub fn offer(&mut self, key: K, id: &I, workflow: &str, row: Option<&OutboxRow>) -> Offer {
         self.after = Some(key);
         #[cfg(debug_assertions)]
         debug_assert!(
-            insert_sorted(&mut self.seen, id),
+            insert_sorted(&mut self.seen, id.clone()),
             "the store's claim query offered a row twice in one claim"
         );
         #[cfg(not(debug_assertions))]
@@ -279,17 +278,12 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
             row.priority,
             self.level
         );
-        debug_assert!(
-            !self.admission.is_paused(&row.kind),
-            "the store's claim query returned {} of the paused kind {:?}",
-            row.command_id,
-            row.kind
-        );
     }
 
     /// Claims a candidate offered as [`Offer::Claim`], in place ([`OutboxRow::claim`]): the
     /// delivery, or `None` when the rule buried it instead (its lease ran out on its last attempt,
     /// or its workflow cancelled it) — a burial does not count towards the limit.
+    #[inline(always)]
     pub fn claim(&mut self, row: &mut OutboxRow) -> Option<Delivery> {
         let delivery = row.claim(self.request, self.now)?;
         self.took(&delivery.kind);
@@ -315,6 +309,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
         Ok(changed)
     }
 
+    #[inline(always)]
     fn took(&mut self, kind: &str) {
         self.admission.took(kind);
         self.taken += 1;
@@ -364,6 +359,7 @@ impl<'r, K, I: Ord> ClaimWalk<'r, K, I> {
 
     /// The page just offered held `rows` candidates: a page shorter than it was asked to be ends
     /// the priority; a full one may have more behind it.
+    #[inline(always)]
     pub fn page_read(&mut self, rows: usize) {
         if let Level::At(priority) = self.level {
             if rows < self.page_limit {

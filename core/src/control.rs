@@ -298,11 +298,6 @@ impl Admission {
         }
     }
 
-    /// Whether `kind` is paused: a claim takes none of it.
-    pub fn is_paused(&self, kind: &str) -> bool {
-        self.paused.contains(kind)
-    }
-
     /// Whether `kind` has a concurrency limit: its leases count towards it.
     pub fn is_limited(&self, kind: &str) -> bool {
         self.slots.contains(kind)

@@ -599,27 +599,27 @@ impl Outbox for MemoryStore {
                     walk.at_priority(level);
                     continue;
                 }
+                // The kinds the controls exclude are offered too, and the walk skips them: a
+                // lookup per row, where a SQL store filters in its query.
                 ClaimStep::ReadPage(page) => {
-                    let outbox = &self.outbox;
-                    self.unfinished.page(
-                        request.order,
-                        page.priority,
-                        page.after,
-                        now,
-                        page.limit,
-                        |id| outbox.get(id).is_some_and(|row| page.excludes(&row.kind)),
-                    )
+                    self.unfinished
+                        .page(request.order, page.priority, page.after, now, page.limit)
                 }
             };
             let rows = page.len();
-            for key in page {
-                let id = key.1.clone();
-                let offer = match self.outbox.get(&id) {
-                    Some(row) => walk.offer(key, id.clone(), id.workflow_id().as_str(), Some(row)),
-                    None => Offer::Skip,
+            for key in &page {
+                let id = &key.1;
+                let Some(row) = self.outbox.get_mut(id) else {
+                    continue;
                 };
-                if offer == Offer::Claim {
-                    deliveries.extend(self.update(&id, now, |row| Ok(walk.claim(row)))?);
+                if walk.offer(key.clone(), id, id.workflow_id().as_str(), Some(row)) == Offer::Claim
+                {
+                    // The rule changes the row in place; its indexes and feedback follow.
+                    let before = row.status;
+                    if let Some(delivery) = walk.claim(row) {
+                        deliveries.push(delivery);
+                    }
+                    self.changed(id, before, now);
                 }
             }
             walk.page_read(rows);
@@ -677,7 +677,7 @@ impl Timers for MemoryStore {
         Ok(taken)
     }
     fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
-        Ok(!self.scheduled.due(now, 1).is_empty())
+        Ok(self.scheduled.any_due(now))
     }
     fn reject_timer(
         &mut self,

@@ -160,8 +160,9 @@ pub struct Delivery {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_context: Option<TraceContext>,
     /// Whether the command asked for its result ([`crate::Command::report_result`]): then a
-    /// completion with a result feeds it back into the workflow as `command_completed`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    /// completion with a result feeds it back into the workflow as `command_completed`. (Not
+    /// serialized: a delivery's JSON is what it was.)
+    #[serde(skip)]
     pub reports_result: bool,
 }
 

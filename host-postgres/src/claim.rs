@@ -99,10 +99,7 @@ pub(crate) fn claim_in(
         for Candidate { key, row } in page {
             let id = (key.1.clone(), key.2, key.3);
             let workflow = key.1.clone();
-            match (
-                walk.offer(key, id.clone(), &workflow, row.as_ref().ok()),
-                row,
-            ) {
+            match (walk.offer(key, &id, &workflow, row.as_ref().ok()), row) {
                 (Offer::Skip, _) => {}
                 (Offer::Claim, Ok(row)) => {
                     let mut changed = walk.claim_owned(row)?;

@@ -68,21 +68,22 @@ impl Buckets {
 
     /// The highest priority below `below` that holds a key.
     fn below(&self, below: i64) -> Option<i64> {
-        self.0
-            .iter()
-            .map(|(Reverse(priority), _)| i64::from(*priority))
-            .find(|priority| *priority < below)
+        for (Reverse(priority), _) in &self.0 {
+            if i64::from(*priority) < below {
+                return Some(i64::from(*priority));
+            }
+        }
+        None
     }
 
     /// Up to `limit` keys of `priority` after `after` (from its first when `None`) that are due at
-    /// `now`, in due order, leaving out those `leave_out` names: a claim's page.
+    /// `now`, in due order: a claim's page.
     fn page(
         &self,
         priority: i64,
         after: Option<&PageKey>,
         now: Timestamp,
         limit: usize,
-        mut leave_out: impl FnMut(&CommandId) -> bool,
     ) -> Vec<PageKey> {
         let Ok(index) = i32::try_from(priority).map_or(Err(0), |p| self.find(Reverse(p))) else {
             return Vec::new();
@@ -90,14 +91,15 @@ impl Buckets {
         let from = after.map_or(Bound::Unbounded, |(at, id)| {
             Bound::Excluded((*at, id.clone()))
         });
-        self.0[index]
-            .1
-            .range((from, Bound::Unbounded))
-            .take_while(|(at, _)| *at <= now)
-            .filter(|(_, id)| !leave_out(id))
-            .take(limit)
-            .cloned()
-            .collect()
+        // A plain loop: the iterator adapters' code would cost the WebAssembly module more.
+        let mut page = Vec::new();
+        for (at, id) in self.0[index].1.range((from, Bound::Unbounded)) {
+            if *at > now || page.len() == limit {
+                break;
+            }
+            page.push((*at, id.clone()));
+        }
+        page
     }
 
     #[cfg(test)]
@@ -233,7 +235,7 @@ impl ClaimIndex {
     }
 
     /// A claim's page (see [`crate::backend::ClaimPage`]): up to `limit` candidates of an `order`
-    /// claim of `priority` after `after`, claimable at `now`, leaving out those `leave_out` names.
+    /// claim of `priority` after `after`, claimable at `now`.
     pub(super) fn page(
         &self,
         order: ClaimOrder,
@@ -241,13 +243,10 @@ impl ClaimIndex {
         after: Option<&PageKey>,
         now: Timestamp,
         limit: usize,
-        leave_out: impl FnMut(&CommandId) -> bool,
     ) -> Vec<PageKey> {
         match order {
-            ClaimOrder::DueFirst => self.due.page(priority, after, now, limit, leave_out),
-            ClaimOrder::StrictPerWorkflow => {
-                self.heads.page(priority, after, now, limit, leave_out)
-            }
+            ClaimOrder::DueFirst => self.due.page(priority, after, now, limit),
+            ClaimOrder::StrictPerWorkflow => self.heads.page(priority, after, now, limit),
         }
     }
 
@@ -291,6 +290,11 @@ pub(super) struct TimerIndex {
 }
 
 impl TimerIndex {
+    /// Whether a timer is due at `now`.
+    pub(super) fn any_due(&self, now: Timestamp) -> bool {
+        self.due.first().is_some_and(|(at, _)| *at <= now)
+    }
+
     /// Records that the timer under `key` went from `before` (absent when new) to `after`. O(log n).
     pub(super) fn put(&mut self, key: &TimerKey, before: Option<&TimerRow>, after: &TimerRow) {
         let scheduled = |timer: &TimerRow| timer.status == TimerStatus::Scheduled;

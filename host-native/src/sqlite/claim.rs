@@ -104,7 +104,7 @@ pub(super) fn claim_in(
             let workflow = candidate.workflow().into_owned();
             let offer = walk.offer(
                 candidate.key,
-                candidate.id,
+                &candidate.id,
                 &workflow,
                 candidate.row.as_ref().ok(),
             );
