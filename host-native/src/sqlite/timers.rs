@@ -171,7 +171,7 @@ pub(super) fn claim_timers_in(
     let mut claim = TimerClaim::new(limit_rows, lease_ttl, now);
     let mut timers = Vec::new();
     while let Some(wanted) = claim.wanted() {
-        let mut page = Vec::with_capacity(wanted);
+        let mut page = Vec::new();
         each_row(
             tx,
             CLAIM_TIMERS,
