@@ -3,9 +3,10 @@
 use std::cell::{Cell, RefCell};
 
 use js_sys::Function;
+use miniflow_core::backend::HistoryId;
 use miniflow_core::{
-    Commit, Decision, Engine, Error, Event, EventLog, EventRecord, Handled, HistoryId, MemoryStore,
-    Seq, TimerId, TimerRow, Timers, Timestamp, Workflow, WorkflowId,
+    Commit, Decision, Engine, Error, Event, EventLog, EventRecord, Handled, MemoryStore, Seq,
+    TimerId, TimerRow, Timers, Timestamp, Workflow, WorkflowId,
 };
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;

@@ -195,7 +195,8 @@ fn check_operator(by: &str) -> Result<(), Error> {
 /// claim query may leave out (paused, or without a slot left).
 ///
 /// ```
-/// use miniflow_core::{Admission, KindChange, KindControl, Timestamp};
+/// use miniflow_core::{KindChange, KindControl, Timestamp};
+/// use miniflow_core::backend::{Admission};
 ///
 /// let now = Timestamp::from_millis(0);
 /// let limit = KindControl::change(None, "mail", KindChange::Limit(2), "ops", now)?;

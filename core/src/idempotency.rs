@@ -521,7 +521,7 @@ pub trait IdempotencyStore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::check_purge_batch`]); the store's errors.
+    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::backend::check_purge_batch`]); the store's errors.
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error>;
 }
 
@@ -629,7 +629,7 @@ impl IdempotencyStore for MemoryIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        crate::check_purge_batch(batch)?;
+        crate::backend::check_purge_batch(batch)?;
         let expired: Vec<IdempotencyKey> = self
             .records
             .values()

@@ -11,7 +11,7 @@
 //! | [`Workflow`], [`Engine`] | `evolve` folds events into state, `decide` turns an event into commands; the engine does replay → decide → commit |
 //! | [`Store`], [`Commit`] | the storage contract and the one atomic write |
 //! | [`OutboxRow`], [`ClaimRequest`], [`RetryPolicy`] | leases with fencing tokens, retries with backoff, dead letters |
-//! | [`Timer`], [`TimerId`], [`TimerRow`], [`feedback`] | durable timers, and `command_failed` feedback for compensation |
+//! | [`Timer`], [`TimerId`], [`TimerRow`], [`backend::feedback`] | durable timers, and `command_failed` feedback for compensation |
 //! | [`Schedule`], [`Missed`], [`ScheduleFired`] | recurring schedules (every N, cron): a timer that re-arms itself, once per occurrence |
 //! | [`TraceContext`] | the W3C trace context stored with each command, so a trace runs through the outbox |
 //! | [`MemoryStore`] | an in-memory store |
@@ -103,15 +103,13 @@ pub use builtin::{
     TIMER_FIRED,
 };
 pub use cache::StateCacheStats;
-pub use control::{
-    check_bulk, check_purge_batch, Admission, KindChange, KindControl, MAX_BULK_BATCH,
-};
+pub use control::{KindChange, KindControl, MAX_BULK_BATCH};
 pub use engine::{replay, Engine, Handled, Planned, ReplayResult, Workflow};
 pub use error::{BoxError, Error};
 pub use id::{CommandId, Seq, WorkflowId};
 pub use idempotency::{
-    check_retention, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
-    IdempotencyStore, MemoryIdempotencyStore, RecordState,
+    check_retention, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
+    MemoryIdempotencyStore,
 };
 pub use limits::JsonLimits;
 pub use listing::{EventListing, Listing, UnreadableCommand, UnreadableEvent};
@@ -120,33 +118,36 @@ pub use model::{
     canonical_json, check_kind, CancelCommand, Command, Decision, Event, EventRecord, MAX_KIND_LEN,
 };
 pub use outbox::{
-    Cancelled, Changed, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow,
-    Settled, Status, MAX_ERROR_LEN,
+    Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow, Settled,
+    Status, MAX_ERROR_LEN,
 };
-pub use retention::{
-    command_is_settled, count_retirable, finished_at, is_retirable, last_recorded_at, may_retire,
-    purge_cutoff, retired, sweep_retirable, timer_is_settled,
-};
+pub use retention::{finished_at, is_retirable, purge_cutoff};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
-pub use store::{
-    conflict_backoff, Ack, Commit, EventLog, Handover, HistoryId, Operations, Outbox, Store, Timers,
-};
+pub use store::{Ack, Commit, EventLog, Handover, Operations, Outbox, Store, Timers};
 pub use time::{Clock, ManualClock, Timestamp};
-pub use timer::{
-    feedback, withdrawn_feedback, FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus,
-};
+pub use timer::{FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};
 
-/// What authors of a store need and users do not: the claim walk a store drives with its queries,
-/// the admission rule of the operators' controls, row changes and the retention walk. The API for
-/// users is at the crate root; this module may change in a minor version.
+/// What authors of a store need and users do not: the claim walk and the timer claim a store
+/// drives with its queries, the admission rule of the operators' controls, row changes and the
+/// feedback they schedule, the retention walk, the receiver's records, and the checks a store runs
+/// on its arguments. The API for users is at the crate root; this module is for the store crates
+/// (and a store of your own, with the conformance suite) and may change in a minor version.
 pub mod backend {
     pub use crate::claim::{
         Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
     };
-    pub use crate::control::Admission;
+    pub use crate::control::{check_bulk, check_purge_batch, Admission};
+    pub use crate::idempotency::{IdempotencyRecord, RecordState};
+    pub use crate::outbox::Changed;
+    pub use crate::retention::{
+        command_is_settled, count_retirable, last_recorded_at, may_retire, retired,
+        sweep_retirable, timer_is_settled,
+    };
+    pub use crate::store::{conflict_backoff, HistoryId};
+    pub use crate::timer::{feedback, withdrawn_feedback};
 }
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.

@@ -714,7 +714,7 @@ impl Operations for MemoryStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        crate::check_purge_batch(batch)?;
+        crate::backend::check_purge_batch(batch)?;
         // The oldest first, then by command ID: the order a store indexed on `processed_at` reads.
         // Only the first `batch` in that order are kept, sorted, as the rows go by.
         let mut oldest: Vec<(Option<Timestamp>, &CommandId)> = Vec::new();

@@ -424,7 +424,7 @@ pub struct Changed<T> {
     pub feedback: Option<TimerRow>,
     /// The feedback timer to cancel with it, at [`Self::at`], if it is still scheduled
     /// ([`TimerRow::cancel`]): the `command_failed` of a dead command put back to pending, not fed
-    /// back yet ([`crate::withdrawn_feedback`]).
+    /// back yet ([`crate::backend::withdrawn_feedback`]).
     pub withdrawn: Option<crate::TimerId>,
     /// When the change was made.
     pub at: Timestamp,
@@ -432,7 +432,7 @@ pub struct Changed<T> {
 
 impl OutboxRow {
     /// Applies a rule (`change`, one of this type's methods) to a copy of the row at `now`: the row
-    /// after it and the feedback it schedules (see [`crate::feedback`]). On an error nothing changed.
+    /// after it and the feedback it schedules (see [`crate::backend::feedback`]). On an error nothing changed.
     ///
     /// ```
     /// use miniflow_core::{json, ClaimRequest, Command, CommandId, OutboxRow, Status, Timestamp};
@@ -514,13 +514,13 @@ impl OutboxRow {
     }
 
     /// Whether a claim at `now` may take this row: pending and due, or leased with an expired lease.
-    /// The operators' controls may still hold it back ([`crate::Admission`]).
+    /// The operators' controls may still hold it back ([`crate::backend::Admission`]).
     pub fn is_claimable(&self, now: Timestamp) -> bool {
         self.status.is_unfinished() && self.available_at <= now
     }
 
     /// Whether the row holds an unexpired lease at `now`: what a kind's concurrency limit counts
-    /// ([`crate::Admission`]). A SQL store counts `status = 'leased' AND available_at > now`.
+    /// ([`crate::backend::Admission`]). A SQL store counts `status = 'leased' AND available_at > now`.
     pub fn holds_lease(&self, now: Timestamp) -> bool {
         self.status == Status::Leased && self.available_at > now
     }
@@ -719,7 +719,7 @@ impl OutboxRow {
 
     /// Puts a dead command back to pending, due at `now`, with a fresh set of attempts. The
     /// `command_failed` of its death is withdrawn if it has not been fed back yet
-    /// ([`crate::withdrawn_feedback`]): the workflow does not compensate a failure that was retried.
+    /// ([`crate::backend::withdrawn_feedback`]): the workflow does not compensate a failure that was retried.
     pub fn retry(&mut self, now: Timestamp) -> Result<(), Error> {
         if self.status != Status::Dead {
             return Err(self.invalid_state("retry"));
@@ -763,7 +763,7 @@ impl OutboxRow {
     /// longest due, then by command ID (numbers compared as numbers). A SQL store says
     /// `ORDER BY priority DESC, available_at, workflow_id, event_seq, idx` over the rows
     /// [`Self::is_claimable`] admits (`processed_at IS NULL AND available_at <= now`) and the
-    /// operators' controls let through ([`crate::Admission`]); it may read one priority at a time
+    /// operators' controls let through ([`crate::backend::Admission`]); it may read one priority at a time
     /// (`priority = p … ORDER BY available_at, …`, then the next lower priority present), so that
     /// commands not yet due at a higher priority are never walked. In strict order only the first
     /// unfinished command of each workflow is claimable, whatever its priority: a command of a high

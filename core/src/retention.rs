@@ -55,7 +55,8 @@ pub fn last_recorded_at(events: &[EventRecord]) -> Option<Timestamp> {
 /// retired workflow takes no new event ([`retired`]).
 ///
 /// ```
-/// use miniflow_core::{finished_at, json, last_recorded_at, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+/// use miniflow_core::{finished_at, json, Command, Commit, Decision, Event, Seq, Timestamp, WorkflowId};
+/// use miniflow_core::backend::{last_recorded_at};
 ///
 /// let commit = Commit::new(
 ///     WorkflowId::new("trip-001")?,

@@ -551,7 +551,7 @@ pub trait EventLog {
 ///
 /// ```
 /// use std::time::Duration;
-/// use miniflow_core::conflict_backoff;
+/// use miniflow_core::backend::conflict_backoff;
 ///
 /// assert_eq!(conflict_backoff(1, 1.0), Duration::from_millis(1));
 /// assert_eq!(conflict_backoff(3, 0.5), Duration::from_millis(2));
@@ -616,7 +616,7 @@ pub trait Outbox {
 
     /// Marks the delivery under `token` done, with the handler's `result` if it gave one (DESIGN
     /// rules 8 and 15). A command that reports its completion ([`OutboxRow::reports_completion`])
-    /// schedules its `command_completed` feedback in the same transaction (see [`crate::feedback`]).
+    /// schedules its `command_completed` feedback in the same transaction (see [`crate::backend::feedback`]).
     ///
     /// # Errors
     ///
@@ -672,7 +672,7 @@ pub trait Outbox {
 
     /// Settles a failed delivery under `token` (see [`OutboxRow::fail`], DESIGN rule 9). A command that
     /// becomes dead schedules its `command_failed` feedback in the same transaction (see
-    /// [`crate::feedback`]); so does a claim that buries a command whose lease ran out on its last
+    /// [`crate::backend::feedback`]); so does a claim that buries a command whose lease ran out on its last
     /// attempt, and `resolve` schedules `command_resolved`.
     fn fail(
         &mut self,
@@ -734,7 +734,7 @@ pub trait Operations {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::check_purge_batch`]); the store's errors.
+    /// [`Error::InvalidInput`] for a `batch` of 0 ([`crate::backend::check_purge_batch`]); the store's errors.
     fn purge_done(
         &mut self,
         older_than: Duration,
@@ -762,7 +762,7 @@ pub trait Operations {
 
     /// Changes the controls of `kind` as `by` at `now` ([`KindControl::change`]: pause, resume, set
     /// or remove a concurrency limit) and returns them. They are stored: every claim that begins
-    /// after this returns, in any process, applies them ([`crate::Admission`]). Commands of the kind
+    /// after this returns, in any process, applies them ([`crate::backend::Admission`]). Commands of the kind
     /// are not changed.
     ///
     /// # Errors
@@ -785,7 +785,7 @@ pub trait Operations {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] as [`crate::check_bulk`]; nothing changes then.
+    /// [`Error::InvalidInput`] as [`crate::backend::check_bulk`]; nothing changes then.
     fn retry_dead_of_kind(
         &mut self,
         kind: &str,
@@ -800,7 +800,7 @@ pub trait Operations {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] as [`crate::check_bulk`]; nothing changes then.
+    /// [`Error::InvalidInput`] as [`crate::backend::check_bulk`]; nothing changes then.
     fn resolve_dead_of_kind(
         &mut self,
         kind: &str,

@@ -10,10 +10,11 @@
 //!
 //! `MINIFLOW_CACHE_SEED=n` replays one seed; `MINIFLOW_CACHE_RUNS=n` runs more.
 
+use miniflow_core::backend::HistoryId;
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    json, replay, Commit, Decision, Engine, Error, Event, EventRecord, HistoryId, MemoryStore, Seq,
-    Timestamp, Workflow, WorkflowId,
+    json, replay, Commit, Decision, Engine, Error, Event, EventRecord, MemoryStore, Seq, Timestamp,
+    Workflow, WorkflowId,
 };
 
 /// Keeps the whole history it saw, so any state folded from other events shows.

@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
+use miniflow_core::backend::{IdempotencyRecord, RecordState};
 use miniflow_core::{
-    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
-    IdempotencyStore, RecordState, Timestamp,
+    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
+    Timestamp,
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
@@ -319,7 +320,7 @@ impl IdempotencyStore for SqliteIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        miniflow_core::check_purge_batch(batch)?;
+        miniflow_core::backend::check_purge_batch(batch)?;
         // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
         let Some(cutoff) = miniflow_core::purge_cutoff(now, self.policy.retention) else {
             return Ok(0);

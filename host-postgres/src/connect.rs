@@ -5,7 +5,8 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::time::Duration;
 
-use miniflow_core::{Error, HistoryId, Timestamp};
+use miniflow_core::backend::HistoryId;
+use miniflow_core::{Error, Timestamp};
 use postgres::error::SqlState;
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Client, Config, GenericClient, NoTls, Socket};

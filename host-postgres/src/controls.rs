@@ -1,8 +1,7 @@
 //! The operators' side on PostgreSQL: stats and the controls of each kind.
 
-use miniflow_core::{
-    Admission, Error, KindChange, KindControl, OutboxRow, OutboxStats, Status, Timestamp,
-};
+use miniflow_core::backend::Admission;
+use miniflow_core::{Error, KindChange, KindControl, OutboxRow, OutboxStats, Status, Timestamp};
 use postgres::{GenericClient, Row};
 
 use crate::connect::{storage, Clock};

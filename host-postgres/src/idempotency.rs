@@ -1,8 +1,9 @@
 //! [`PostgresIdempotencyStore`]: a receiver's idempotency records in PostgreSQL.
 
+use miniflow_core::backend::{IdempotencyRecord, RecordState};
 use miniflow_core::{
-    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyRecord,
-    IdempotencyStore, RecordState, Timestamp,
+    canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
+    Timestamp,
 };
 use postgres::{GenericClient, Transaction};
 
@@ -303,7 +304,7 @@ impl IdempotencyStore for PostgresIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        miniflow_core::check_purge_batch(batch)?;
+        miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
         let mut db = connection.db();
         let clock = Clock::read(&self.shared.options, &mut db, now)?;

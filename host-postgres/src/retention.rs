@@ -88,7 +88,7 @@ fn retire_in(
     }
     let rows = query_rows(db, SELECT_WORKFLOW, &[&id])
         .and_then(|commands| Ok((commands, query_timers(db, SELECT_WORKFLOW_TIMERS, &[&id])?)));
-    if !miniflow_core::may_retire(last_event_at, rows, older_than, now)? {
+    if !miniflow_core::backend::may_retire(last_event_at, rows, older_than, now)? {
         return Ok(false);
     }
     for sql in [
@@ -113,7 +113,7 @@ impl PostgresStore {
     /// cancelled (none pending, leased or dead), no timer scheduled, and nothing recorded or settled
     /// since the cutoff. An unfinished workflow is never touched.
     ///
-    /// A retired workflow ID takes no new event ([`miniflow_core::retired`]): a new history would
+    /// A retired workflow ID takes no new event ([`miniflow_core::backend::retired`]): a new history would
     /// repeat its old command IDs, which receivers would fold into the old effects. The store keeps
     /// one small row per retired workflow (`retired_workflows`) to refuse it.
     ///
@@ -148,13 +148,13 @@ impl PostgresStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        miniflow_core::check_purge_batch(batch)?;
+        miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared().connection()?;
         let clock = self.clock(&mut connection.db(), now)?.now;
         let Some(cutoff) = miniflow_core::purge_cutoff(clock, older_than) else {
             return Ok(0);
         };
-        miniflow_core::sweep_retirable(
+        miniflow_core::backend::sweep_retirable(
             &mut connection,
             batch,
             |connection, after, limit| retirable_after(&mut connection.db(), cutoff, after, limit),
@@ -225,7 +225,7 @@ impl PostgresStore {
         let Some(cutoff) = miniflow_core::purge_cutoff(clock, older_than) else {
             return Ok(0);
         };
-        miniflow_core::count_retirable(|after, limit| {
+        miniflow_core::backend::count_retirable(|after, limit| {
             retirable_after(&mut db, cutoff, after, limit)
         })
     }

@@ -4,12 +4,13 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use miniflow_core::backend::{check_bulk, Changed, HistoryId};
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, check_bulk, Ack, Cancelled, Changed, ClaimRequest, CommandId, Commit, Delivery,
-    Engine, Error, Event, EventRecord, Extended, Failure, Handled, HistoryId, KindChange,
-    KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, TimerId, TimerRow, Timestamp,
-    TraceContext, Workflow, WorkflowId,
+    canonical_json, Ack, Cancelled, ClaimRequest, CommandId, Commit, Delivery, Engine, Error,
+    Event, EventRecord, Extended, Failure, Handled, KindChange, KindControl, OutboxRow,
+    OutboxStats, RetryPolicy, Seq, Settled, TimerId, TimerRow, Timestamp, TraceContext, Workflow,
+    WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Config, GenericClient, Socket, Transaction};
@@ -592,7 +593,7 @@ fn last_seq(db: &mut Db<'_, impl GenericClient>, workflow_id: &WorkflowId) -> Re
 
 /// The error for a commit to a workflow retention retired at `at` (stored milliseconds).
 fn retired(workflow_id: &WorkflowId, at: i64) -> Error {
-    miniflow_core::retired(
+    miniflow_core::backend::retired(
         workflow_id,
         Timestamp::from_millis(u64::try_from(at).unwrap_or_default()),
     )
@@ -1117,10 +1118,13 @@ impl EventLog for PostgresStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&mut self.shared.connection()?.db(), workflow_id)
     }
-    /// Waits [`miniflow_core::conflict_backoff`], with a random jitter: connections writing one
+    /// Waits [`miniflow_core::backend::conflict_backoff`], with a random jitter: connections writing one
     /// workflow spread out instead of racing again together.
     fn before_retry(&mut self, conflicts: u32) {
-        std::thread::sleep(miniflow_core::conflict_backoff(conflicts, jitter()));
+        std::thread::sleep(miniflow_core::backend::conflict_backoff(
+            conflicts,
+            jitter(),
+        ));
     }
     fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
         load_events_after(&mut self.shared.connection()?.db(), workflow_id, after)
@@ -1415,7 +1419,7 @@ impl Operations for PostgresStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        miniflow_core::check_purge_batch(batch)?;
+        miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
         let mut db = connection.db();
         let clock = self.clock(&mut db, now)?;

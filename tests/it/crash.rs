@@ -28,13 +28,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use miniflow::backend::RecordState;
 use miniflow::prelude::*;
 use miniflow::rusqlite::{Connection, TransactionBehavior};
 use miniflow::{
     json, Begin, Clock, Command, CommandCompleted, Decision, Delivery, Digest, Dispatcher, Engine,
     Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Outcome,
-    RecordState, RetryPolicy, SqliteIdempotencyStore, SqliteStore, Status, SystemClock, TimerId,
-    TimerStatus, Workflow, WorkflowId, COMMAND_COMPLETED,
+    RetryPolicy, SqliteIdempotencyStore, SqliteStore, Status, SystemClock, TimerId, TimerStatus,
+    Workflow, WorkflowId, COMMAND_COMPLETED,
 };
 
 use crate::child;

@@ -42,14 +42,15 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use miniflow::backend::{HistoryId, RecordState};
 use miniflow::prelude::*;
 use miniflow::{
     check_retention, json, Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandId, Commit,
-    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure, HistoryId,
+    Decision, Delivery, Digest, Engine, Error, Event, EventRecord, Extended, Failure,
     IdempotencyKey, IdempotencyPolicy, IdempotencyStore, MemoryIdempotencyStore, MemoryStore,
-    OutboxRow, RecordState, RetryPolicy, Seq, Settled, Status, Timer, TimerId, TimerRow,
-    TimerSource, TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED,
-    COMMAND_FAILED, TIMER_FIRED,
+    OutboxRow, RetryPolicy, Seq, Settled, Status, Timer, TimerId, TimerRow, TimerSource,
+    TimerStatus, Timestamp, Value, Workflow, WorkflowId, COMMAND_COMPLETED, COMMAND_FAILED,
+    TIMER_FIRED,
 };
 
 /// Seeds CI runs when no seed is given: 1 to `CI_RUNS`.

@@ -11,12 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use miniflow::backend::RecordState;
 use miniflow::prelude::*;
 use miniflow::rusqlite::{Connection, TransactionBehavior};
 use miniflow::{
     json, Begin, Command, Commit, Decision, Digest, Engine, Error, Event, EventRecord,
-    IdempotencyKey, IdempotencyPolicy, IdempotencyStore, RecordState, Seq, SqliteIdempotencyStore,
-    SqliteStore, Timestamp, Workflow, WorkflowId,
+    IdempotencyKey, IdempotencyPolicy, IdempotencyStore, Seq, SqliteIdempotencyStore, SqliteStore,
+    Timestamp, Workflow, WorkflowId,
 };
 
 /// A shop: `order_placed` charges the card (asking for the result) and reserves the stock;

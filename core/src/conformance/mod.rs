@@ -37,13 +37,14 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::backend::RecordState;
 use crate::prelude::*;
 use crate::{
     Ack, Begin, ClaimOrder, ClaimRequest, Command, CommandCompleted, CommandId, Commit, Decision,
     Digest, Engine, Error, Event, EventRecord, Failure, IdempotencyKey, IdempotencyPolicy,
-    IdempotencyStore, JsonLimits, RecordState, RetryPolicy, Seq, Settled, Status, Store, Timer,
-    TimerId, TimerRow, TimerStatus, Timestamp, Workflow, WorkflowId, COMMAND_COMPLETED,
-    COMMAND_FAILED, TIMER_FIRED,
+    IdempotencyStore, JsonLimits, RetryPolicy, Seq, Settled, Status, Store, Timer, TimerId,
+    TimerRow, TimerStatus, Timestamp, Workflow, WorkflowId, COMMAND_COMPLETED, COMMAND_FAILED,
+    TIMER_FIRED,
 };
 
 /// How the suite drives one backend.

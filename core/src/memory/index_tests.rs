@@ -308,7 +308,7 @@ impl Run {
 
 /// A claim as the rules state it, without an index: every row that [`OutboxRow::is_claimable`], in
 /// strict order only each workflow's first unfinished one, sorted by [`OutboxRow::claim_order`], taken
-/// in that order, as the operators' controls admit ([`crate::Admission`]), until `limit` deliveries.
+/// in that order, as the operators' controls admit ([`crate::backend::Admission`]), until `limit` deliveries.
 fn claim_by_scanning(
     store: &mut MemoryStore,
     request: &ClaimRequest,

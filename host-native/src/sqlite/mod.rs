@@ -6,15 +6,16 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use miniflow_core::backend::{check_bulk, Admission, Changed, HistoryId};
 use miniflow_core::backend::{
     Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
 };
 use miniflow_core::prelude::*;
 use miniflow_core::{
-    canonical_json, check_bulk, Ack, Admission, Cancelled, Changed, ClaimRequest, CommandId,
-    Commit, Delivery, Engine, Error, Event, EventRecord, Extended, Failure, Handled, Handover,
-    HistoryId, KindChange, KindControl, Lease, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled,
-    Status, TimerId, TimerRow, Timestamp, TraceContext, Workflow, WorkflowId,
+    canonical_json, Ack, Cancelled, ClaimRequest, CommandId, Commit, Delivery, Engine, Error,
+    Event, EventRecord, Extended, Failure, Handled, Handover, KindChange, KindControl, Lease,
+    OutboxRow, OutboxStats, RetryPolicy, Seq, Settled, Status, TimerId, TimerRow, Timestamp,
+    TraceContext, Workflow, WorkflowId,
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
@@ -500,10 +501,13 @@ impl EventLog for SqliteStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
         load_events(&self.conn, workflow_id)
     }
-    /// Waits [`miniflow_core::conflict_backoff`], with a random jitter: threads and processes
+    /// Waits [`miniflow_core::backend::conflict_backoff`], with a random jitter: threads and processes
     /// writing one workflow spread out instead of racing again together.
     fn before_retry(&mut self, conflicts: u32) {
-        std::thread::sleep(miniflow_core::conflict_backoff(conflicts, jitter()));
+        std::thread::sleep(miniflow_core::backend::conflict_backoff(
+            conflicts,
+            jitter(),
+        ));
     }
     fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
         load_events_after(&self.conn, workflow_id, after)
@@ -691,7 +695,7 @@ impl Operations for SqliteStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        miniflow_core::check_purge_batch(batch)?;
+        miniflow_core::backend::check_purge_batch(batch)?;
         // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
         let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);

@@ -21,13 +21,13 @@ pub(super) const LAST_SEQ_AND_RETIRED: &str = "SELECT COALESCE(MAX(seq), 0), \
      FROM events WHERE workflow_id = ?1";
 
 /// Refuses a first commit to a workflow that retention retired at `retired_at` (see
-/// [`miniflow_core::retired`]).
+/// [`miniflow_core::backend::retired`]).
 pub(super) fn check_not_retired(
     workflow_id: &WorkflowId,
     retired_at: Option<i64>,
 ) -> Result<(), Error> {
     match retired_at {
-        Some(at) => Err(miniflow_core::retired(
+        Some(at) => Err(miniflow_core::backend::retired(
             workflow_id,
             Timestamp::from_millis(u64::try_from(at).unwrap_or_default()),
         )),
@@ -52,7 +52,7 @@ pub(super) fn retire_in(
         .map_err(storage)?;
     let rows = query_rows(tx, SELECT_WORKFLOW, [id])
         .and_then(|commands| Ok((commands, query_timers(tx, SELECT_WORKFLOW_TIMERS, [id])?)));
-    if !miniflow_core::may_retire(last_event_at, rows, older_than, now)? {
+    if !miniflow_core::backend::may_retire(last_event_at, rows, older_than, now)? {
         return Ok(false);
     }
     for sql in [
@@ -92,7 +92,7 @@ impl SqliteStore {
     /// cancelled (none pending, leased or dead), no timer scheduled, and nothing recorded or settled
     /// since the cutoff. An unfinished workflow is never touched.
     ///
-    /// A retired workflow ID takes no new event ([`miniflow_core::retired`]): a new history would
+    /// A retired workflow ID takes no new event ([`miniflow_core::backend::retired`]): a new history would
     /// repeat its old command IDs, which receivers would fold into the old effects. The store keeps
     /// one small row per retired workflow to refuse it.
     ///
@@ -140,7 +140,7 @@ impl SqliteStore {
         let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);
         };
-        miniflow_core::sweep_retirable(
+        miniflow_core::backend::sweep_retirable(
             self,
             batch,
             |store, after, limit| retirable_after(&store.conn, cutoff, after, limit),
@@ -191,7 +191,7 @@ impl SqliteStore {
         let Some(cutoff) = miniflow_core::purge_cutoff(now, older_than) else {
             return Ok(0);
         };
-        miniflow_core::count_retirable(|after, limit| {
+        miniflow_core::backend::count_retirable(|after, limit| {
             retirable_after(&self.conn, cutoff, after, limit)
         })
     }

@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::tokio::sync::oneshot;
+use miniflow_core::backend::HistoryId;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     Ack, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Event, Extended, Failure,
-    Handled, Handover, HistoryId, RetryPolicy, Settled, TimerRow, Workflow, WorkflowId,
+    Handled, Handover, RetryPolicy, Settled, TimerRow, Workflow, WorkflowId,
 };
 use rusqlite::Transaction;
 use serde_json::Value;

@@ -3,9 +3,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use miniflow_core::{
-    Commit, Engine, Error, Event, Handled, HistoryId, Timestamp, Workflow, WorkflowId,
-};
+use miniflow_core::backend::HistoryId;
+use miniflow_core::{Commit, Engine, Error, Event, Handled, Timestamp, Workflow, WorkflowId};
 use rusqlite::{Params, Transaction};
 
 use crate::sqlite::{load_events_after, storage};

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
+use miniflow::backend::check_bulk;
 use miniflow::prelude::*;
 use miniflow::{
-    check_bulk, CommandId, OutboxRow, Status, TimerId, TimerRow, TimerStatus, Timestamp,
-    WorkflowId, COMMAND_FAILED, MAX_BULK_BATCH,
+    CommandId, OutboxRow, Status, TimerId, TimerRow, TimerStatus, Timestamp, WorkflowId,
+    COMMAND_FAILED, MAX_BULK_BATCH,
 };
 
 use crate::output::{cell, plural, print_rows, when, Done, JsonList, Stop};
