@@ -74,6 +74,7 @@
 mod builtin;
 mod cache;
 mod claim;
+mod commit;
 mod control;
 mod engine;
 mod error;

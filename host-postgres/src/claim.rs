@@ -10,12 +10,11 @@ use postgres::{Row, Transaction};
 
 use crate::connect::storage;
 use crate::db::Db;
+use crate::queries::{sql_limit, CLAIM_DUE_FIRST, CLAIM_STRICT, CLAIM_TIMERS, NEXT_PRIORITY};
+use crate::rows::write_change;
 use crate::rows::{
     col, id_params, insert_timer, raw_command_id, read_outbox_row, read_timer, salvage, text,
     timer_exists, to_sql_time, token_param, Column,
-};
-use crate::store::{
-    sql_limit, write_change, CLAIM_DUE_FIRST, CLAIM_STRICT, CLAIM_TIMERS, NEXT_PRIORITY,
 };
 
 /// A claim candidate's key in claim order: `(available_at, workflow_id, event_seq, idx)`.

@@ -24,13 +24,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod acks;
 mod claim;
+mod commit;
 mod connect;
 mod controls;
 mod db;
 mod idempotency;
 mod inspect;
 mod notifier;
+mod queries;
 mod retention;
 mod rows;
 mod store;

@@ -23,8 +23,9 @@ use postgres::Transaction;
 
 use crate::connect::storage;
 use crate::db::Db;
+use crate::queries::{sql_limit, SELECT_WORKFLOW, SELECT_WORKFLOW_TIMERS};
 use crate::rows::{query_rows, query_timers, to_sql_time};
-use crate::store::{sql_limit, PostgresStore, SELECT_WORKFLOW, SELECT_WORKFLOW_TIMERS};
+use crate::store::PostgresStore;
 
 /// Workflows whose history may be retired at `$1` (the cutoff: `now - older_than`), in workflow ID
 /// order after `$3`, up to `$2`: the core's rule translated into SQL, to find candidates without

@@ -1,6 +1,7 @@
 //! Reading and writing miniflow's rows: the columns of each table, each stored value read back with
 //! the column it came from named when it cannot be (DESIGN rule 13).
 
+use miniflow_core::backend::Changed;
 use miniflow_core::{
     canonical_json, CommandId, Error, EventRecord, Lease, OutboxRow, Seq, Status, TimerId,
     TimerRow, Timestamp, TraceContext, WorkflowId,
@@ -470,4 +471,25 @@ pub(crate) fn timer_exists(
     )
     .and_then(|row| row.try_get(0))
     .map_err(storage)
+}
+
+/// Writes a row change the core computed ([`OutboxRow::change`]), the feedback it schedules and the
+/// feedback it withdraws, in the caller's transaction; says whether there was feedback.
+pub(crate) fn write_change<T>(
+    db: &mut Db<'_, impl GenericClient>,
+    changed: &Changed<T>,
+) -> Result<bool, Error> {
+    write_row(db, &changed.row)?;
+    if let Some(timer_id) = &changed.withdrawn {
+        db.execute(
+            "UPDATE timers SET status = 'cancelled', processed_at = $2 \
+             WHERE timer_id = $1 AND processed_at IS NULL",
+            &[&timer_id.to_string(), &to_sql_time("now", changed.at)?],
+        )
+        .map_err(storage)?;
+    }
+    match &changed.feedback {
+        Some(timer) => insert_timer(db, timer).map(|()| true),
+        None => Ok(false),
+    }
 }
