@@ -313,7 +313,7 @@ impl Commit {
         self.events.last().map_or(self.expected_seq, |e| e.seq)
     }
 
-    /// Checks that `last` is an event this commit can follow (see [`EventLog::append_after`]): of
+    /// Checks that `last` is an event this commit can follow (see [`crate::EventLog::append_after`]): of
     /// its workflow, at its expected seq.
     ///
     /// # Errors
