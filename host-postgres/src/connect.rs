@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use miniflow_core::backend::HistoryId;
 use miniflow_core::{Error, Timestamp};
-use postgres::error::SqlState;
 use postgres::tls::{MakeTlsConnect, TlsConnect};
 use postgres::{Client, Config, GenericClient, NoTls, Socket};
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::db::{Connection, Db};
+pub(crate) use crate::db::{Connections, Pooled};
+use crate::errors::DriverError;
+pub(crate) use crate::errors::{is_unique_violation, storage};
 use crate::notifier::Notifier;
+pub use crate::notifier::NOTIFY_CHANNEL;
 
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
 const MIGRATIONS: &[&str] = &[
@@ -33,9 +36,6 @@ pub(crate) const LOCK_CLASS: i32 = 0x6d66_6c77;
 const MIGRATION_LOCK: i32 = 1;
 /// The lock id, within [`LOCK_CLASS`] + 1, of an idempotency key is `hashtext(key)`.
 pub(crate) const KEY_LOCK_CLASS: i32 = LOCK_CLASS + 1;
-
-/// The channel commits that make work claimable notify (see [`crate::Wakeups`]).
-pub const NOTIFY_CHANNEL: &str = "miniflow_outbox";
 
 /// Settings of a [`crate::PostgresStore`] and [`crate::PostgresIdempotencyStore`]; the defaults
 /// keep every commit durable and take `now` from the caller, like every miniflow store.
@@ -218,9 +218,6 @@ impl PostgresOptions {
 /// A connection checked out of the pool; it goes back when dropped.
 pub type PooledClient = Box<dyn DerefMut<Target = Client> + Send>;
 
-/// A connection of the pool with its prepared statements, checked out; it goes back when dropped.
-pub(crate) type Pooled = Box<dyn DerefMut<Target = Connection> + Send>;
-
 /// The client of a checked-out connection, for the caller.
 struct ClientOf(Pooled);
 
@@ -235,12 +232,6 @@ impl DerefMut for ClientOf {
     fn deref_mut(&mut self) -> &mut Client {
         &mut self.0.client
     }
-}
-
-/// Where connections come from, whatever TLS connector the pool was built with.
-pub(crate) trait Connections: Send + Sync {
-    fn get(&self) -> Result<Pooled, Error>;
-    fn dedicated(&self) -> Result<Client, Error>;
 }
 
 /// The pool's connections: `r2d2_postgres`'s, each with its statement cache.
@@ -579,54 +570,6 @@ impl std::error::Error for Connecting {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&*self.source)
     }
-}
-
-/// A driver error whose message says what went wrong: the driver's own says only "db error" or
-/// "error connecting to server"; this one adds what the server or the system said. The driver's
-/// error stays its source.
-#[derive(Debug)]
-struct DriverError(postgres::Error);
-
-impl std::fmt::Display for DriverError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        match std::error::Error::source(&self.0) {
-            Some(cause) if !self.0.to_string().ends_with(&cause.to_string()) => {
-                write!(f, ": {cause}")
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl std::error::Error for DriverError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.0)
-    }
-}
-
-/// Maps a driver error onto miniflow's kinds: a lost serialization race, a deadlock, a lock or
-/// statement timeout and a full server are [`Error::Busy`] (retry later); anything else, including
-/// a lost connection, is [`Error::Storage`].
-pub(crate) fn storage(e: postgres::Error) -> Error {
-    let busy = [
-        SqlState::T_R_SERIALIZATION_FAILURE,
-        SqlState::T_R_DEADLOCK_DETECTED,
-        SqlState::LOCK_NOT_AVAILABLE,
-        SqlState::QUERY_CANCELED,
-        SqlState::TOO_MANY_CONNECTIONS,
-    ];
-    match e.code() {
-        Some(code) if busy.contains(code) => Error::Busy(Box::new(DriverError(e))),
-        _ => Error::Storage(Box::new(DriverError(e))),
-    }
-}
-
-/// Whether `e` is a unique violation (of `constraint`, when given).
-pub(crate) fn is_unique_violation(e: &postgres::Error, constraint: &str) -> bool {
-    e.as_db_error().is_some_and(|db| {
-        *db.code() == SqlState::UNIQUE_VIOLATION && db.constraint() == Some(constraint)
-    })
 }
 
 /// Refuses a server that may lose a commit that returned (see

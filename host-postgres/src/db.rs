@@ -2,12 +2,13 @@
 //! and planned once per connection, and every later use is one round trip (bind + execute).
 
 use std::collections::HashMap;
+use std::ops::DerefMut;
 
 use postgres::error::SqlState;
 use postgres::types::ToSql;
 use postgres::{Client, GenericClient, Row, Statement, Transaction};
 
-use crate::connect::storage;
+use crate::errors::storage;
 use miniflow_core::Error;
 
 /// A connection of the pool: the client and the statements prepared on it.
@@ -169,4 +170,13 @@ impl<'a, C: GenericClient> Db<'a, C> {
             .and_then(|statement| self.client.execute(&statement, params));
         self.checked(result)
     }
+}
+
+/// A connection of the pool with its prepared statements, checked out; it goes back when dropped.
+pub(crate) type Pooled = Box<dyn DerefMut<Target = Connection> + Send>;
+
+/// Where connections come from, whatever TLS connector the pool was built with.
+pub(crate) trait Connections: Send + Sync {
+    fn get(&self) -> Result<Pooled, Error>;
+    fn dedicated(&self) -> Result<Client, Error>;
 }

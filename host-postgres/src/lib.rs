@@ -30,6 +30,7 @@ mod commit;
 mod connect;
 mod controls;
 mod db;
+mod errors;
 mod idempotency;
 mod inspect;
 mod notifier;

@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use postgres::{Client, Statement};
 
-use crate::connect::{Connections, NOTIFY_CHANNEL};
+use crate::db::Connections;
+
+/// The channel commits that make work claimable notify (see [`crate::Wakeups`]).
+pub const NOTIFY_CHANNEL: &str = "miniflow_outbox";
 
 /// The shortest time between two hints of one store.
 pub(crate) const COALESCE: Duration = Duration::from_millis(1);

@@ -159,8 +159,9 @@ fn stored_json(value: ValueRef<'_>) -> serde_json::Value {
     }
 }
 
-/// One event of `workflow_id` from the columns of [`EVENTS_AS_STORED`].
-fn read_event(workflow_id: &WorkflowId, row: &Row<'_>) -> rusqlite::Result<EventRecord> {
+/// One event of `workflow_id` from the columns `seq, kind, payload, recorded_at` (those of
+/// [`EVENTS_AS_STORED`] and of every query of events).
+pub(super) fn read_event(workflow_id: &WorkflowId, row: &Row<'_>) -> rusqlite::Result<EventRecord> {
     let seq: i64 = row.get(0)?;
     Ok(EventRecord {
         workflow_id: workflow_id.clone(),

@@ -38,6 +38,7 @@ mod writes;
 
 use self::claim::*;
 use self::controls::*;
+use self::inspect::read_event;
 pub use self::inspect::{EventListing, UnreadableEvent};
 use self::retention::*;
 use self::rows::*;

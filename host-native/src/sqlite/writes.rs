@@ -187,19 +187,7 @@ pub(crate) fn load_events_after(
 ) -> Result<Vec<EventRecord>, Error> {
     // A seq is below 2^53, so it fits an INTEGER.
     let after = i64::try_from(after.get()).unwrap_or(i64::MAX);
-    let read = |row: &Row<'_>| {
-        let seq: i64 = row.get(0)?;
-        Ok(EventRecord {
-            workflow_id: workflow_id.clone(),
-            seq: u64::try_from(seq)
-                .ok()
-                .and_then(|s| Seq::new(s).ok())
-                .ok_or_else(|| unreadable(row, 0, format!("holds {seq}, out of range")))?,
-            kind: row.get(1)?,
-            payload: read_json(row, 2)?,
-            recorded_at: read_time(row, 3)?,
-        })
-    };
+    let read = |row: &Row<'_>| read_event(workflow_id, row);
     let name = |row: &Row<'_>| format!("event {workflow_id}#{}", raw_text(row, 0));
     read_all(
         conn,
