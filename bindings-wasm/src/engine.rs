@@ -4,6 +4,7 @@ use std::cell::{Cell, RefCell};
 
 use js_sys::Function;
 use miniflow_core::backend::HistoryId;
+use miniflow_core::AppendedAfter;
 use miniflow_core::{
     Commit, Decision, Engine, Error, Event, EventLog, EventRecord, Handled, MemoryStore, Seq,
     TimerId, TimerRow, Timers, Timestamp, Workflow, WorkflowId,
@@ -101,7 +102,11 @@ impl EventLog for Firing<'_> {
     fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
         self.store.append_with_commands(commit)
     }
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
         self.store.append_after(last, commit)
     }
 }

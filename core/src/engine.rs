@@ -9,7 +9,7 @@ use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
 use crate::schedule::Firing;
-use crate::store::{Commit, EventLog, HistoryId, Timers};
+use crate::store::{AppendedAfter, Commit, EventLog, HistoryId, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
 use crate::trace::TraceContext;
@@ -694,8 +694,12 @@ impl<W: Workflow> Engine<W> {
             return store.append_with_commands(commit);
         };
         let answer = store.append_after(last, commit);
-        self.states.learn_checks_last(history, answer.is_some());
-        answer.unwrap_or_else(|| store.append_with_commands(commit))
+        let checks = !matches!(answer, Ok(AppendedAfter::Unchecked));
+        self.states.learn_checks_last(history, checks);
+        match answer {
+            Ok(AppendedAfter::Unchecked) => store.append_with_commands(commit),
+            answer => answer.map(|_| ()),
+        }
     }
 }
 
@@ -795,10 +799,10 @@ mod tests {
             &mut self,
             last: &EventRecord,
             commit: &Commit,
-        ) -> Option<Result<(), Error>> {
+        ) -> Result<AppendedAfter, Error> {
             self.asked_after += 1;
             if !self.checks_last {
-                return None;
+                return Ok(AppendedAfter::Unchecked);
             }
             self.commits += 1;
             self.inner.append_after(last, commit)

@@ -126,7 +126,9 @@ pub use retention::{finished_at, is_retirable, purge_cutoff};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
-pub use store::{Ack, Commit, EventLog, Handover, Operations, Outbox, Store, Timers};
+pub use store::{
+    Ack, AppendedAfter, Commit, EventLog, Handover, Operations, Outbox, Store, Timers,
+};
 pub use time::{Clock, ManualClock, Timestamp};
 pub use timer::{FireAt, Timer, TimerId, TimerRow, TimerSource, TimerStatus};
 pub use trace::{TraceContext, MAX_TRACESTATE_LEN};

@@ -21,7 +21,7 @@ use crate::outbox::{
 };
 use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
-use crate::store::{Commit, EventLog, HistoryId, Operations, Outbox, Timers};
+use crate::store::{AppendedAfter, Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
 use crate::timer::{feedback, withdrawn_feedback};
 use crate::timer::{TimerId, TimerRow};
@@ -474,14 +474,18 @@ impl EventLog for MemoryStore {
         );
         Ok(())
     }
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
-        Some(commit.check_follows(last).and_then(|()| {
-            let found = self.events.get(commit.workflow_id()).and_then(|e| e.last());
-            if found != Some(last) {
-                return Err(commit.conflict(self.last_seq(commit.workflow_id())));
-            }
-            self.append_with_commands(commit)
-        }))
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
+        commit.check_follows(last)?;
+        let found = self.events.get(commit.workflow_id()).and_then(|e| e.last());
+        if found != Some(last) {
+            return Err(commit.conflict(self.last_seq(commit.workflow_id())));
+        }
+        self.append_with_commands(commit)?;
+        Ok(AppendedAfter::Written)
     }
 }
 

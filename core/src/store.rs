@@ -76,6 +76,17 @@ impl HistoryId {
     }
 }
 
+/// How a store answered [`EventLog::append_after`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AppendedAfter {
+    /// The workflow's last event was still the one given: the commit is written.
+    Written,
+    /// The store cannot check the last event inside its commit: nothing was written, and the
+    /// caller reads the workflow and commits as usual.
+    Unchecked,
+}
+
 /// The event log of every workflow: all that [`crate::Engine::handle`] needs.
 ///
 /// A store is synchronous and row-shaped: it stores JSON payloads and knows nothing of workflow types.
@@ -120,8 +131,9 @@ pub trait EventLog {
     /// Writes `commit` as [`EventLog::append_with_commands`] does if and only if the workflow's last
     /// event is still `last`, equal in every field (its seq is `commit.expected_seq()`), checked
     /// inside the commit's transaction: the engine's commit on a cached state, decided without
-    /// reading the workflow first. `None` (the default) when the store cannot check that in its
-    /// commit; nothing is written then, and the engine reads the workflow first, as it always can.
+    /// reading the workflow first. [`AppendedAfter::Written`] when it wrote the commit;
+    /// [`AppendedAfter::Unchecked`] (the default) when the store cannot check that in its commit:
+    /// nothing is written then, and the engine reads the workflow first, as it always can.
     ///
     /// A store that answers should keep a commit's events exactly as the commit holds them (no time
     /// or payload rewritten): the engine then keeps the last of them as the event its state was
@@ -134,9 +146,13 @@ pub trait EventLog {
     /// is not the one `last` came from); [`Error::InvalidInput`] when `last` is not of the commit's
     /// workflow at its expected seq; otherwise as [`EventLog::append_with_commands`]. Any error
     /// means nothing of the commit was written.
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
         let _ = (last, commit);
-        None
+        Ok(AppendedAfter::Unchecked)
     }
 
     /// Called by [`crate::Engine::handle`] and [`crate::Engine::fire`] after a commit decided on a

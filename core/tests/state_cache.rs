@@ -12,6 +12,7 @@
 
 use miniflow_core::backend::HistoryId;
 use miniflow_core::prelude::*;
+use miniflow_core::AppendedAfter;
 use miniflow_core::{
     json, replay, Commit, Decision, Engine, Error, Event, EventRecord, MemoryStore, Seq, Timestamp,
     Workflow, WorkflowId,
@@ -60,9 +61,13 @@ impl EventLog for Log {
         self.rival_first(commit);
         self.store.append_with_commands(commit)
     }
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
         if !self.checks_last {
-            return None;
+            return Ok(AppendedAfter::Unchecked);
         }
         self.rival_first(commit);
         self.store.append_after(last, commit)

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use miniflow_core::backend::{check_bulk, HistoryId};
 use miniflow_core::prelude::*;
+use miniflow_core::AppendedAfter;
 use miniflow_core::{
     Ack, ClaimRequest, CommandId, Commit, Delivery, Engine, Error, Event, EventRecord, Extended,
     Failure, Handled, KindChange, KindControl, OutboxRow, OutboxStats, RetryPolicy, Seq, Settled,
@@ -511,16 +512,18 @@ impl EventLog for PostgresStore {
     }
     /// On the caller's clock the last event is checked in the commit's own statement, so nothing is
     /// read before it. On the database's clock (whose times the engine does not hold) `None`.
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
         if self.shared.options.uses_database_clock() {
-            return None;
+            return Ok(AppendedAfter::Unchecked);
         }
-        let last = commit
-            .check_follows(last)
-            .and_then(|()| LastEvent::of(last));
-        Some(last.and_then(|last| {
-            crate::telemetry::sending(commit, || self.append(commit, Some(&last)))
-        }))
+        commit.check_follows(last)?;
+        let last = LastEvent::of(last)?;
+        crate::telemetry::sending(commit, || self.append(commit, Some(&last)))?;
+        Ok(AppendedAfter::Written)
     }
 }
 

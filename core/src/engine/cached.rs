@@ -150,7 +150,7 @@ impl<W: Workflow> Engine<W> {
             }
         };
         match store.append_after(&entry.last, &commit) {
-            Some(Ok(())) => {
+            Ok(AppendedAfter::Written) => {
                 self.states.count(Some(true));
                 let handled = Handled::of(&commit, 0);
                 self.states.put(
@@ -162,15 +162,15 @@ impl<W: Workflow> Engine<W> {
                 );
                 Ok(OnCached::Committed(handled))
             }
-            Some(Err(e @ Error::Conflict { .. })) => {
+            Err(e @ Error::Conflict { .. }) => {
                 self.states.put(key, entry);
                 Ok(OnCached::Conflict(e))
             }
-            Some(Err(e)) => {
+            Err(e) => {
                 self.states.put(key, entry);
                 Err(e)
             }
-            None => {
+            Ok(AppendedAfter::Unchecked) => {
                 self.states.put(key, entry);
                 Ok(OnCached::NotTried)
             }

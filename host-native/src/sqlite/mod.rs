@@ -11,6 +11,7 @@ use miniflow_core::backend::{
     Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
 };
 use miniflow_core::prelude::*;
+use miniflow_core::AppendedAfter;
 use miniflow_core::{
     canonical_json, Ack, Cancelled, ClaimRequest, CommandId, Commit, Delivery, Engine, Error,
     Event, EventRecord, Extended, Failure, Handled, Handover, KindChange, KindControl, Lease,
@@ -521,11 +522,14 @@ impl EventLog for SqliteStore {
     }
     /// The last event is checked in the writer's transaction, with the commit's other checks, so
     /// nothing is read before the write.
-    fn append_after(&mut self, last: &EventRecord, commit: &Commit) -> Option<Result<(), Error>> {
-        let last = commit
-            .check_follows(last)
-            .and_then(|()| StoredEvent::of(last));
-        Some(last.and_then(|last| self.append_checked(commit, Some(last))))
+    fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
+        commit.check_follows(last)?;
+        self.append_checked(commit, Some(StoredEvent::of(last)?))?;
+        Ok(AppendedAfter::Written)
     }
 }
 
