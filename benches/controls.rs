@@ -143,7 +143,7 @@ fn miniflow_claims(store: &mut SqliteStore, claims: usize) -> Spent {
             .iter()
             .map(|d| Ack::new(d.command_id.clone(), d.token))
             .collect();
-        store.complete_all(&acks, NOW).unwrap();
+        store.complete_all(acks, NOW).unwrap();
     }
     spent
 }

@@ -506,7 +506,7 @@ fn store_deliveries(server: &Server, url: &str, workers: usize, commands: usize)
                                 result: None,
                             })
                             .collect();
-                        let results = store.complete_all(&acks, NOW).unwrap();
+                        let results = store.complete_all(acks, NOW).unwrap();
                         assert!(results.iter().all(Result::is_ok));
                         done += batch.len();
                     }

@@ -255,10 +255,12 @@ pub trait Outbox {
     ) -> Result<(), Error>;
 
     /// Completes many deliveries in one durable write; one result per ack, in order. A store should
-    /// override this with a single transaction; the default completes them one by one.
+    /// override this with a single transaction; the default completes them one by one. It takes
+    /// the acks, as [`Outbox::complete_all_and_claim`] does: a store that hands them to another
+    /// thread (SQLite's writer) moves them instead of copying their results.
     fn complete_all(
         &mut self,
-        acks: &[Ack],
+        acks: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         Ok(acks
@@ -286,7 +288,7 @@ pub trait Outbox {
         let completed = if acks.is_empty() {
             Vec::new()
         } else {
-            self.complete_all(&acks, now)?
+            self.complete_all(acks, now)?
         };
         Ok(Handover {
             completed,

@@ -655,13 +655,13 @@ impl Outbox for PostgresStore {
     /// commit, so a reported completion is durable.
     fn complete_all(
         &mut self,
-        acks: &[Ack],
+        acks: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         let mut connection = self.shared.connection()?;
         let (results, work) = connection.in_transaction(|db| {
             let clock = self.clock(db, now)?;
-            let (mut results, mut work) = complete_plain_acks(db, acks, clock.now)?;
+            let (mut results, mut work) = complete_plain_acks(db, &acks, clock.now)?;
             for (ack, result) in acks.iter().zip(&mut results) {
                 if result.is_some() {
                     continue;

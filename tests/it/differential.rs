@@ -573,7 +573,7 @@ impl<S: Store> Run<S> {
         let operation = format!("complete_all({})", shown.join(", "));
         // One result per ack: compared by kind, like every error.
         self.both(operation, |store, now| {
-            store.complete_all(&acks, now).map(|results| {
+            store.complete_all(acks.clone(), now).map(|results| {
                 results
                     .into_iter()
                     .map(|r| r.map_err(|e| e.code()))

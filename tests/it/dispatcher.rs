@@ -851,7 +851,7 @@ impl Outbox for Flaky {
     }
     fn complete_all(
         &mut self,
-        acks: &[Ack],
+        acks: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         if on_acks_thread() {

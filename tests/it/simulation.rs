@@ -336,10 +336,10 @@ impl Outbox for FaultyStore {
     }
     fn complete_all(
         &mut self,
-        acks: &[Ack],
+        acks: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        self.write(|s| s.complete_all(acks, now))
+        self.write(|s| s.complete_all(acks.clone(), now))
     }
     fn fail(
         &mut self,
@@ -1532,7 +1532,7 @@ impl Sim {
                 .iter()
                 .map(|d| Ack::new(d.command_id.clone(), d.token))
                 .collect();
-            match self.store.complete_all(&acks, now) {
+            match self.store.complete_all(acks, now) {
                 Ok(results) => {
                     self.stats.bump("batched acks");
                     results.into_iter().map(|r| r.map(|()| None)).collect()

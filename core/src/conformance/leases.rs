@@ -505,7 +505,7 @@ pub fn complete_all_settles_each_ack<H: Harness>(h: &mut H) {
         Ack::new(d[2].command_id.clone(), d[2].token),
         Ack::new(cid("w:1:9"), 1),
     ];
-    let results = store.complete_all(&acks, at(1)).unwrap();
+    let results = store.complete_all(acks, at(1)).unwrap();
     assert_eq!(results.len(), 4);
     assert!(results[0].is_ok() && results[2].is_ok());
     assert!(matches!(results[1], Err(Error::StaleLease { .. })));

@@ -615,10 +615,10 @@ impl Outbox for SqliteStore {
     /// durable.
     fn complete_all(
         &mut self,
-        acks: &[Ack],
+        acks: Vec<Ack>,
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
-        let acks = self.with_keys(acks.to_vec());
+        let acks = self.with_keys(acks);
         self.write_checked(move |tx| complete_each(tx, &acks, now))
     }
     /// The acks and the next claim in one transaction: one fsync per batch. A claim that fails
@@ -833,7 +833,7 @@ mod tests {
             "the other row is untouched"
         );
         store
-            .complete_all(&[Ack::new(b.command_id.clone(), b.token)], now)
+            .complete_all(vec![Ack::new(b.command_id.clone(), b.token)], now)
             .unwrap()
             .remove(0)
             .unwrap();

@@ -391,7 +391,7 @@ impl AsyncStore {
     /// The store's errors for the whole write.
     pub async fn complete_all(&self, acks: Vec<Ack>) -> Result<Vec<Result<(), Error>>, Error> {
         let now = self.clock.now();
-        self.with_store(move |store| store.complete_all(&acks, now))
+        self.with_store(move |store| store.complete_all(acks, now))
             .await
     }
 

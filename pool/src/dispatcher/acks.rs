@@ -204,9 +204,11 @@ impl<S: Store> Flusher<S> {
                 let settle = received
                     .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d)));
                 let acks = take_acks(&mut done);
+                // A copy goes to the store: a panic inside it must not lose the results, which go
+                // back to the worker with its acks.
                 let written = catch_unwind(AssertUnwindSafe(|| {
                     let _settle = settle.enter();
-                    opened.complete_all(&acks, self.clock.now())
+                    opened.complete_all(acks.clone(), self.clock.now())
                 }));
                 match written {
                     Ok(results) => {

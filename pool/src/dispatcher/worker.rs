@@ -516,7 +516,7 @@ impl<S: Store> Worker<S> {
         let acks = take_acks(done);
         let results = {
             let _settle = settle.enter();
-            store.complete_all(&acks, self.clock.now())
+            store.complete_all(acks, self.clock.now())
         };
         self.settled(&settle, done, results, tally);
     }

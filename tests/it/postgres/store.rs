@@ -679,7 +679,7 @@ fn a_batch_of_acks_settles_like_the_same_acks_one_by_one() {
             Ack::new("w:9:9".parse().unwrap(), 1),
         ];
         let results: Vec<Result<(), &str>> = store
-            .complete_all(&acks, T0)
+            .complete_all(acks.to_vec(), T0)
             .unwrap()
             .into_iter()
             .map(|r| r.map_err(|e| e.code()))
