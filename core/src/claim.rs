@@ -49,8 +49,9 @@
 //! ```
 //!
 //! In debug builds the walk checks each row a page returned against the core's predicate
-//! ([`OutboxRow::is_claimable`], the page's priority, a kind not paused), so a store whose SQL
-//! filter says something else fails loudly in its tests.
+//! ([`OutboxRow::is_claimable`], the page's priority, no row twice), so a store whose SQL filter
+//! says something else fails loudly in its tests. The kinds a page excludes
+//! ([`ClaimPage::excluded`]) are an optimisation: a store may offer them, and the walk skips them.
 
 use crate::control::Admission;
 use crate::error::Error;
@@ -75,8 +76,9 @@ pub enum ClaimStep<'w, K> {
 }
 
 /// The page a claim reads next: up to `limit` claimable commands of `priority` whose key in claim
-/// order comes after `after` (from the first when `None`), leaving out the kinds in `excluded`; in
-/// strict order, only the first unfinished command of each workflow.
+/// order comes after `after` (from the first when `None`), leaving out the kinds of
+/// [`ClaimPage::excluded`] if the store can; in strict order, only the first unfinished command of
+/// each workflow.
 #[derive(Debug)]
 pub struct ClaimPage<'w, K> {
     /// The priority of every command on the page.
@@ -414,6 +416,9 @@ pub struct TimerClaim {
     now: Timestamp,
     taken: usize,
     page_limit: usize,
+    /// Timers the current page took or buried: a page of nothing but timers seen before (taken
+    /// for no time at all, so still due) ends the claim instead of reading them again forever.
+    moved: usize,
     more: bool,
     seen: Vec<String>,
 }
@@ -444,6 +449,7 @@ impl TimerClaim {
             now,
             taken: 0,
             page_limit: 0,
+            moved: 0,
             more: limit > 0,
             seen: Vec::new(),
         }
@@ -452,6 +458,7 @@ impl TimerClaim {
     /// How many due timers to read next, or `None` when the claim is over.
     pub fn wanted(&mut self) -> Option<usize> {
         self.page_limit = self.limit.saturating_sub(self.taken);
+        self.moved = 0;
         (self.more && self.page_limit > 0).then_some(self.page_limit)
     }
 
@@ -465,6 +472,7 @@ impl TimerClaim {
             Ok(_) => return TimerOffer::Skip,
             Err(at) => self.seen.insert(at, timer_id.to_owned()),
         }
+        self.moved += 1;
         match timer {
             Ok(mut timer) => {
                 debug_assert!(
@@ -486,8 +494,189 @@ impl TimerClaim {
         }
     }
 
-    /// The page just offered held `rows` timers: a short page ends the claim.
+    /// The page just offered held `rows` timers: a short page ends the claim, and so does one that
+    /// took and buried nothing.
     pub fn page_read(&mut self, rows: usize) {
-        self.more = rows >= self.page_limit;
+        self.more = rows >= self.page_limit && self.moved > 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{json, Command, CommandId, KindControl, Timer, TimerId};
+
+    const NOW: Timestamp = Timestamp::from_millis(100);
+
+    fn row(id: &str, kind: &str, priority: i32) -> OutboxRow {
+        let command = Command::new(kind, json!({})).priority(priority);
+        OutboxRow::pending(id.parse().unwrap(), command, Timestamp::EPOCH)
+    }
+
+    /// Drives a walk over `rows` (each priority's rows in claim order), as a store would: what it
+    /// claimed, and the pages it read as `(priority, limit)`.
+    fn drive(
+        request: &ClaimRequest,
+        admission: Admission,
+        rows: &mut [OutboxRow],
+    ) -> (Vec<String>, Vec<(i64, usize)>) {
+        let mut walk: ClaimWalk<usize, CommandId> = ClaimWalk::new(request, admission, NOW);
+        let (mut claimed, mut pages) = (Vec::new(), Vec::new());
+        loop {
+            match walk.next_step() {
+                ClaimStep::Done => return (claimed, pages),
+                ClaimStep::FindPriority { below } => {
+                    let level = rows
+                        .iter()
+                        .map(|r| i64::from(r.priority))
+                        .filter(|p| *p < below);
+                    walk.at_priority(level.max());
+                }
+                ClaimStep::ReadPage(page) => {
+                    pages.push((page.priority, page.limit));
+                    let (priority, from) = (page.priority, page.after.map_or(0, |at| at + 1));
+                    let keys: Vec<usize> = (from..rows.len())
+                        .filter(|k| i64::from(rows[*k].priority) == priority)
+                        .filter(|k| rows[*k].is_claimable(NOW))
+                        .take(page.limit)
+                        .collect();
+                    for &key in &keys {
+                        let id = rows[key].command_id.clone();
+                        let workflow = id.workflow_id().as_str().to_owned();
+                        if walk.offer(key, &id, &workflow, Some(&rows[key])) == Offer::Claim {
+                            claimed.extend(
+                                walk.claim(&mut rows[key]).map(|d| d.command_id.to_string()),
+                            );
+                        }
+                    }
+                    walk.page_read(keys.len());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_walk_takes_the_highest_priority_first_and_reads_on_past_what_it_cannot_take() {
+        let mut rows = vec![
+            row("a:1:0", "mail", 5),
+            row("b:1:0", "book", 5),
+            row("c:1:0", "book", 0),
+        ];
+        let controls = [KindControl {
+            kind: "mail".into(),
+            paused: true,
+            concurrency_limit: None,
+            changed_by: "ops".into(),
+            changed_at: Timestamp::EPOCH,
+        }];
+        let request = ClaimRequest::new("w").limit(2);
+        let (claimed, pages) = drive(&request, Admission::new(&controls), &mut rows);
+        assert_eq!(
+            claimed,
+            ["b:1:0", "c:1:0"],
+            "the paused kind is skipped, not counted"
+        );
+        assert_eq!(
+            pages,
+            [(5, 2), (5, 1), (0, 1)],
+            "a full page reads on after its last key; a short one ends its priority"
+        );
+    }
+
+    #[test]
+    fn in_strict_order_a_workflow_looked_at_is_not_taken_again_in_the_same_claim() {
+        let mut rows = vec![row("a:1:0", "book", 0), row("a:1:1", "book", 0)];
+        let request = ClaimRequest::new("w")
+            .limit(5)
+            .order(ClaimOrder::StrictPerWorkflow);
+        let (claimed, _) = drive(&request, Admission::default(), &mut rows);
+        assert_eq!(claimed, ["a:1:0"]);
+    }
+
+    #[test]
+    fn a_burial_does_not_use_up_the_limit() {
+        let request = ClaimRequest::new("w").limit(1);
+        let mut walk: ClaimWalk<usize, CommandId> =
+            ClaimWalk::new(&request, Admission::default(), NOW);
+        walk.at_priority(Some(0));
+        let id: CommandId = "w:1:0".parse().unwrap();
+        assert_eq!(walk.offer(0, &id, "w", None), Offer::Bury);
+        let burial = walk
+            .bury(Unclaimable {
+                name: "w:1:0".into(),
+                why: "column payload is not JSON".into(),
+                salvaged: Some(row("w:1:0", "book", 0)),
+            })
+            .unwrap();
+        assert_eq!(burial.status, Status::Dead);
+        assert_eq!(
+            burial.last_error,
+            "the stored command could not be read: command w:1:0: column payload is not JSON"
+        );
+        assert_eq!(
+            burial.feedback.map(|t| t.timer_id.to_string()).as_deref(),
+            Some("w:1:0:failed1")
+        );
+        assert!(matches!(walk.next_step(), ClaimStep::ReadPage(page) if page.limit == 1));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "not claimable")]
+    fn a_store_whose_query_returns_a_row_not_yet_due_fails_loudly() {
+        let request = ClaimRequest::new("w");
+        let mut walk: ClaimWalk<usize, CommandId> =
+            ClaimWalk::new(&request, Admission::default(), NOW);
+        walk.at_priority(Some(0));
+        let mut later = row("w:1:0", "book", 0);
+        later.available_at = Timestamp::from_millis(200);
+        walk.offer(0, &later.command_id.clone(), "w", Some(&later));
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "of priority 3 on a page of At(0)")]
+    fn a_store_whose_query_returns_another_priority_fails_loudly() {
+        let request = ClaimRequest::new("w");
+        let mut walk: ClaimWalk<usize, CommandId> =
+            ClaimWalk::new(&request, Admission::default(), NOW);
+        walk.at_priority(Some(0));
+        let other = row("w:1:0", "book", 3);
+        walk.offer(0, &other.command_id.clone(), "w", Some(&other));
+    }
+
+    #[test]
+    fn a_timer_page_of_nothing_but_timers_seen_before_ends_the_claim() {
+        let mut claim = TimerClaim::new(3, Duration::ZERO, NOW);
+        let timer = |id: &str| {
+            let timer_id: TimerId = id.parse().unwrap();
+            TimerRow::scheduled(
+                timer_id,
+                Timer::at("t", Timestamp::EPOCH, json!({})),
+                Timestamp::EPOCH,
+            )
+        };
+        assert_eq!(claim.wanted(), Some(3));
+        // One taken, one unreadable, and a third the page holds.
+        assert!(matches!(
+            claim.offer("w:1:t0", Ok(timer("w:1:t0"))),
+            TimerOffer::Take(_)
+        ));
+        assert!(matches!(
+            claim.offer("w:1:t1", Err("bad".into())),
+            TimerOffer::Reject { .. }
+        ));
+        assert!(matches!(
+            claim.offer("w:1:t2", Ok(timer("w:1:t2"))),
+            TimerOffer::Take(_)
+        ));
+        claim.page_read(3);
+        // Taken for no time at all, the two are due still, and the store reads them again.
+        assert_eq!(claim.wanted(), Some(1));
+        assert_eq!(claim.offer("w:1:t0", Ok(timer("w:1:t0"))), TimerOffer::Skip);
+        claim.page_read(1);
+        assert_eq!(claim.wanted(), None, "nothing moved: the claim ends");
     }
 }
