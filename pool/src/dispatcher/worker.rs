@@ -37,7 +37,8 @@ pub(super) struct Notices {
 impl Notices {
     /// Whether `notice` is to be reported now: the first time only.
     fn first(notice: &AtomicBool) -> bool {
-        !notice.swap(true, Ordering::SeqCst)
+        // A load first: once reported, a notice costs a delivery no read-modify-write.
+        !notice.load(Ordering::Relaxed) && !notice.swap(true, Ordering::SeqCst)
     }
 }
 
