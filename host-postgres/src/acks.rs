@@ -4,10 +4,10 @@ use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use miniflow_core::{canonical_json, Ack, CommandId, Error, Settled, Timestamp};
-use postgres::Transaction;
 
-use crate::connect::{storage, Clock};
-use crate::db::Db;
+use crate::clock::Clock;
+use crate::db::Exec;
+use crate::errors::storage;
 use crate::queries::*;
 use crate::rows::write_change;
 use crate::rows::{id_params, query_rows, to_sql_time, token_param};
@@ -18,8 +18,8 @@ use crate::rows::{id_params, query_rows, to_sql_time, token_param};
 /// lease, for a command that feeds nothing back; on a miss, the row is read `FOR UPDATE`: a command
 /// that reports its completion is settled by the shared rule ([`OutboxRow::complete`]) with its
 /// feedback, and anything else is explained by [`OutboxRow::check_lease`].
-pub(crate) fn complete_in(
-    db: &mut Db<'_, Transaction<'_>>,
+pub(crate) async fn complete_in(
+    db: &mut impl Exec,
     id: &CommandId,
     token: u64,
     result: Option<&serde_json::Value>,
@@ -48,11 +48,13 @@ pub(crate) fn complete_in(
                 &result.map(canonical_json),
             ],
         )
+        .await
         .map_err(storage)?;
     if let Some(row) = done.first() {
         return row.try_get(0).map_err(storage);
     }
-    let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
+    let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])
+        .await?
         .pop()
         .ok_or_else(|| Error::UnknownCommand {
             command_id: id.clone(),
@@ -63,7 +65,7 @@ pub(crate) fn complete_in(
             "command {id} holds lease {token} but did not complete"
         )));
     }
-    write_change(db, &changed)
+    write_change(db, &changed).await
 }
 
 /// Marks done every command of the batch that is leased under the ack's token and feeds nothing
@@ -105,8 +107,8 @@ pub(crate) type AckResult = Option<Result<(), Error>>;
 /// settled (the first of equal acks) and `Some(Err(InvalidInput))` for a result over the JSON limits,
 /// `None` for the rest (to settle one by one), and whether a settled command unblocks a later one of
 /// its workflow.
-pub(crate) fn complete_plain_acks(
-    db: &mut Db<'_, Transaction<'_>>,
+pub(crate) async fn complete_plain_acks(
+    db: &mut impl Exec,
     acks: &[Ack],
     now: Timestamp,
 ) -> Result<(Vec<AckResult>, bool), Error> {
@@ -152,6 +154,7 @@ pub(crate) fn complete_plain_acks(
                 &to_sql_time("now", now)?,
             ],
         )
+        .await
         .map_err(storage)?;
     let mut work = false;
     for row in &settled {

@@ -6,10 +6,10 @@ use miniflow_core::backend::{
     Burial, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
 };
 use miniflow_core::{ClaimRequest, Delivery, Error, OutboxRow, TimerRow, Timestamp};
-use postgres::{Row, Transaction};
+use postgres::Row;
 
-use crate::connect::storage;
-use crate::db::Db;
+use crate::db::Exec;
+use crate::errors::storage;
 use crate::queries::{sql_limit, CLAIM_DUE_FIRST, CLAIM_STRICT, CLAIM_TIMERS, NEXT_PRIORITY};
 use crate::rows::write_change;
 use crate::rows::{
@@ -48,13 +48,13 @@ impl Candidate {
 /// store's queries, a page of candidates at a time (`FOR UPDATE SKIP LOCKED`, the kinds the
 /// operators' controls leave out excluded), one priority at a time; each page's leases written in
 /// one statement. Returns the deliveries and whether the claim scheduled feedback.
-pub(crate) fn claim_in(
-    db: &mut Db<'_, Transaction<'_>>,
+pub(crate) async fn claim_in(
+    db: &mut impl Exec,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<(Vec<Delivery>, bool), Error> {
     let now_sql = to_sql_time("now", now)?;
-    let admission = crate::controls::admission(db, now)?;
+    let admission = crate::controls::admission(db, now).await?;
     let mut walk: ClaimWalk<'_, ClaimKey, (String, i64, i64)> =
         ClaimWalk::new(request, admission, now);
     let mut deliveries = Vec::new();
@@ -63,7 +63,7 @@ pub(crate) fn claim_in(
         let page = match walk.next_step() {
             ClaimStep::Done => return Ok((deliveries, fed_back)),
             ClaimStep::FindPriority { below } => {
-                let level = next_priority(db, below)?;
+                let level = next_priority(db, below).await?;
                 walk.at_priority(level);
                 continue;
             }
@@ -88,6 +88,7 @@ pub(crate) fn claim_in(
                     &excluded,
                 ];
                 db.query(sql, &params)
+                    .await
                     .map_err(storage)?
                     .iter()
                     .map(Candidate::read)
@@ -104,23 +105,24 @@ pub(crate) fn claim_in(
                     let mut changed = walk.claim_owned(row)?;
                     match changed.value.take() {
                         Some(delivery) => deliveries.push(delivery),
-                        None => fed_back |= write_change(db, &changed)?,
+                        None => fed_back |= write_change(db, &changed).await?,
                     }
                 }
                 (_, Err(unclaimable)) => {
-                    fed_back |= bury_unreadable(db, &id, walk.bury(unclaimable)?)?;
+                    fed_back |= bury_unreadable(db, &id, walk.bury(unclaimable)?).await?;
                 }
                 (Offer::Bury, Ok(_)) => unreachable!("the walk buries only what did not read"),
             }
         }
-        write_leases(db, request, &deliveries[leased_before..])?;
+        write_leases(db, request, &deliveries[leased_before..]).await?;
         walk.page_read(rows);
     }
 }
 
 /// The highest priority of an unfinished command below `below`, if any.
-fn next_priority(db: &mut Db<'_, Transaction<'_>>, below: i64) -> Result<Option<i64>, Error> {
+async fn next_priority(db: &mut impl Exec, below: i64) -> Result<Option<i64>, Error> {
     db.query_opt(NEXT_PRIORITY, &[&below])
+        .await
         .map_err(storage)?
         .map(|row| row.try_get::<_, i32>(0).map(i64::from).map_err(storage))
         .transpose()
@@ -128,8 +130,8 @@ fn next_priority(db: &mut Db<'_, Transaction<'_>>, below: i64) -> Result<Option<
 
 /// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
 /// path of [`Outbox::claim`].
-fn write_leases(
-    db: &mut Db<'_, Transaction<'_>>,
+async fn write_leases(
+    db: &mut impl Exec,
     request: &ClaimRequest,
     deliveries: &[Delivery],
 ) -> Result<(), Error> {
@@ -165,6 +167,7 @@ fn write_leases(
             &request.worker,
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
@@ -173,8 +176,8 @@ fn write_leases(
 /// only the columns that change; the feedback unless a timer of its ID exists (a count of manual
 /// retries that could not be read may name a failure already reported). Says whether it scheduled
 /// feedback.
-fn bury_unreadable(
-    db: &mut Db<'_, Transaction<'_>>,
+async fn bury_unreadable(
+    db: &mut impl Exec,
     (workflow_id, event_seq, idx): &(String, i64, i64),
     burial: Burial,
 ) -> Result<bool, Error> {
@@ -190,10 +193,11 @@ fn bury_unreadable(
             &to_sql_time("now", burial.processed_at)?,
         ],
     )
+    .await
     .map_err(storage)?;
     match burial.feedback {
-        Some(timer) if !timer_exists(db, &timer.timer_id)? => {
-            insert_timer(db, &timer).map(|()| true)
+        Some(timer) if !timer_exists(db, &timer.timer_id).await? => {
+            insert_timer(db, &timer).await.map(|()| true)
         }
         _ => Ok(false),
     }
@@ -203,8 +207,8 @@ fn bury_unreadable(
 /// the core's [`TimerClaim`] driven with this store's query. A timer that cannot be read stops no
 /// other (DESIGN rule 13): it ends `rejected` as the claim says, where operators see it, and is not
 /// taken again.
-pub(crate) fn claim_timers_in(
-    db: &mut Db<'_, Transaction<'_>>,
+pub(crate) async fn claim_timers_in(
+    db: &mut impl Exec,
     limit: usize,
     lease_ttl: std::time::Duration,
     now: Timestamp,
@@ -215,6 +219,7 @@ pub(crate) fn claim_timers_in(
     while let Some(wanted) = claim.wanted() {
         let rows = db
             .query(CLAIM_TIMERS, &[&now_sql, &sql_limit(wanted)])
+            .await
             .map_err(storage)?;
         for row in &rows {
             let timer_id: String = row.try_get("timer_id").map_err(storage)?;
@@ -225,6 +230,7 @@ pub(crate) fn claim_timers_in(
                         "UPDATE timers SET available_at = $2 WHERE timer_id = $1",
                         &[&timer_id, &to_sql_time("available_at", timer.available_at)?],
                     )
+                    .await
                     .map_err(storage)?;
                     timers.push(timer);
                 }
@@ -236,7 +242,7 @@ pub(crate) fn claim_timers_in(
                         "UPDATE timers SET status = 'rejected', processed_at = $2, last_error = $3 \
                          WHERE timer_id = $1 AND processed_at IS NULL",
                         &[&timer_id, &to_sql_time("now", processed_at)?, &text(&last_error)],
-                    )
+                    ).await
                     .map_err(storage)?;
                 }
                 _ => {}

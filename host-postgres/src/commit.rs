@@ -5,10 +5,10 @@ use miniflow_core::{
     canonical_json, Cancelled, Commit, Error, EventRecord, Seq, TimerId, Timestamp, TraceContext,
     WorkflowId,
 };
-use postgres::GenericClient;
 
-use crate::connect::{is_unique_violation, storage, Clock};
-use crate::db::Db;
+use crate::clock::Clock;
+use crate::db::Exec;
+use crate::errors::{is_unique_violation, storage};
 use crate::queries::*;
 use crate::rows::{insert_timer, query_rows, query_timers, to_sql_time, write_row};
 
@@ -27,10 +27,7 @@ impl From<Error> for CommitError {
 
 /// A workflow's last seq, read afresh after a commit lost its race; [`retired`]'s error if
 /// retention retired the workflow.
-pub(crate) fn last_seq(
-    db: &mut Db<'_, impl GenericClient>,
-    workflow_id: &WorkflowId,
-) -> Result<Seq, Error> {
+pub(crate) async fn last_seq(db: &mut impl Exec, workflow_id: &WorkflowId) -> Result<Seq, Error> {
     let row = db
         .query_one(
             "SELECT COALESCE(MAX(seq), 0), \
@@ -38,6 +35,7 @@ pub(crate) fn last_seq(
              FROM events WHERE workflow_id = $1",
             &[&workflow_id.as_str()],
         )
+        .await
         .map_err(storage)?;
     let actual: i64 = row.try_get(0).map_err(storage)?;
     if let Some(at) = row.try_get::<_, Option<i64>>(1).map_err(storage)? {
@@ -194,8 +192,8 @@ impl LastEvent {
 /// [`INSERT_COMMIT`]): a workflow whose last seq is not the one expected is a conflict, and a commit
 /// that raced another one of the same workflow (a unique violation on a key it writes) is
 /// [`CommitError::Raced`].
-pub(crate) fn insert_events(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn insert_events(
+    db: &mut impl Exec,
     commit: &Commit,
     clock: Clock,
     commands: bool,
@@ -218,29 +216,31 @@ pub(crate) fn insert_events(
         CommandColumns::default()
     };
     let expected = i64::try_from(commit.expected_seq().get()).unwrap_or(i64::MAX);
-    let row = db.query_one(
-        INSERT_COMMIT,
-        &[
-            &commit.workflow_id().as_str(),
-            &expected,
-            &seqs,
-            &kinds,
-            &payloads,
-            &recorded,
-            &columns.seqs,
-            &columns.indexes,
-            &columns.kinds,
-            &columns.payloads,
-            &columns.created,
-            &columns.report,
-            &columns.priorities,
-            &columns.traceparent,
-            &columns.tracestate,
-            &last.map(|last| last.kind.as_str()),
-            &last.map(|last| last.payload.as_str()),
-            &last.map(|last| last.recorded_at),
-        ],
-    );
+    let row = db
+        .query_one(
+            INSERT_COMMIT,
+            &[
+                &commit.workflow_id().as_str(),
+                &expected,
+                &seqs,
+                &kinds,
+                &payloads,
+                &recorded,
+                &columns.seqs,
+                &columns.indexes,
+                &columns.kinds,
+                &columns.payloads,
+                &columns.created,
+                &columns.report,
+                &columns.priorities,
+                &columns.traceparent,
+                &columns.tracestate,
+                &last.map(|last| last.kind.as_str()),
+                &last.map(|last| last.payload.as_str()),
+                &last.map(|last| last.recorded_at),
+            ],
+        )
+        .await;
     let row = match row {
         Err(e)
             if is_unique_violation(&e, "events_pkey") || is_unique_violation(&e, "outbox_pkey") =>
@@ -268,8 +268,8 @@ pub(crate) fn insert_events(
 }
 
 /// Inserts `commit`'s commands in one statement.
-pub(crate) fn insert_commands(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn insert_commands(
+    db: &mut impl Exec,
     commit: &Commit,
     clock: Clock,
 ) -> Result<(), Error> {
@@ -292,6 +292,7 @@ pub(crate) fn insert_commands(
             &columns.tracestate,
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
@@ -299,8 +300,8 @@ pub(crate) fn insert_commands(
 /// Writes `commit` on `db` (see [`EventLog::append_with_commands`] for what is written), its times in
 /// the store's clock; returns whether it made work claimable (commands or timers). All but a
 /// [plain](is_plain) commit need `db` to be a transaction.
-pub(crate) fn write_commit(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn write_commit(
+    db: &mut impl Exec,
     commit: &Commit,
     clock: Clock,
     last: Option<&LastEvent>,
@@ -308,13 +309,13 @@ pub(crate) fn write_commit(
     // Commands a commit cancels are withdrawn before its own are written (the cancellation may
     // name their kind): then the commands go in after the cancellation, not with the events.
     let cancels = !commit.cancel_commands().is_empty();
-    insert_events(db, commit, clock, !cancels, last)?;
+    insert_events(db, commit, clock, !cancels, last).await?;
     if let Some(timer_id) = commit.fires() {
-        fire_timer(db, timer_id, clock.now)?;
+        fire_timer(db, timer_id, clock.now).await?;
     }
     if cancels {
-        cancel_commands(db, commit, clock.now)?;
-        insert_commands(db, commit, clock)?;
+        cancel_commands(db, commit, clock.now).await?;
+        insert_commands(db, commit, clock).await?;
     }
     if !commit.cancel_timers().is_empty() {
         db.execute(
@@ -326,6 +327,7 @@ pub(crate) fn write_commit(
                 &to_sql_time("now", clock.now)?,
             ],
         )
+        .await
         .map_err(storage)?;
     }
     for timer in commit.timers() {
@@ -333,15 +335,15 @@ pub(crate) fn write_commit(
         timer.fire_at = clock.inward(timer.fire_at);
         timer.available_at = clock.inward(timer.available_at);
         timer.created_at = clock.inward(timer.created_at);
-        insert_timer(db, &timer)?;
+        insert_timer(db, &timer).await?;
     }
     Ok(!commit.commands().is_empty() || !commit.timers().is_empty())
 }
 
 /// Withdraws the unfinished commands of `commit`'s workflow that it cancels, by the shared rule
 /// ([`OutboxRow::cancel`]).
-pub(crate) fn cancel_commands(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn cancel_commands(
+    db: &mut impl Exec,
     commit: &Commit,
     now: Timestamp,
 ) -> Result<(), Error> {
@@ -352,22 +354,24 @@ pub(crate) fn cancel_commands(
         db,
         SELECT_UNFINISHED_OF_WORKFLOW_FOR_UPDATE,
         &[&commit.workflow_id().as_str()],
-    )?;
+    )
+    .await?;
     for mut row in rows.into_iter().filter(|row| commit.cancels(row)) {
         if row.cancel(now) != Cancelled::Unchanged {
-            write_row(db, &row)?;
+            write_row(db, &row).await?;
         }
     }
     Ok(())
 }
 
 /// Marks the timer a commit fires as fired, by the shared rule ([`TimerRow::fire`]).
-pub(crate) fn fire_timer(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn fire_timer(
+    db: &mut impl Exec,
     timer_id: &TimerId,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
+    let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])
+        .await?
         .pop()
         .ok_or_else(|| Error::TimerNotScheduled {
             timer_id: timer_id.to_string(),
@@ -378,6 +382,7 @@ pub(crate) fn fire_timer(
         "UPDATE timers SET status = 'fired', processed_at = $2 WHERE timer_id = $1",
         &[&timer_id.to_string(), &to_sql_time("now", now)?],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }

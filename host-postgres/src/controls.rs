@@ -2,10 +2,11 @@
 
 use miniflow_core::backend::Admission;
 use miniflow_core::{Error, KindChange, KindControl, OutboxRow, OutboxStats, Status, Timestamp};
-use postgres::{GenericClient, Row};
+use postgres::Row;
 
-use crate::connect::{storage, Clock};
-use crate::db::Db;
+use crate::clock::Clock;
+use crate::db::Exec;
+use crate::errors::storage;
 use crate::rows::{col, read_outbox_row, Column};
 
 /// Unfinished rows by kind and status, with how many are claimable at `$1` and since when
@@ -25,13 +26,10 @@ fn count(row: &Row, column: usize) -> Result<u64, Error> {
 }
 
 /// The stats at `clock.now` ([`miniflow_core::Operations::stats`]), times in the caller's clock.
-pub(crate) fn outbox_stats(
-    db: &mut Db<'_, impl GenericClient>,
-    clock: Clock,
-) -> Result<OutboxStats, Error> {
+pub(crate) async fn outbox_stats(db: &mut impl Exec, clock: Clock) -> Result<OutboxStats, Error> {
     let now = crate::rows::to_sql_time("now", clock.now)?;
     let mut stats = OutboxStats::new(clock.outward(clock.now));
-    for row in db.query(STATS_UNFINISHED, &[&now]).map_err(storage)? {
+    for row in db.query(STATS_UNFINISHED, &[&now]).await.map_err(storage)? {
         let kind: String = row.try_get(0).map_err(storage)?;
         // The schema admits only `pending` and `leased` here (`processed_at IS NULL`).
         let status: &str = row.try_get(1).map_err(storage)?;
@@ -42,20 +40,20 @@ pub(crate) fn outbox_stats(
             .map(|at| clock.outward(Timestamp::from_millis(u64::try_from(at).unwrap_or(0))));
         stats.add(&kind, status, count(&row, 2)?, count(&row, 3)?, oldest);
     }
-    for row in db.query(STATS_DEAD, &[]).map_err(storage)? {
+    for row in db.query(STATS_DEAD, &[]).await.map_err(storage)? {
         let kind: String = row.try_get(0).map_err(storage)?;
         stats.add(&kind, Status::Dead, count(&row, 1)?, 0, None);
     }
-    Ok(stats.with_controls(read_controls(db, SELECT_CONTROLS, clock)?))
+    Ok(stats.with_controls(read_controls(db, SELECT_CONTROLS, clock).await?))
 }
 
 /// The controls `sql` selects, their times in the caller's clock.
-pub(crate) fn read_controls(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn read_controls(
+    db: &mut impl Exec,
     sql: &'static str,
     clock: Clock,
 ) -> Result<Vec<KindControl>, Error> {
-    let rows = db.query(sql, &[]).map_err(storage)?;
+    let rows = db.query(sql, &[]).await.map_err(storage)?;
     rows.iter().map(|row| read_control(row, clock)).collect()
 }
 
@@ -108,11 +106,8 @@ const SELECT_DEAD_OF_KIND_FOR_UPDATE: &str = crate::rows::select_rows!(
 /// (`FOR UPDATE SKIP LOCKED`) has its limit less its unexpired leases, counted after the lock, so
 /// that claims in several processes never lease more than the limit between them; a limited kind
 /// another claim holds is left alone by this one.
-pub(crate) fn admission(
-    db: &mut Db<'_, postgres::Transaction<'_>>,
-    now: Timestamp,
-) -> Result<Admission, Error> {
-    let controls = read_controls(db, SELECT_ACTIVE_CONTROLS, Clock::caller(now))?;
+pub(crate) async fn admission(db: &mut impl Exec, now: Timestamp) -> Result<Admission, Error> {
+    let controls = read_controls(db, SELECT_ACTIVE_CONTROLS, Clock::caller(now)).await?;
     let mut admission = Admission::new(&controls);
     let limited: Vec<String> = admission.limited_kinds().map(str::to_owned).collect();
     if limited.is_empty() {
@@ -120,6 +115,7 @@ pub(crate) fn admission(
     }
     let locked: Vec<String> = db
         .query(LOCK_LIMITED, &[&limited])
+        .await
         .map_err(storage)?
         .iter()
         .map(|row| row.try_get(0))
@@ -136,6 +132,7 @@ pub(crate) fn admission(
     let now_sql = crate::rows::to_sql_time("now", now)?;
     for row in db
         .query(COUNT_LEASES, &[&locked, &now_sql])
+        .await
         .map_err(storage)?
     {
         let kind: &str = row.try_get(0).map_err(storage)?;
@@ -146,8 +143,8 @@ pub(crate) fn admission(
 
 /// Changes the controls of `kind` inside a transaction ([`miniflow_core::Operations::control_kind`]),
 /// at `clock.now`; returns them in the caller's clock.
-pub(crate) fn control_kind_in(
-    db: &mut Db<'_, postgres::Transaction<'_>>,
+pub(crate) async fn control_kind_in(
+    db: &mut impl Exec,
     kind: &str,
     change: KindChange,
     by: &str,
@@ -155,6 +152,7 @@ pub(crate) fn control_kind_in(
 ) -> Result<KindControl, Error> {
     let current = match db
         .query_opt(SELECT_CONTROL_FOR_UPDATE, &[&kind])
+        .await
         .map_err(storage)?
     {
         Some(row) => Some(read_control(&row, Clock::caller(clock.now))?),
@@ -174,6 +172,7 @@ pub(crate) fn control_kind_in(
             &crate::rows::to_sql_time("now", control.changed_at)?,
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(KindControl {
         changed_at: clock.outward(control.changed_at),
@@ -183,8 +182,8 @@ pub(crate) fn control_kind_in(
 
 /// Up to `limit` readable dead rows of `kind`, in command ID order (`FOR UPDATE` when `lock`); rows
 /// that cannot be read are skipped (DESIGN rule 13), so a bulk action goes on past them.
-pub(crate) fn dead_of_kind(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn dead_of_kind(
+    db: &mut impl Exec,
     kind: &str,
     limit: usize,
     lock: bool,
@@ -201,6 +200,7 @@ pub(crate) fn dead_of_kind(
         let page_size = i64::try_from(wanted).unwrap_or(i64::MAX);
         let page = db
             .query(sql, &[&kind, &after.0, &after.1, &after.2, &page_size])
+            .await
             .map_err(storage)?;
         for row in &page {
             after = (

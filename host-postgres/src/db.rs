@@ -2,11 +2,13 @@
 //! and planned once per connection, and every later use is one round trip (bind + execute).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::ops::DerefMut;
+use std::task::{Context, Poll, Waker};
 
 use postgres::error::SqlState;
 use postgres::types::ToSql;
-use postgres::{Client, GenericClient, Row, Statement, Transaction};
+use postgres::{Client, GenericClient, Row, Statement};
 
 use crate::errors::storage;
 use miniflow_core::Error;
@@ -17,6 +19,10 @@ pub(crate) struct Connection {
     pub(crate) statements: Statements,
     /// When it was last given back to the pool (or opened): how long it has been idle.
     pub(crate) idle_since: std::time::Instant,
+    /// A transaction of the store's is open on it (see [`Session`]): set before `BEGIN` is sent,
+    /// cleared once `COMMIT` or `ROLLBACK` has been answered. A connection given back with it set (an
+    /// operation that panicked) is broken: the pool closes it, which rolls the transaction back.
+    pub(crate) in_transaction: bool,
 }
 
 impl Connection {
@@ -25,47 +31,17 @@ impl Connection {
             client,
             statements: Statements::default(),
             idle_since: std::time::Instant::now(),
+            in_transaction: false,
         }
     }
 
-    /// The connection outside any transaction: each statement is a transaction of its own.
+    /// The connection with its statement cache, as the store's operations take it.
     pub(crate) fn db(&mut self) -> Db<'_, Client> {
-        Db::new(&mut self.client, &mut self.statements)
-    }
-
-    /// Runs `work` in one `READ COMMITTED` transaction (whatever the server's default), committed
-    /// when it succeeds and rolled back when it fails.
-    pub(crate) fn in_transaction<T, E: From<Error>>(
-        &mut self,
-        work: impl FnOnce(&mut Db<'_, Transaction<'_>>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        let mut tx = self
-            .client
-            .build_transaction()
-            .isolation_level(postgres::IsolationLevel::ReadCommitted)
-            .start()
-            .map_err(storage)?;
-        let out = work(&mut Db::new(&mut tx, &mut self.statements))?;
-        tx.commit().map_err(storage)?;
-        Ok(out)
-    }
-
-    /// Runs the reads of `work` in one `REPEATABLE READ, READ ONLY` transaction: every statement
-    /// sees the same snapshot, and nothing can be written.
-    pub(crate) fn in_snapshot<T, E: From<Error>>(
-        &mut self,
-        work: impl FnOnce(&mut Db<'_, Transaction<'_>>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        let mut tx = self
-            .client
-            .build_transaction()
-            .isolation_level(postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .map_err(storage)?;
-        let out = work(&mut Db::new(&mut tx, &mut self.statements))?;
-        tx.commit().map_err(storage)?;
-        Ok(out)
+        Db::new(
+            &mut self.client,
+            &mut self.statements,
+            Some(&mut self.in_transaction),
+        )
     }
 }
 
@@ -79,7 +55,7 @@ impl Statements {
     /// After an error that says the server no longer has a statement this cache holds (someone ran
     /// `DEALLOCATE` or `DISCARD` on the connection) or that a cached plan went stale (a column changed
     /// type), forgets them all: the next operation prepares afresh.
-    fn forget_after(&mut self, e: &postgres::Error) {
+    pub(crate) fn forget_after(&mut self, e: &postgres::Error) {
         let stale = e.as_db_error().is_some_and(|db| {
             *db.code() == SqlState::INVALID_SQL_STATEMENT_NAME
                 || (*db.code() == SqlState::FEATURE_NOT_SUPPORTED
@@ -94,21 +70,28 @@ impl Statements {
 /// SQL parameters.
 pub(crate) type Params<'a> = [&'a (dyn ToSql + Sync)];
 
-/// A client (a connection, a transaction or a savepoint) with the statement cache of its connection.
+/// A synchronous client (a connection of the pool, or a caller's transaction) with the statement
+/// cache of its connection: the [`Exec`] of the synchronous store, whose every statement is
+/// answered before its future is first polled (see [`block`]).
 pub(crate) struct Db<'a, C> {
     client: &'a mut C,
     statements: &'a mut Statements,
+    /// The pool's connection's flag (see [`Connection::in_transaction`]); `None` on a caller's
+    /// transaction, which the store never begins or ends.
+    in_transaction: Option<&'a mut bool>,
 }
 
 impl<'a, C: GenericClient> Db<'a, C> {
-    pub(crate) fn new(client: &'a mut C, statements: &'a mut Statements) -> Self {
-        Self { client, statements }
-    }
-
-    /// A savepoint inside this transaction, sharing the cache.
-    pub(crate) fn savepoint(&mut self) -> Result<(Transaction<'_>, &mut Statements), Error> {
-        let savepoint = self.client.transaction().map_err(storage)?;
-        Ok((savepoint, &mut *self.statements))
+    pub(crate) fn new(
+        client: &'a mut C,
+        statements: &'a mut Statements,
+        in_transaction: Option<&'a mut bool>,
+    ) -> Self {
+        Self {
+            client,
+            statements,
+            in_transaction,
+        }
     }
 
     fn statement(&mut self, sql: &'static str) -> Result<Statement, postgres::Error> {
@@ -126,8 +109,10 @@ impl<'a, C: GenericClient> Db<'a, C> {
         }
         result
     }
+}
 
-    pub(crate) fn query(
+impl<C: GenericClient + Send> Exec for Db<'_, C> {
+    async fn query(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
@@ -138,7 +123,7 @@ impl<'a, C: GenericClient> Db<'a, C> {
         self.checked(result)
     }
 
-    pub(crate) fn query_one(
+    async fn query_one(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
@@ -149,7 +134,7 @@ impl<'a, C: GenericClient> Db<'a, C> {
         self.checked(result)
     }
 
-    pub(crate) fn query_opt(
+    async fn query_opt(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
@@ -160,7 +145,7 @@ impl<'a, C: GenericClient> Db<'a, C> {
         self.checked(result)
     }
 
-    pub(crate) fn execute(
+    async fn execute(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
@@ -169,6 +154,126 @@ impl<'a, C: GenericClient> Db<'a, C> {
             .statement(sql)
             .and_then(|statement| self.client.execute(&statement, params));
         self.checked(result)
+    }
+
+    async fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
+        self.client.batch_execute(sql)
+    }
+
+    fn set_in_transaction(&mut self, open: bool) -> bool {
+        match &mut self.in_transaction {
+            Some(flag) => {
+                **flag = open;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// A client the store's operations run their statements on: a connection of the synchronous
+/// store's pool ([`Db`]), of the async store's, or the caller's own transaction. The SQL and the
+/// rules are the operations'; a client only runs statements, each prepared once per connection
+/// where it can cache them.
+pub(crate) trait Exec: Send {
+    /// The rows `sql` returns with `params`.
+    fn query(
+        &mut self,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> impl Future<Output = Result<Vec<Row>, postgres::Error>> + Send;
+
+    /// How many rows `sql` changed with `params`.
+    fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> impl Future<Output = Result<u64, postgres::Error>> + Send;
+
+    /// Statements without parameters, in one round trip (`BEGIN`, `SAVEPOINT`, migrations).
+    fn batch(&mut self, sql: &str) -> impl Future<Output = Result<(), postgres::Error>> + Send;
+
+    /// Marks whether a transaction the store began is open on this client's connection; `false`
+    /// when the client is not one of the store's connections (a caller's transaction).
+    fn set_in_transaction(&mut self, open: bool) -> bool;
+
+    /// The one row `sql` returns (an error for none or more).
+    fn query_one(
+        &mut self,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> impl Future<Output = Result<Row, postgres::Error>> + Send;
+
+    /// The row `sql` returns, if any (an error for more than one).
+    fn query_opt(
+        &mut self,
+        sql: &'static str,
+        params: &Params<'_>,
+    ) -> impl Future<Output = Result<Option<Row>, postgres::Error>> + Send;
+}
+
+/// How a transaction of the store's begins.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Isolation {
+    /// `READ COMMITTED`: every write of the store.
+    ReadCommitted,
+    /// `REPEATABLE READ, READ ONLY`: reads that must see one snapshot.
+    Snapshot,
+}
+
+/// Begins a transaction of the store's on `db`, one of its connections.
+pub(crate) async fn begin(db: &mut impl Exec, isolation: Isolation) -> Result<(), Error> {
+    db.set_in_transaction(true);
+    db.batch(match isolation {
+        Isolation::ReadCommitted => "BEGIN ISOLATION LEVEL READ COMMITTED",
+        Isolation::Snapshot => "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+    })
+    .await
+    .map_err(storage)
+}
+
+/// Ends the transaction [`begin`] began: commits it when `out` is a success (a failed commit is
+/// the error then), rolls it back otherwise. Either way the connection is out of the transaction
+/// once the server answered; a connection whose `ROLLBACK` was not answered stays marked and is
+/// not reused.
+pub(crate) async fn end<T, E: From<Error>>(db: &mut impl Exec, out: Result<T, E>) -> Result<T, E> {
+    match out {
+        Ok(value) => {
+            db.batch("COMMIT").await.map_err(storage)?;
+            db.set_in_transaction(false);
+            Ok(value)
+        }
+        Err(e) => {
+            if db.batch("ROLLBACK").await.is_ok() {
+                db.set_in_transaction(false);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs `$body` (an `async` block's statements, ending in a `Result`) in one transaction of the
+/// store's on `$db`: committed when it succeeds, rolled back when it fails.
+macro_rules! transaction {
+    ($db:ident, $isolation:expr, $body:block) => {{
+        $crate::db::begin($db, $isolation).await?;
+        let out = async { $body }.await;
+        $crate::db::end($db, out).await
+    }};
+}
+pub(crate) use transaction;
+
+/// Runs a future of the store's operations on a synchronous client ([`Db`]), whose statements are
+/// all answered before the future is first polled: it completes in one poll. (Polled again should
+/// it ever not, it would still complete.)
+pub(crate) fn block<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut context) {
+            return out;
+        }
+        std::thread::yield_now();
     }
 }
 

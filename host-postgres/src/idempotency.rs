@@ -5,10 +5,14 @@ use miniflow_core::{
     canonical_json, Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
     Timestamp,
 };
-use postgres::{GenericClient, Transaction};
+use postgres::Transaction;
 
-use crate::connect::{storage, Clock, PostgresOptions, Shared, KEY_LOCK_CLASS};
-use crate::db::{Db, Statements};
+use crate::clock::Clock;
+use crate::connect::Shared;
+use crate::db::{block, transaction, Db, Exec, Isolation, Statements};
+use crate::errors::storage;
+use crate::migrations::KEY_LOCK_CLASS;
+use crate::options::PostgresOptions;
 use crate::rows::to_sql_time;
 use crate::PostgresStore;
 
@@ -105,48 +109,115 @@ impl PostgresIdempotencyStore {
         result: &serde_json::Value,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let mut savepoint = tx.transaction().map_err(storage)?;
         // The caller's connection may not be one of the pool's: statements prepared for this call.
         let mut statements = Statements::default();
-        let mut db = Db::new(&mut savepoint, &mut statements);
-        lock_key(&mut db, key)?;
-        let clock = Clock::read(&self.shared.options, &mut db, now)?;
-        finish_on(&mut db, key, token, result, clock.now)?;
-        savepoint.commit().map_err(storage)
-    }
-
-    /// Runs `operation` in one transaction holding the key's advisory lock, with the store's `now`.
-    fn locked<T>(
-        &mut self,
-        key: &IdempotencyKey,
-        now: Timestamp,
-        operation: impl FnOnce(
-            &mut Db<'_, Transaction<'_>>,
-            &IdempotencyPolicy,
-            Timestamp,
-        ) -> Result<T, Error>,
-    ) -> Result<T, Error> {
-        let mut connection = self.shared.connection()?;
-        connection.in_transaction(|db| {
-            lock_key(db, key)?;
-            let clock = Clock::read(&self.shared.options, db, now)?;
-            operation(db, &self.policy, clock.now)
-        })
+        let mut db = Db::new(tx, &mut statements, None);
+        block(finish_in(
+            &mut db,
+            &self.shared.options,
+            key,
+            token,
+            result,
+            now,
+        ))
     }
 }
 
+/// [`PostgresIdempotencyStore::finish_in`] on the caller's transaction `db`, in a savepoint: a
+/// refused finish leaves nothing in it, and does not leave it aborted.
+pub(crate) async fn finish_in(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    key: &IdempotencyKey,
+    token: u64,
+    result: &serde_json::Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    db.batch("SAVEPOINT miniflow_finish")
+        .await
+        .map_err(storage)?;
+    let finished = async {
+        lock_key(db, key).await?;
+        let clock = Clock::read(options, db, now).await?;
+        finish_on(db, key, token, result, clock.now).await
+    }
+    .await;
+    let undo = if finished.is_ok() {
+        "RELEASE SAVEPOINT miniflow_finish"
+    } else {
+        "ROLLBACK TO SAVEPOINT miniflow_finish; RELEASE SAVEPOINT miniflow_finish"
+    };
+    db.batch(undo).await.map_err(storage)?;
+    finished
+}
+
+/// [`IdempotencyStore::begin`] in one transaction of the store's holding the key's advisory lock.
+pub(crate) async fn begin_on(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    policy: &IdempotencyPolicy,
+    key: &IdempotencyKey,
+    digest: Digest,
+    now: Timestamp,
+) -> Result<Begin, Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        lock_key(db, key).await?;
+        let now = Clock::read(options, db, now).await?.now;
+        let existing = select_for_update(db, key).await?;
+        let (answer, record) =
+            IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
+        if let Some(record) = record {
+            write(db, &record).await?;
+        }
+        Ok::<_, Error>(answer)
+    })
+}
+
+/// [`IdempotencyStore::finish`] in one transaction of the store's holding the key's advisory lock.
+pub(crate) async fn finish_locked(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    key: &IdempotencyKey,
+    token: u64,
+    result: &serde_json::Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        lock_key(db, key).await?;
+        let now = Clock::read(options, db, now).await?.now;
+        finish_on(db, key, token, result, now).await
+    })
+}
+
+/// [`IdempotencyStore::abandon`] in one transaction of the store's holding the key's advisory lock.
+pub(crate) async fn abandon_locked(
+    db: &mut impl Exec,
+    key: &IdempotencyKey,
+    token: u64,
+) -> Result<(), Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        lock_key(db, key).await?;
+        if let Some(mut record) = select_for_update(db, key).await? {
+            record.abandon(token)?;
+            write(db, &record).await?;
+        }
+        Ok::<_, Error>(())
+    })
+}
+
 /// Takes the advisory lock of `key` until the transaction ends: the record's row may not exist yet.
-fn lock_key(db: &mut Db<'_, impl GenericClient>, key: &IdempotencyKey) -> Result<(), Error> {
+async fn lock_key(db: &mut impl Exec, key: &IdempotencyKey) -> Result<(), Error> {
     db.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&KEY_LOCK_CLASS, &key.as_str()],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
 
-fn select(
-    db: &mut Db<'_, impl GenericClient>,
+async fn select(
+    db: &mut impl Exec,
     key: &IdempotencyKey,
 ) -> Result<Option<IdempotencyRecord>, Error> {
     let Some(row) = db
@@ -155,6 +226,7 @@ fn select(
              FROM idempotency WHERE key = $1",
             &[&key.as_str()],
         )
+        .await
         .map_err(storage)?
     else {
         return Ok(None);
@@ -191,7 +263,7 @@ fn select(
     }))
 }
 
-fn write(db: &mut Db<'_, impl GenericClient>, record: &IdempotencyRecord) -> Result<(), Error> {
+async fn write(db: &mut impl Exec, record: &IdempotencyRecord) -> Result<(), Error> {
     let (result, completed_at, abandoned) = match &record.state {
         RecordState::Completed {
             result,
@@ -224,35 +296,39 @@ fn write(db: &mut Db<'_, impl GenericClient>, record: &IdempotencyRecord) -> Res
             &abandoned,
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
 
-fn finish_on(
-    db: &mut Db<'_, impl GenericClient>,
+async fn finish_on(
+    db: &mut impl Exec,
     key: &IdempotencyKey,
     token: u64,
     result: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let mut record = select_for_update(db, key)?.ok_or_else(|| Error::UnknownKey {
-        key: key.to_string(),
-    })?;
+    let mut record = select_for_update(db, key)
+        .await?
+        .ok_or_else(|| Error::UnknownKey {
+            key: key.to_string(),
+        })?;
     record.finish(token, result.clone(), now)?;
-    write(db, &record)
+    write(db, &record).await
 }
 
 /// The record of `key`, locked until the transaction ends.
-fn select_for_update(
-    db: &mut Db<'_, impl GenericClient>,
+async fn select_for_update(
+    db: &mut impl Exec,
     key: &IdempotencyKey,
 ) -> Result<Option<IdempotencyRecord>, Error> {
     db.execute(
         "SELECT 1 FROM idempotency WHERE key = $1 FOR UPDATE",
         &[&key.as_str()],
     )
+    .await
     .map_err(storage)?;
-    select(db, key)
+    select(db, key).await
 }
 
 impl IdempotencyStore for PostgresIdempotencyStore {
@@ -266,15 +342,15 @@ impl IdempotencyStore for PostgresIdempotencyStore {
         digest: Digest,
         now: Timestamp,
     ) -> Result<Begin, Error> {
-        self.locked(key, now, |tx, policy, now| {
-            let existing = select_for_update(tx, key)?;
-            let (answer, record) =
-                IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
-            if let Some(record) = record {
-                write(tx, &record)?;
-            }
-            Ok(answer)
-        })
+        let mut connection = self.shared.connection()?;
+        block(begin_on(
+            &mut connection.db(),
+            &self.shared.options,
+            &self.policy,
+            key,
+            digest,
+            now,
+        ))
     }
 
     fn finish(
@@ -284,45 +360,45 @@ impl IdempotencyStore for PostgresIdempotencyStore {
         result: &serde_json::Value,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.locked(key, now, |tx, _, now| {
-            finish_on(tx, key, token, result, now)
-        })
+        let mut connection = self.shared.connection()?;
+        block(finish_locked(
+            &mut connection.db(),
+            &self.shared.options,
+            key,
+            token,
+            result,
+            now,
+        ))
     }
 
     fn abandon(&mut self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
-        self.locked(key, Timestamp::EPOCH, |tx, _, _| {
-            if let Some(mut record) = select_for_update(tx, key)? {
-                record.abandon(token)?;
-                write(tx, &record)?;
-            }
-            Ok(())
-        })
+        let mut connection = self.shared.connection()?;
+        block(abandon_locked(&mut connection.db(), key, token))
     }
 
     fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
-        select(&mut self.shared.connection()?.db(), key)
+        block(select(&mut self.shared.connection()?.db(), key))
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
         miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
         let mut db = connection.db();
-        let clock = Clock::read(&self.shared.options, &mut db, now)?;
+        let clock = block(Clock::read(&self.shared.options, &mut db, now))?;
         // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
         let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, self.policy.retention) else {
             return Ok(0);
         };
-        let deleted = db
-            .execute(
-                "DELETE FROM idempotency WHERE key IN \
+        let deleted = block(db.execute(
+            "DELETE FROM idempotency WHERE key IN \
                  (SELECT key FROM idempotency WHERE settled_at <= $1 ORDER BY settled_at \
                   LIMIT $2 FOR UPDATE SKIP LOCKED)",
-                &[
-                    &to_sql_time("now", cutoff)?,
-                    &i64::try_from(batch).unwrap_or(i64::MAX),
-                ],
-            )
-            .map_err(storage)?;
+            &[
+                &to_sql_time("now", cutoff)?,
+                &i64::try_from(batch).unwrap_or(i64::MAX),
+            ],
+        ))
+        .map_err(storage)?;
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 }

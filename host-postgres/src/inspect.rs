@@ -10,7 +10,8 @@ use miniflow_core::{purge_cutoff, Error, EventRecord, Seq, Timestamp, WorkflowId
 use postgres::types::Type;
 use postgres::Row;
 
-use crate::connect::storage;
+use crate::db::{block, Exec};
+use crate::errors::storage;
 use crate::rows::{get, time, Unreadable};
 use crate::store::PostgresStore;
 
@@ -52,10 +53,12 @@ impl PostgresStore {
             return Ok(None);
         };
         let mut connection = self.shared().connection()?;
-        let row = connection
-            .db()
-            .query_opt(RAW_BY_KEY, &[&workflow_id, &seq, &idx])
-            .map_err(storage)?;
+        let row = block(
+            connection
+                .db()
+                .query_opt(RAW_BY_KEY, &[&workflow_id, &seq, &idx]),
+        )
+        .map_err(storage)?;
         Ok(row.map(|row| stored_columns(&row)))
     }
 
@@ -71,10 +74,12 @@ impl PostgresStore {
     /// [`Error::Storage`] when the database cannot be read.
     pub fn events_listing(&self, workflow_id: &WorkflowId) -> Result<EventListing, Error> {
         let mut connection = self.shared().connection()?;
-        let rows = connection
-            .db()
-            .query(EVENTS_AS_STORED, &[&workflow_id.as_str()])
-            .map_err(storage)?;
+        let rows = block(
+            connection
+                .db()
+                .query(EVENTS_AS_STORED, &[&workflow_id.as_str()]),
+        )
+        .map_err(storage)?;
         let mut listing = EventListing::default();
         for row in &rows {
             match read_event(workflow_id, row) {
@@ -106,8 +111,7 @@ impl PostgresStore {
         };
         // A cutoff past what a bigint holds (the year 292 million) reaches every stored time.
         let cutoff = i64::try_from(cutoff.as_millis()).unwrap_or(i64::MAX);
-        let count: i64 = db
-            .query_one(COUNT_PURGEABLE, &[&cutoff])
+        let count: i64 = block(db.query_one(COUNT_PURGEABLE, &[&cutoff]))
             .and_then(|row| row.try_get(0))
             .map_err(storage)?;
         Ok(usize::try_from(count).unwrap_or(0))

@@ -26,6 +26,7 @@
 
 mod acks;
 mod claim;
+mod clock;
 mod commit;
 mod connect;
 mod controls;
@@ -33,7 +34,11 @@ mod db;
 mod errors;
 mod idempotency;
 mod inspect;
+mod migrations;
 mod notifier;
+mod ops;
+mod options;
+mod pool;
 mod queries;
 mod retention;
 mod rows;
@@ -41,9 +46,13 @@ mod store;
 mod telemetry;
 mod wakeup;
 
-pub use connect::{redact_password, PooledClient, PostgresOptions, NOTIFY_CHANNEL, SCHEMA_VERSION};
+pub use connect::redact_password;
 pub use idempotency::PostgresIdempotencyStore;
 pub use inspect::{EventListing, UnreadableEvent};
+pub use migrations::SCHEMA_VERSION;
+pub use notifier::NOTIFY_CHANNEL;
+pub use options::PostgresOptions;
+pub use pool::PooledClient;
 /// The PostgreSQL driver miniflow is built on, re-exported so that the caller's-transaction entry
 /// points ([`PostgresStore::append_in`], …) take a transaction of the same `postgres` version.
 pub use postgres;

@@ -19,10 +19,9 @@
 use std::time::Duration;
 
 use miniflow_core::{Error, Timestamp, WorkflowId};
-use postgres::Transaction;
 
-use crate::connect::storage;
-use crate::db::Db;
+use crate::db::{begin, block, end, Exec, Isolation};
+use crate::errors::storage;
 use crate::queries::{sql_limit, SELECT_WORKFLOW, SELECT_WORKFLOW_TIMERS};
 use crate::rows::{query_rows, query_timers, to_sql_time};
 use crate::store::PostgresStore;
@@ -44,14 +43,15 @@ const LOCK_LAST_EVENT: &str = "SELECT seq FROM events WHERE workflow_id = $1 \
      ORDER BY seq DESC LIMIT 1 FOR UPDATE SKIP LOCKED";
 
 /// Up to `limit` workflow IDs that may be retired with `cutoff`, after `after`.
-fn retirable_after(
-    db: &mut Db<'_, impl postgres::GenericClient>,
+async fn retirable_after(
+    db: &mut impl Exec,
     cutoff: Timestamp,
     after: &str,
     limit: usize,
 ) -> Result<Vec<String>, Error> {
     let cutoff = to_sql_time("now", cutoff)?;
     db.query(RETIRABLE, &[&cutoff, &sql_limit(limit), &after])
+        .await
         .map_err(storage)?
         .iter()
         .map(|row| row.try_get(0).map_err(storage))
@@ -62,14 +62,18 @@ fn retirable_after(
 /// least `older_than` before `now`, the store's clock) and no commit holds it: deletes its commands,
 /// timers and events and records it as retired. Says whether it did. A workflow with a row that
 /// cannot be read is not known to be finished, and stays.
-fn retire_in(
-    db: &mut Db<'_, Transaction<'_>>,
+async fn retire_in(
+    db: &mut impl Exec,
     workflow_id: &WorkflowId,
     older_than: Duration,
     now: Timestamp,
 ) -> Result<bool, Error> {
     let id = workflow_id.as_str();
-    let Some(locked) = db.query_opt(LOCK_LAST_EVENT, &[&id]).map_err(storage)? else {
+    let Some(locked) = db
+        .query_opt(LOCK_LAST_EVENT, &[&id])
+        .await
+        .map_err(storage)?
+    else {
         return Ok(false); // a commit holds it, or it has no event
     };
     let locked: i64 = locked.try_get(0).map_err(storage)?;
@@ -79,6 +83,7 @@ fn retire_in(
             "SELECT MAX(seq), MAX(recorded_at) FROM events WHERE workflow_id = $1",
             &[&id],
         )
+        .await
         .map_err(storage)?;
     let (last_seq, last_event_at): (Option<i64>, Option<i64>) = (
         last.try_get(0).map_err(storage)?,
@@ -87,8 +92,12 @@ fn retire_in(
     if last_seq != Some(locked) {
         return Ok(false); // it moved on: the event locked is not its last
     }
-    let rows = query_rows(db, SELECT_WORKFLOW, &[&id])
-        .and_then(|commands| Ok((commands, query_timers(db, SELECT_WORKFLOW_TIMERS, &[&id])?)));
+    let rows = match query_rows(db, SELECT_WORKFLOW, &[&id]).await {
+        Ok(commands) => query_timers(db, SELECT_WORKFLOW_TIMERS, &[&id])
+            .await
+            .map(|timers| (commands, timers)),
+        Err(e) => Err(e),
+    };
     if !miniflow_core::backend::may_retire(last_event_at, rows, older_than, now)? {
         return Ok(false);
     }
@@ -97,14 +106,48 @@ fn retire_in(
         "DELETE FROM timers WHERE workflow_id = $1",
         "DELETE FROM events WHERE workflow_id = $1",
     ] {
-        db.execute(sql, &[&id]).map_err(storage)?;
+        db.execute(sql, &[&id]).await.map_err(storage)?;
     }
     db.execute(
         "INSERT INTO retired_workflows (workflow_id, last_seq, retired_at) VALUES ($1, $2, $3)",
         &[&id, &locked, &to_sql_time("now", now)?],
     )
+    .await
     .map_err(storage)?;
     Ok(true)
+}
+
+/// Retires those of `workflows` still finished, in the caller's transaction, counting them in
+/// `retirements`; none while a first commit holds that row (a later run retires them).
+async fn retire_all(
+    db: &mut impl Exec,
+    workflows: &[WorkflowId],
+    older_than: Duration,
+    now: Timestamp,
+) -> Result<usize, Error> {
+    let counted = db
+        .query_opt(
+            "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
+            &[],
+        )
+        .await
+        .map_err(storage)?;
+    if counted.is_none() {
+        return Ok(0);
+    }
+    let mut retired: usize = 0;
+    for workflow_id in workflows {
+        retired += usize::from(retire_in(db, workflow_id, older_than, now).await?);
+    }
+    if retired > 0 {
+        db.execute(
+            "UPDATE retirements SET retired = retired + $1 WHERE id = 1",
+            &[&i64::try_from(retired).unwrap_or(i64::MAX)],
+        )
+        .await
+        .map_err(storage)?;
+    }
+    Ok(retired)
 }
 
 impl PostgresStore {
@@ -158,30 +201,15 @@ impl PostgresStore {
         miniflow_core::backend::sweep_retirable(
             &mut connection,
             batch,
-            |connection, after, limit| retirable_after(&mut connection.db(), cutoff, after, limit),
+            |connection, after, limit| {
+                block(retirable_after(&mut connection.db(), cutoff, after, limit))
+            },
             |connection, workflows| {
-                let retired = connection.in_transaction(|db| {
-                    let counted = db
-                        .query_opt(
-                            "SELECT 1 FROM retirements WHERE id = 1 FOR NO KEY UPDATE SKIP LOCKED",
-                            &[],
-                        )
-                        .map_err(storage)?;
-                    if counted.is_none() {
-                        return Ok(0); // a first commit holds it: retired by a later run
-                    }
-                    let mut retired: usize = 0;
-                    for workflow_id in &workflows {
-                        retired += usize::from(retire_in(db, workflow_id, older_than, clock)?);
-                    }
-                    if retired > 0 {
-                        db.execute(
-                            "UPDATE retirements SET retired = retired + $1 WHERE id = 1",
-                            &[&i64::try_from(retired).unwrap_or(i64::MAX)],
-                        )
-                        .map_err(storage)?;
-                    }
-                    Ok::<_, Error>(retired)
+                let db = &mut connection.db();
+                let retired = block(async {
+                    begin(db, Isolation::ReadCommitted).await?;
+                    let out = retire_all(db, &workflows, older_than, clock).await;
+                    end(db, out).await
                 })?;
                 crate::telemetry::retired(retired);
                 Ok(retired)
@@ -197,16 +225,14 @@ impl PostgresStore {
     /// The store's errors.
     pub fn retired_at(&self, workflow_id: &WorkflowId) -> Result<Option<Timestamp>, Error> {
         let mut connection = self.shared().connection()?;
-        let at: Option<i64> = connection
-            .db()
-            .query_opt(
-                "SELECT retired_at FROM retired_workflows WHERE workflow_id = $1",
-                &[&workflow_id.as_str()],
-            )
-            .map_err(storage)?
-            .map(|row| row.try_get(0))
-            .transpose()
-            .map_err(storage)?;
+        let at: Option<i64> = block(connection.db().query_opt(
+            "SELECT retired_at FROM retired_workflows WHERE workflow_id = $1",
+            &[&workflow_id.as_str()],
+        ))
+        .map_err(storage)?
+        .map(|row| row.try_get(0))
+        .transpose()
+        .map_err(storage)?;
         Ok(at.map(|at| Timestamp::from_millis(u64::try_from(at).unwrap_or_default())))
     }
 
@@ -227,7 +253,7 @@ impl PostgresStore {
             return Ok(0);
         };
         miniflow_core::backend::count_retirable(|after, limit| {
-            retirable_after(&mut db, cutoff, after, limit)
+            block(retirable_after(&mut db, cutoff, after, limit))
         })
     }
 }

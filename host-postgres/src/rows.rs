@@ -7,11 +7,11 @@ use miniflow_core::{
     TimerRow, Timestamp, TraceContext, WorkflowId,
 };
 use postgres::types::FromSql;
-use postgres::{GenericClient, Row};
+use postgres::Row;
 
-use crate::connect::storage;
-use crate::db::Db;
+use crate::db::Exec;
 pub(crate) use crate::db::Params;
+use crate::errors::storage;
 
 /// The columns of an [`OutboxRow`], as [`read_outbox_row`] reads them.
 macro_rules! row_columns {
@@ -278,12 +278,13 @@ pub(crate) fn read_timer(row: &Row) -> Result<TimerRow, Unreadable> {
 
 /// Every outbox row `sql` selects; one that cannot be read is [`Error::Corrupt`] naming the command
 /// and the column.
-pub(crate) fn query_rows(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn query_rows(
+    db: &mut impl Exec,
     sql: &'static str,
     params: &Params<'_>,
 ) -> Result<Vec<OutboxRow>, Error> {
     db.query(sql, params)
+        .await
         .map_err(storage)?
         .iter()
         .map(|row| {
@@ -294,12 +295,13 @@ pub(crate) fn query_rows(
 }
 
 /// Every timer `sql` selects; one that cannot be read is [`Error::Corrupt`] naming it and the column.
-pub(crate) fn query_timers(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn query_timers(
+    db: &mut impl Exec,
     sql: &'static str,
     params: &Params<'_>,
 ) -> Result<Vec<TimerRow>, Error> {
     db.query(sql, params)
+        .await
         .map_err(storage)?
         .iter()
         .map(|row| {
@@ -312,16 +314,16 @@ pub(crate) fn query_timers(
 }
 
 /// The events of `workflow_id` in seq order, as `client` sees them.
-pub(crate) fn load_events(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn load_events(
+    db: &mut impl Exec,
     workflow_id: &WorkflowId,
 ) -> Result<Vec<EventRecord>, Error> {
-    load_events_after(db, workflow_id, Seq::ZERO)
+    load_events_after(db, workflow_id, Seq::ZERO).await
 }
 
 /// The events of `workflow_id` after seq `after`, in seq order.
-pub(crate) fn load_events_after(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn load_events_after(
+    db: &mut impl Exec,
     workflow_id: &WorkflowId,
     after: Seq,
 ) -> Result<Vec<EventRecord>, Error> {
@@ -333,6 +335,7 @@ pub(crate) fn load_events_after(
              WHERE workflow_id = $1 AND seq > $2 ORDER BY seq",
             &[&workflow_id.as_str(), &after],
         )
+        .await
         .map_err(storage)?;
     rows.iter()
         .map(|row| {
@@ -390,7 +393,7 @@ pub(crate) fn id_params(id: &CommandId) -> (&str, i64, i64) {
 }
 
 /// Writes back every column an [`OutboxRow`] method may change.
-pub(crate) fn write_row(db: &mut Db<'_, impl GenericClient>, row: &OutboxRow) -> Result<(), Error> {
+pub(crate) async fn write_row(db: &mut impl Exec, row: &OutboxRow) -> Result<(), Error> {
     let (w, s, i) = id_params(&row.command_id);
     let lease = row.lease.as_ref();
     let lease_expires_at = lease
@@ -427,14 +430,12 @@ pub(crate) fn write_row(db: &mut Db<'_, impl GenericClient>, row: &OutboxRow) ->
             &row.cancel_requested,
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
 
-pub(crate) fn insert_timer(
-    db: &mut Db<'_, impl GenericClient>,
-    timer: &TimerRow,
-) -> Result<(), Error> {
+pub(crate) async fn insert_timer(db: &mut impl Exec, timer: &TimerRow) -> Result<(), Error> {
     let processed_at = timer
         .processed_at
         .map(|t| to_sql_time("processed_at", t))
@@ -457,39 +458,39 @@ pub(crate) fn insert_timer(
             &timer.last_error.as_deref().map(text),
         ],
     )
+    .await
     .map_err(storage)?;
     Ok(())
 }
 
-pub(crate) fn timer_exists(
-    db: &mut Db<'_, impl GenericClient>,
-    timer_id: &TimerId,
-) -> Result<bool, Error> {
+pub(crate) async fn timer_exists(db: &mut impl Exec, timer_id: &TimerId) -> Result<bool, Error> {
     db.query_one(
         "SELECT EXISTS (SELECT 1 FROM timers WHERE timer_id = $1)",
         &[&timer_id.to_string()],
     )
+    .await
     .and_then(|row| row.try_get(0))
     .map_err(storage)
 }
 
 /// Writes a row change the core computed ([`OutboxRow::change`]), the feedback it schedules and the
 /// feedback it withdraws, in the caller's transaction; says whether there was feedback.
-pub(crate) fn write_change<T>(
-    db: &mut Db<'_, impl GenericClient>,
+pub(crate) async fn write_change<T>(
+    db: &mut impl Exec,
     changed: &Changed<T>,
 ) -> Result<bool, Error> {
-    write_row(db, &changed.row)?;
+    write_row(db, &changed.row).await?;
     if let Some(timer_id) = &changed.withdrawn {
         db.execute(
             "UPDATE timers SET status = 'cancelled', processed_at = $2 \
              WHERE timer_id = $1 AND processed_at IS NULL",
             &[&timer_id.to_string(), &to_sql_time("now", changed.at)?],
         )
+        .await
         .map_err(storage)?;
     }
     match &changed.feedback {
-        Some(timer) => insert_timer(db, timer).map(|()| true),
+        Some(timer) => insert_timer(db, timer).await.map(|()| true),
         None => Ok(false),
     }
 }

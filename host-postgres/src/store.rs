@@ -11,19 +11,23 @@ use miniflow_core::{
     TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use postgres::tls::{MakeTlsConnect, TlsConnect};
-use postgres::{Config, GenericClient, Socket, Transaction};
+use postgres::{Config, Socket, Transaction};
 
-use crate::acks::*;
-use crate::claim::{claim_in, claim_timers_in};
-use crate::commit::*;
-use crate::connect::{storage, Clock, PooledClient, PostgresOptions, Shared, NOTIFY_CHANNEL};
-use crate::db::{Db, Statements};
+use crate::acks::settled_outward;
+use crate::clock::Clock;
+use crate::commit::LastEvent;
+use crate::connect::Shared;
+use crate::db::{begin, block, end, Db, Exec, Isolation, Statements};
+use crate::errors::storage;
+use crate::ops;
+use crate::options::PostgresOptions;
+use crate::pool::PooledClient;
 pub use crate::queries::hot_queries;
 use crate::queries::*;
 use crate::rows::write_change;
 use crate::rows::{
-    col, id_params, load_events, load_events_after, query_rows, query_timers, raw_command_id,
-    read_outbox_row, text, to_sql_time, Column, Params,
+    id_params, load_events, load_events_after, query_rows, query_timers, raw_command_id,
+    read_outbox_row, to_sql_time, Params,
 };
 use crate::wakeup::Wakeups;
 
@@ -228,38 +232,10 @@ impl PostgresStore {
         // The caller's connection may not be one of the pool's: its statements are prepared for this
         // call only.
         let mut statements = Statements::default();
-        self.append_in_db(&mut Db::new(tx, &mut statements), commit)
-    }
-
-    fn append_in_db(&self, db: &mut Db<'_, Transaction<'_>>, commit: &Commit) -> Result<(), Error> {
-        crate::telemetry::sending(commit, || self.append_in_savepoint(db, commit))
-    }
-
-    fn append_in_savepoint(
-        &self,
-        db: &mut Db<'_, Transaction<'_>>,
-        commit: &Commit,
-    ) -> Result<(), Error> {
-        let (mut savepoint, statements) = db.savepoint()?;
-        let mut inner = Db::new(&mut savepoint, statements);
-        let clock = self.clock(&mut inner, commit.now())?;
-        match write_commit(&mut inner, commit, clock, None) {
-            Ok(work) => {
-                // The caller commits: the hint goes with its transaction.
-                if work && self.shared.options.notifies() {
-                    inner
-                        .execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
-                        .map_err(storage)?;
-                }
-                savepoint.commit().map_err(storage)
-            }
-            Err(CommitError::Raced) => {
-                drop(savepoint);
-                let actual = last_seq(db, commit.workflow_id())?;
-                Err(commit.conflict(actual))
-            }
-            Err(CommitError::Failed(e)) => Err(e),
-        }
+        let mut db = Db::new(tx, &mut statements, None);
+        crate::telemetry::sending(commit, || {
+            block(ops::append_in(&mut db, &self.shared.options, commit))
+        })
     }
 
     /// [`Engine::handle`] inside the caller's own transaction `tx`: replays the workflow from `tx`,
@@ -282,46 +258,36 @@ impl PostgresStore {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let mut statements = Statements::default();
-        let mut db = Db::new(tx, &mut statements);
-        let events = load_events(&mut db, workflow_id)?;
+        let mut db = Db::new(tx, &mut statements, None);
+        let events = block(load_events(&mut db, workflow_id))?;
         let commit = engine.plan(&events, workflow_id, event, now)?;
-        self.append_in_db(&mut db, &commit)?;
+        crate::telemetry::sending(&commit, || {
+            block(ops::append_in(&mut db, &self.shared.options, &commit))
+        })?;
         Ok(Handled::of(&commit, 0))
     }
 
     /// The store's `now` for an operation the caller made at `now` (see
     /// [`PostgresOptions::database_clock`]).
-    pub(crate) fn clock(
-        &self,
-        db: &mut Db<'_, impl GenericClient>,
-        now: Timestamp,
-    ) -> Result<Clock, Error> {
-        Clock::read(&self.shared.options, db, now)
+    pub(crate) fn clock(&self, db: &mut impl Exec, now: Timestamp) -> Result<Clock, Error> {
+        block(Clock::read(&self.shared.options, db, now))
     }
 
-    /// Applies `change` to one row, read `FOR UPDATE`, inside one transaction; an error rolls it
-    /// back. The rules themselves live in [`OutboxRow`]'s methods, shared with every store.
-    fn update<T>(
+    /// Applies `change` to one row (see [`ops::update`]) and raises the hint if that made work.
+    fn update<T: Send>(
         &mut self,
         command_id: &CommandId,
         now: Timestamp,
-        change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error>,
+        change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error> + Send,
     ) -> Result<(T, Clock), Error> {
         let mut connection = self.shared.connection()?;
-        let (value, clock, work) = connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            let (w, s, i) = id_params(command_id);
-            let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])?
-                .pop()
-                .ok_or_else(|| Error::UnknownCommand {
-                    command_id: command_id.clone(),
-                })?;
-            let before = row.status;
-            let changed = row.change(clock.now, |row| change(row, clock.now))?;
-            let fed_back = write_change(db, &changed)?;
-            let work = fed_back || changed.row.status != before;
-            Ok::<_, Error>((changed.value, clock, work))
-        })?;
+        let (value, clock, work) = block(ops::update(
+            &mut connection.db(),
+            &self.shared.options,
+            command_id,
+            now,
+            change,
+        ))?;
         self.shared.hint(work);
         Ok((value, clock))
     }
@@ -336,16 +302,23 @@ impl PostgresStore {
         change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error>,
     ) -> Result<Vec<CommandId>, Error> {
         let mut connection = self.shared.connection()?;
-        let ids = connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            let rows = crate::controls::dead_of_kind(db, kind, batch, true)?;
-            let mut ids = Vec::with_capacity(rows.len());
-            for row in rows {
-                let changed = row.change(clock.now, |row| change(row, clock.now))?;
-                write_change(db, &changed)?;
-                ids.push(changed.row.command_id);
+        let db = &mut connection.db();
+        let options = &self.shared.options;
+        let ids = block(async {
+            begin(db, Isolation::ReadCommitted).await?;
+            let out = async {
+                let clock = Clock::read(options, db, now).await?;
+                let rows = crate::controls::dead_of_kind(db, kind, batch, true).await?;
+                let mut ids = Vec::with_capacity(rows.len());
+                for row in rows {
+                    let changed = row.change(clock.now, |row| change(row, clock.now))?;
+                    write_change(db, &changed).await?;
+                    ids.push(changed.row.command_id);
+                }
+                Ok::<_, Error>(ids)
             }
-            Ok::<_, Error>(ids)
+            .await;
+            end(db, out).await
         })?;
         self.shared.hint(!ids.is_empty());
         Ok(ids)
@@ -379,43 +352,31 @@ impl PostgresStore {
         )))
     }
 
-    /// Whether anything is due at the caller's `now` in the table `due_sql` asks about, and the next
-    /// time something is due after it, in the store's clock: one query, outside any transaction, so
-    /// idle workers take no lock.
+    /// Whether anything is due at `now` in the table `due_sql` asks about (see [`ops::due`]).
     fn due(
         &self,
         due_sql: &'static str,
         now: Timestamp,
     ) -> Result<(Timestamp, bool, Option<Timestamp>), Error> {
-        let caller = if self.shared.options.uses_database_clock() {
-            None
-        } else {
-            Some(to_sql_time("now", now)?)
-        };
         let mut connection = self.shared.connection()?;
-        let row = connection
-            .db()
-            .query_one(due_sql, &[&caller])
-            .map_err(storage)?;
-        let read =
-            |column| crate::rows::time(&row, column).map_err(|why| Error::Corrupt(why.to_string()));
-        let store_now = read("now")?;
-        let due: bool = row.try_get("due").map_err(storage)?;
-        let next = match row.try_get::<_, Option<i64>>("next").map_err(storage)? {
-            Some(_) => Some(read("next")?),
-            None => None,
-        };
-        Ok((store_now, due, next))
+        block(ops::due(
+            &mut connection.db(),
+            &self.shared.options,
+            due_sql,
+            now,
+        ))
     }
 
     /// The first `limit` rows of `sql` (a keyset query as for [`PostgresStore::read_readable`]),
     /// those that cannot be read apart.
     fn listing(&self, sql: &'static str, limit: usize) -> Result<Listing, Error> {
         let mut connection = self.shared.connection()?;
-        let page = connection
-            .db()
-            .query(sql, &[&"", &i64::MIN, &i64::MIN, &sql_limit(limit)])
-            .map_err(storage)?;
+        let page = block(
+            connection
+                .db()
+                .query(sql, &[&"", &i64::MIN, &i64::MIN, &sql_limit(limit)]),
+        )
+        .map_err(storage)?;
         let mut listing = Listing::default();
         for row in &page {
             match read_outbox_row(row) {
@@ -451,33 +412,10 @@ impl PostgresStore {
         self.listing(SELECT_DEAD, limit)
     }
 
-    /// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
-    /// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
+    /// Up to `limit` readable rows of `sql` (see [`ops::read_readable`]).
     fn read_readable(&self, sql: &'static str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         let mut connection = self.shared.connection()?;
-        let mut db = connection.db();
-        let mut out = Vec::new();
-        let mut after = (String::new(), i64::MIN, i64::MIN);
-        while out.len() < limit {
-            let wanted = limit - out.len();
-            let page = db
-                .query(sql, &[&after.0, &after.1, &after.2, &sql_limit(wanted)])
-                .map_err(storage)?;
-            for row in &page {
-                after = (
-                    col::WORKFLOW_ID.read(row).map_err(storage)?,
-                    col::EVENT_SEQ.read(row).map_err(storage)?,
-                    col::IDX.read(row).map_err(storage)?,
-                );
-                if let Ok(outbox_row) = read_outbox_row(row) {
-                    out.push(outbox_row);
-                }
-            }
-            if page.len() < wanted {
-                break;
-            }
-        }
-        Ok(out)
+        block(ops::read_readable(&mut connection.db(), sql, limit))
     }
 }
 
@@ -488,7 +426,10 @@ pub const MAX_FALLBACK: Duration = Duration::from_secs(3600);
 
 impl EventLog for PostgresStore {
     fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
-        load_events(&mut self.shared.connection()?.db(), workflow_id)
+        block(load_events(
+            &mut self.shared.connection()?.db(),
+            workflow_id,
+        ))
     }
     /// Waits [`miniflow_core::backend::conflict_backoff`], with a random jitter: connections writing one
     /// workflow spread out instead of racing again together.
@@ -499,7 +440,11 @@ impl EventLog for PostgresStore {
         ));
     }
     fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
-        load_events_after(&mut self.shared.connection()?.db(), workflow_id, after)
+        block(load_events_after(
+            &mut self.shared.connection()?.db(),
+            workflow_id,
+            after,
+        ))
     }
     /// One ID for a store and its clones: they share one pool on one database.
     fn history_id(&self) -> Option<HistoryId> {
@@ -532,30 +477,14 @@ impl PostgresStore {
     /// the workflow's last event.
     fn append(&self, commit: &Commit, last: Option<&LastEvent>) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
-        let written = if is_plain(commit) && !self.shared.options.uses_database_clock() {
-            write_commit(
-                &mut connection.db(),
-                commit,
-                Clock::caller(commit.now()),
-                last,
-            )
-        } else {
-            connection.in_transaction(|db| {
-                let clock = self.clock(db, commit.now())?;
-                write_commit(db, commit, clock, last)
-            })
-        };
-        match written {
-            Ok(work) => {
-                self.shared.hint(work);
-                Ok(())
-            }
-            Err(CommitError::Raced) => {
-                let actual = last_seq(&mut connection.db(), commit.workflow_id())?;
-                Err(commit.conflict(actual))
-            }
-            Err(CommitError::Failed(e)) => Err(e),
-        }
+        let work = block(ops::append(
+            &mut connection.db(),
+            &self.shared.options,
+            commit,
+            last,
+        ))?;
+        self.shared.hint(work);
+        Ok(())
     }
 }
 
@@ -566,16 +495,20 @@ impl Outbox for PostgresStore {
     }
     fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
         let (w, s, i) = id_params(command_id);
-        Ok(query_rows(
+        Ok(block(query_rows(
             &mut self.shared.connection()?.db(),
             SELECT_ONE,
             &[&w, &s, &i],
-        )?
+        ))?
         .pop())
     }
     fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
         let params: &Params<'_> = &[&workflow_id.as_str()];
-        query_rows(&mut self.shared.connection()?.db(), SELECT_WORKFLOW, params)
+        block(query_rows(
+            &mut self.shared.connection()?.db(),
+            SELECT_WORKFLOW,
+            params,
+        ))
     }
     fn mark_done(&mut self, command_id: &CommandId, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row, now| row.mark_done(now))
@@ -595,16 +528,14 @@ impl Outbox for PostgresStore {
         let mut deliveries = Vec::new();
         if asked.is_none_or(|(_, due, _)| due) {
             let mut connection = self.shared.connection()?;
-            let (claimed, fed_back, clock) = connection.in_transaction(|db| {
-                let clock = self.clock(db, now)?;
-                let (claimed, fed_back) = claim_in(db, request, clock.now)?;
-                Ok::<_, Error>((claimed, fed_back, clock))
-            })?;
+            let fed_back;
+            (deliveries, fed_back) = block(ops::claim(
+                &mut connection.db(),
+                &self.shared.options,
+                request,
+                now,
+            ))?;
             self.shared.hint(fed_back);
-            deliveries = claimed;
-            for delivery in &mut deliveries {
-                delivery.lease_expires_at = clock.outward(delivery.lease_expires_at);
-            }
         }
         self.busy = deliveries.len() == request.limit;
         self.idle_commands = if deliveries.is_empty() {
@@ -644,10 +575,14 @@ impl Outbox for PostgresStore {
         now: Timestamp,
     ) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
-        let work = connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            complete_in(db, command_id, token, result, clock.now)
-        })?;
+        let work = block(ops::complete(
+            &mut connection.db(),
+            &self.shared.options,
+            command_id,
+            token,
+            result,
+            now,
+        ))?;
         self.shared.hint(work);
         Ok(())
     }
@@ -659,38 +594,12 @@ impl Outbox for PostgresStore {
         now: Timestamp,
     ) -> Result<Vec<Result<(), Error>>, Error> {
         let mut connection = self.shared.connection()?;
-        let (results, work) = connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            let (mut results, mut work) = complete_plain_acks(db, &acks, clock.now)?;
-            for (ack, result) in acks.iter().zip(&mut results) {
-                if result.is_some() {
-                    continue;
-                }
-                // The acks the one statement did not settle, one by one, in order: a refused ack
-                // writes nothing before it is refused, so the others stay in the batch; a database
-                // error ends the whole batch.
-                let completed = complete_in(
-                    db,
-                    &ack.command_id,
-                    ack.token,
-                    ack.result.as_ref(),
-                    clock.now,
-                );
-                *result = Some(match completed {
-                    Ok(made_work) => {
-                        work |= made_work;
-                        Ok(())
-                    }
-                    Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
-                    Err(e) => Err(e),
-                });
-            }
-            let results: Vec<_> = results
-                .into_iter()
-                .map(|result| result.unwrap_or(Ok(())))
-                .collect();
-            Ok((results, work))
-        })?;
+        let (results, work) = block(ops::complete_all(
+            &mut connection.db(),
+            &self.shared.options,
+            &acks,
+            now,
+        ))?;
         self.shared.hint(work);
         Ok(results)
     }
@@ -724,17 +633,13 @@ impl Timers for PostgresStore {
         let mut timers = Vec::new();
         if due {
             let mut connection = self.shared.connection()?;
-            let clock;
-            (timers, clock) = connection.in_transaction(|db| {
-                let clock = self.clock(db, now)?;
-                let timers = claim_timers_in(db, limit, lease_ttl, clock.now)?;
-                Ok::<_, Error>((timers, clock))
-            })?;
-            for timer in &mut timers {
-                timer.fire_at = clock.outward(timer.fire_at);
-                timer.available_at = clock.outward(timer.available_at);
-                timer.created_at = clock.outward(timer.created_at);
-            }
+            timers = block(ops::claim_timers(
+                &mut connection.db(),
+                &self.shared.options,
+                limit,
+                lease_ttl,
+                now,
+            ))?;
         }
         self.idle_timers = if timers.is_empty() {
             self.idle_after(generation, store_now, next)
@@ -753,36 +658,21 @@ impl Timers for PostgresStore {
         now: Timestamp,
     ) -> Result<(), Error> {
         let mut connection = self.shared.connection()?;
-        connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])?
-                .pop()
-                .ok_or_else(|| Error::TimerNotScheduled {
-                    timer_id: timer_id.to_string(),
-                    status: "unknown",
-                })?;
-            timer.reject(reason, clock.now)?;
-            db.execute(
-                "UPDATE timers SET status = $2, processed_at = $3, last_error = $4 \
-                 WHERE timer_id = $1",
-                &[
-                    &timer_id.to_string(),
-                    &timer.status.as_str(),
-                    &to_sql_time("now", clock.now)?,
-                    &timer.last_error.as_deref().map(text),
-                ],
-            )
-            .map_err(storage)?;
-            Ok(())
-        })
+        block(ops::reject_timer(
+            &mut connection.db(),
+            &self.shared.options,
+            timer_id,
+            reason,
+            now,
+        ))
     }
     fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
         let params: &Params<'_> = &[&workflow_id.as_str()];
-        query_timers(
+        block(query_timers(
             &mut self.shared.connection()?.db(),
             SELECT_WORKFLOW_TIMERS,
             params,
-        )
+        ))
     }
 }
 
@@ -801,12 +691,11 @@ impl Operations for PostgresStore {
         let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, older_than) else {
             return Ok(0);
         };
-        let deleted = db
-            .execute(
-                PURGE_DONE,
-                &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
-            )
-            .map_err(storage)?;
+        let deleted = block(db.execute(
+            PURGE_DONE,
+            &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
+        ))
+        .map_err(storage)?;
         let deleted = usize::try_from(deleted).unwrap_or(usize::MAX);
         crate::telemetry::purged(deleted);
         Ok(deleted)
@@ -829,20 +718,17 @@ impl Operations for PostgresStore {
     /// stats are read is counted once. Works on [`PostgresStore::connect_read_only`].
     fn stats(&self, now: Timestamp) -> Result<OutboxStats, Error> {
         let mut connection = self.shared.connection()?;
-        connection.in_snapshot(|db| {
-            let clock = self.clock(db, now)?;
-            crate::controls::outbox_stats(db, clock)
-        })
+        block(ops::stats(&mut connection.db(), &self.shared.options, now))
     }
     /// Times as stored: in the database's clock with [`PostgresOptions::database_clock`] (there
     /// is no caller's `now` to translate them by; [`Operations::stats`] translates them).
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
         let mut connection = self.shared.connection()?;
-        crate::controls::read_controls(
+        block(crate::controls::read_controls(
             &mut connection.db(),
             crate::controls::SELECT_CONTROLS,
             Clock::caller(Timestamp::EPOCH),
-        )
+        ))
     }
     /// The control row is read `FOR UPDATE`, so the change waits for a claim counting the kind's
     /// leases; the commit notifies idle workers (a resume or a higher limit makes work claimable).
@@ -856,9 +742,16 @@ impl Operations for PostgresStore {
         // Checked before it is sent: a kind the server cannot hold (a NUL) is the caller's mistake.
         miniflow_core::check_kind("kind", kind)?;
         let mut connection = self.shared.connection()?;
-        let control = connection.in_transaction(|db| {
-            let clock = self.clock(db, now)?;
-            crate::controls::control_kind_in(db, kind, change, by, clock)
+        let db = &mut connection.db();
+        let options = &self.shared.options;
+        let control = block(async {
+            begin(db, Isolation::ReadCommitted).await?;
+            let out = async {
+                let clock = Clock::read(options, db, now).await?;
+                crate::controls::control_kind_in(db, kind, change, by, clock).await
+            }
+            .await;
+            end(db, out).await
         })?;
         self.shared.hint(true);
         Ok(control)
@@ -867,7 +760,12 @@ impl Operations for PostgresStore {
     fn dead_letters_of_kind(&self, kind: &str, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         miniflow_core::check_kind("kind", kind)?;
         let mut connection = self.shared.connection()?;
-        crate::controls::dead_of_kind(&mut connection.db(), kind, limit, false)
+        block(crate::controls::dead_of_kind(
+            &mut connection.db(),
+            kind,
+            limit,
+            false,
+        ))
     }
     fn retry_dead_of_kind(
         &mut self,

@@ -9,7 +9,9 @@ use miniflow_core::Error;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 
-use crate::connect::{storage, Shared, NOTIFY_CHANNEL};
+use crate::connect::Shared;
+use crate::errors::storage;
+use crate::notifier::NOTIFY_CHANNEL;
 use crate::PostgresStore;
 
 /// How long the listener waits for a notification before it looks at whether to stop.

@@ -1,0 +1,320 @@
+//! The store's operations, once for the synchronous store and the async one: each takes a client
+//! ([`Exec`]) and the store's options, runs its statements in its transaction and returns what it
+//! did, with whether it made work claimable (for the wake-up hint, which each store raises its own
+//! way). [`crate::PostgresStore`] runs them with [`crate::db::block`] on a connection of its pool;
+//! the async store awaits them on one of its own.
+
+use miniflow_core::{
+    Ack, ClaimRequest, CommandId, Commit, Delivery, Error, OutboxRow, OutboxStats, TimerId,
+    TimerRow, Timestamp,
+};
+use std::time::Duration;
+
+use crate::acks::{complete_in, complete_plain_acks};
+use crate::claim::{claim_in, claim_timers_in};
+use crate::clock::Clock;
+use crate::commit::{is_plain, last_seq, write_commit, CommitError, LastEvent};
+use crate::db::{transaction, Exec, Isolation};
+use crate::errors::storage;
+use crate::notifier::NOTIFY_CHANNEL;
+use crate::options::PostgresOptions;
+use crate::queries::*;
+use crate::rows::{id_params, query_rows, query_timers, text, to_sql_time, write_change};
+
+/// A commit on a connection of the store's: a plain commit on the caller's clock is one statement,
+/// any other one transaction. Returns whether it made work claimable; a lost race is the core's
+/// [`Error::Conflict`], with the workflow's last seq read afresh.
+pub(crate) async fn append(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    commit: &Commit,
+    last: Option<&LastEvent>,
+) -> Result<bool, Error> {
+    let written = if is_plain(commit) && !options.uses_database_clock() {
+        write_commit(db, commit, Clock::caller(commit.now()), last).await
+    } else {
+        transaction!(db, Isolation::ReadCommitted, {
+            let clock = Clock::read(options, db, commit.now()).await?;
+            write_commit(db, commit, clock, last).await
+        })
+    };
+    match written {
+        Ok(work) => Ok(work),
+        Err(CommitError::Raced) => {
+            let actual = last_seq(db, commit.workflow_id()).await?;
+            Err(commit.conflict(actual))
+        }
+        Err(CommitError::Failed(e)) => Err(e),
+    }
+}
+
+/// A commit inside the caller's own transaction `db`, in a savepoint: on an error nothing of it
+/// stays, and the caller's transaction is not left aborted. The hint (`NOTIFY`) is part of the
+/// caller's transaction: dispatchers hear it when the caller commits.
+pub(crate) async fn append_in(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    commit: &Commit,
+) -> Result<(), Error> {
+    db.batch("SAVEPOINT miniflow_commit")
+        .await
+        .map_err(storage)?;
+    let written = async {
+        let clock = Clock::read(options, db, commit.now()).await?;
+        let work = write_commit(db, commit, clock, None).await?;
+        if work && options.notifies() {
+            db.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
+                .await
+                .map_err(storage)?;
+        }
+        Ok::<_, CommitError>(())
+    }
+    .await;
+    let undo = if written.is_ok() {
+        "RELEASE SAVEPOINT miniflow_commit"
+    } else {
+        "ROLLBACK TO SAVEPOINT miniflow_commit; RELEASE SAVEPOINT miniflow_commit"
+    };
+    db.batch(undo).await.map_err(storage)?;
+    match written {
+        Ok(()) => Ok(()),
+        Err(CommitError::Raced) => {
+            let actual = last_seq(db, commit.workflow_id()).await?;
+            Err(commit.conflict(actual))
+        }
+        Err(CommitError::Failed(e)) => Err(e),
+    }
+}
+
+/// Applies `change` to one row, read `FOR UPDATE`, inside one transaction; an error rolls it
+/// back. The rules themselves live in [`OutboxRow`]'s methods, shared with every store. Returns
+/// what `change` returned, the operation's clock and whether it made work claimable.
+pub(crate) async fn update<T>(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    command_id: &CommandId,
+    now: Timestamp,
+    change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error> + Send,
+) -> Result<(T, Clock, bool), Error>
+where
+    T: Send,
+{
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let (w, s, i) = id_params(command_id);
+        let row = query_rows(db, SELECT_ONE_FOR_UPDATE, &[&w, &s, &i])
+            .await?
+            .pop()
+            .ok_or_else(|| Error::UnknownCommand {
+                command_id: command_id.clone(),
+            })?;
+        let before = row.status;
+        let changed = row.change(clock.now, |row| change(row, clock.now))?;
+        let fed_back = write_change(db, &changed).await?;
+        let work = fed_back || changed.row.status != before;
+        Ok::<_, Error>((changed.value, clock, work))
+    })
+}
+
+/// A claim in one transaction: the deliveries (their lease expiries in the caller's clock) and
+/// whether burying unreadable rows fed anything back.
+pub(crate) async fn claim(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    request: &ClaimRequest,
+    now: Timestamp,
+) -> Result<(Vec<Delivery>, bool), Error> {
+    let (mut claimed, fed_back, clock) = transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let (claimed, fed_back) = claim_in(db, request, clock.now).await?;
+        Ok::<_, Error>((claimed, fed_back, clock))
+    })?;
+    for delivery in &mut claimed {
+        delivery.lease_expires_at = clock.outward(delivery.lease_expires_at);
+    }
+    Ok((claimed, fed_back))
+}
+
+/// Whether anything is due at the caller's `now` in the table `due_sql` asks about, and the next
+/// time something is due after it, in the store's clock: one query, outside any transaction, so
+/// idle workers take no lock.
+pub(crate) async fn due(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    due_sql: &'static str,
+    now: Timestamp,
+) -> Result<(Timestamp, bool, Option<Timestamp>), Error> {
+    let caller = if options.uses_database_clock() {
+        None
+    } else {
+        Some(to_sql_time("now", now)?)
+    };
+    let row = db.query_one(due_sql, &[&caller]).await.map_err(storage)?;
+    let read =
+        |column| crate::rows::time(&row, column).map_err(|why| Error::Corrupt(why.to_string()));
+    let store_now = read("now")?;
+    let due: bool = row.try_get("due").map_err(storage)?;
+    let next = match row.try_get::<_, Option<i64>>("next").map_err(storage)? {
+        Some(_) => Some(read("next")?),
+        None => None,
+    };
+    Ok((store_now, due, next))
+}
+
+/// One acknowledgement in its own transaction; whether it made work claimable.
+pub(crate) async fn complete(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    command_id: &CommandId,
+    token: u64,
+    result: Option<&serde_json::Value>,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        complete_in(db, command_id, token, result, clock.now).await
+    })
+}
+
+/// All `acks` in one transaction: one commit for the batch, the results returned only after it,
+/// so a reported completion is durable. Also whether they made work claimable.
+pub(crate) async fn complete_all(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    acks: &[Ack],
+    now: Timestamp,
+) -> Result<(Vec<Result<(), Error>>, bool), Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let (mut results, mut work) = complete_plain_acks(db, acks, clock.now).await?;
+        for (ack, result) in acks.iter().zip(&mut results) {
+            if result.is_some() {
+                continue;
+            }
+            // The acks the one statement did not settle, one by one, in order: a refused ack
+            // writes nothing before it is refused, so the others stay in the batch; a database
+            // error ends the whole batch.
+            let completed = complete_in(
+                db,
+                &ack.command_id,
+                ack.token,
+                ack.result.as_ref(),
+                clock.now,
+            )
+            .await;
+            *result = Some(match completed {
+                Ok(made_work) => {
+                    work |= made_work;
+                    Ok(())
+                }
+                Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+                Err(e) => Err(e),
+            });
+        }
+        let results: Vec<_> = results
+            .into_iter()
+            .map(|result| result.unwrap_or(Ok(())))
+            .collect();
+        Ok((results, work))
+    })
+}
+
+/// A timer claim in one transaction, its times in the caller's clock.
+pub(crate) async fn claim_timers(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    limit: usize,
+    lease_ttl: Duration,
+    now: Timestamp,
+) -> Result<Vec<TimerRow>, Error> {
+    let (mut timers, clock) = transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let timers = claim_timers_in(db, limit, lease_ttl, clock.now).await?;
+        Ok::<_, Error>((timers, clock))
+    })?;
+    for timer in &mut timers {
+        timer.fire_at = clock.outward(timer.fire_at);
+        timer.available_at = clock.outward(timer.available_at);
+        timer.created_at = clock.outward(timer.created_at);
+    }
+    Ok(timers)
+}
+
+/// Rejects a scheduled timer by the core's rule ([`TimerRow::reject`]).
+pub(crate) async fn reject_timer(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    timer_id: &TimerId,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let mut timer = query_timers(db, SELECT_TIMER_FOR_UPDATE, &[&timer_id.to_string()])
+            .await?
+            .pop()
+            .ok_or_else(|| Error::TimerNotScheduled {
+                timer_id: timer_id.to_string(),
+                status: "unknown",
+            })?;
+        timer.reject(reason, clock.now)?;
+        db.execute(
+            "UPDATE timers SET status = $2, processed_at = $3, last_error = $4 \
+             WHERE timer_id = $1",
+            &[
+                &timer_id.to_string(),
+                &timer.status.as_str(),
+                &to_sql_time("now", clock.now)?,
+                &timer.last_error.as_deref().map(text),
+            ],
+        )
+        .await
+        .map_err(storage)?;
+        Ok::<_, Error>(())
+    })
+}
+
+/// The outbox's stats from one snapshot (see [`crate::PostgresStore`]'s `stats`).
+pub(crate) async fn stats(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    now: Timestamp,
+) -> Result<OutboxStats, Error> {
+    transaction!(db, Isolation::Snapshot, {
+        let clock = Clock::read(options, db, now).await?;
+        crate::controls::outbox_stats(db, clock).await
+    })
+}
+
+/// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
+/// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
+pub(crate) async fn read_readable(
+    db: &mut impl Exec,
+    sql: &'static str,
+    limit: usize,
+) -> Result<Vec<OutboxRow>, Error> {
+    use crate::rows::{col, read_outbox_row, Column};
+    let mut out = Vec::new();
+    let mut after = (String::new(), i64::MIN, i64::MIN);
+    while out.len() < limit {
+        let wanted = limit - out.len();
+        let page = db
+            .query(sql, &[&after.0, &after.1, &after.2, &sql_limit(wanted)])
+            .await
+            .map_err(storage)?;
+        for row in &page {
+            after = (
+                col::WORKFLOW_ID.read(row).map_err(storage)?,
+                col::EVENT_SEQ.read(row).map_err(storage)?,
+                col::IDX.read(row).map_err(storage)?,
+            );
+            if let Ok(outbox_row) = read_outbox_row(row) {
+                out.push(outbox_row);
+            }
+        }
+        if page.len() < wanted {
+            break;
+        }
+    }
+    Ok(out)
+}
