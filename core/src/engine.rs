@@ -370,7 +370,14 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.commit_event(store, workflow_id, event, now, None, None)
+        log::now(self.commit_event(
+            &mut Blocking::new(store),
+            workflow_id,
+            event,
+            now,
+            None,
+            None,
+        ))
     }
 
     /// As [`Engine::handle`], storing `context` (the W3C trace context of the caller's span, e.g.
@@ -389,7 +396,14 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.commit_event(store, workflow_id, event, now, None, Some(context))
+        log::now(self.commit_event(
+            &mut Blocking::new(store),
+            workflow_id,
+            event,
+            now,
+            None,
+            Some(context),
+        ))
     }
 
     /// Starts `workflow_id` with `event` as its first event and the commands the workflow decides for
@@ -441,7 +455,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.start_event(store, workflow_id, event, now, None)
+        log::now(self.start_event(&mut Blocking::new(store), workflow_id, event, now, None))
     }
 
     /// As [`Engine::start`], storing `context` with every command decided, as
@@ -459,7 +473,13 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.start_event(store, workflow_id, event, now, Some(context))
+        log::now(self.start_event(
+            &mut Blocking::new(store),
+            workflow_id,
+            event,
+            now,
+            Some(context),
+        ))
     }
 
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
@@ -558,6 +578,58 @@ impl<W: Workflow> Engine<W> {
         timer: &TimerRow,
         now: Timestamp,
     ) -> Result<Option<Handled>, Error> {
+        log::now(self.fire_on(&mut Blocking::with_timers(store), timer, now))
+    }
+
+    /// [`Engine::handle`] on an async store's log: the same loop (its reads, its decision, its
+    /// retries after a lost race, the state cache), awaited. For async hosts; a synchronous caller
+    /// uses [`Engine::handle`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub async fn handle_on<L: AsyncEventLog + ?Sized>(
+        &self,
+        log: &mut L,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: Option<&TraceContext>,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
+        self.commit_event(log, workflow_id, event, now, None, context)
+            .await
+    }
+
+    /// [`Engine::start`] on an async store's log, awaited.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`].
+    pub async fn start_on<L: AsyncEventLog + ?Sized>(
+        &self,
+        log: &mut L,
+        workflow_id: &WorkflowId,
+        event: Event,
+        context: Option<&TraceContext>,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let event = self.callers(event)?;
+        self.start_event(log, workflow_id, event, now, context)
+            .await
+    }
+
+    /// [`Engine::fire`] on an async store's log, awaited.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::fire`].
+    pub async fn fire_on<L: AsyncEventLog + ?Sized>(
+        &self,
+        log: &mut L,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> Result<Option<Handled>, Error> {
         if timer.fire_at > now {
             return Err(Error::invalid(
                 "timer",
@@ -567,13 +639,16 @@ impl<W: Workflow> Engine<W> {
         }
         let (event, firing) = Firing::of(timer, now)?;
         let workflow_id = timer.timer_id.workflow_id();
-        match self.commit_event(store, workflow_id, event, now, Some(&firing), None) {
+        let committed = self
+            .commit_event(log, workflow_id, event, now, Some(&firing), None)
+            .await;
+        match committed {
             Ok(handled) => Ok(Some(handled)),
             Err(Error::TimerNotScheduled { .. }) => Ok(None),
             Err(Error::Rejected {
                 workflow_id,
                 reason,
-            }) => match store.reject_timer(&timer.timer_id, &reason, now) {
+            }) => match log.reject_timer(&timer.timer_id, &reason, now).await {
                 Ok(()) | Err(Error::TimerNotScheduled { .. }) => Err(Error::Rejected {
                     workflow_id,
                     reason,
@@ -584,9 +659,9 @@ impl<W: Workflow> Engine<W> {
         }
     }
 
-    fn start_event<S: EventLog + ?Sized>(
+    async fn start_event<L: AsyncEventLog + ?Sized>(
         &self,
-        store: &mut S,
+        store: &mut L,
         workflow_id: &WorkflowId,
         event: Event,
         now: Timestamp,
@@ -597,7 +672,7 @@ impl<W: Workflow> Engine<W> {
         if let Some(context) = context {
             commit = commit.traced(context.clone());
         }
-        store.append_with_commands(&commit)?;
+        store.append_with_commands(&commit).await?;
         Ok(Handled::of(&commit, 0))
     }
 
@@ -621,9 +696,9 @@ impl<W: Workflow> Engine<W> {
         finish(commit, fires, context)
     }
 
-    fn commit_event<S: EventLog + ?Sized>(
+    async fn commit_event<L: AsyncEventLog + ?Sized>(
         &self,
-        store: &mut S,
+        store: &mut L,
         workflow_id: &WorkflowId,
         event: Event,
         now: Timestamp,
@@ -634,7 +709,10 @@ impl<W: Workflow> Engine<W> {
         // than a recursive copy survives.
         let event = self.checked(event)?;
         let mut conflicts = 0;
-        match self.commit_on_cached(store, workflow_id, &event, now, fires, context)? {
+        match self
+            .commit_on_cached(store, workflow_id, &event, now, fires, context)
+            .await?
+        {
             OnCached::Committed(handled) => return Ok(handled),
             OnCached::Conflict(e) if self.max_conflict_retries == 0 => return Err(e),
             // The cached state was out of date (another engine wrote since): the next try reads
@@ -646,10 +724,9 @@ impl<W: Workflow> Engine<W> {
         let mut raced = 0;
         loop {
             let history = store.history_id();
-            let (planned, folded) =
-                self.plan_cached(history, workflow_id, event.clone(), now, |after| {
-                    store.load_after(workflow_id, after)
-                })?;
+            let (planned, folded) = self
+                .plan_cached(history, workflow_id, event.clone(), now, store)
+                .await?;
             let commit = match planned.and_then(|commit| finish(commit, fires, context)) {
                 Ok(commit) => commit,
                 Err(e) => {
@@ -657,7 +734,10 @@ impl<W: Workflow> Engine<W> {
                     return Err(e);
                 }
             };
-            match self.append(store, history, folded.last.as_ref(), &commit) {
+            match self
+                .append(store, history, folded.last.as_ref(), &commit)
+                .await
+            {
                 Ok(()) => {
                     self.keep_through(folded, &commit, history);
                     return Ok(Handled::of(&commit, conflicts));
@@ -666,7 +746,7 @@ impl<W: Workflow> Engine<W> {
                     self.keep(folded);
                     conflicts += 1;
                     raced += 1;
-                    store.before_retry(raced);
+                    store.before_retry(raced).await;
                 }
                 Err(e) => {
                     self.keep(folded);
@@ -681,9 +761,9 @@ impl<W: Workflow> Engine<W> {
     /// [`EventLog::append_after`], whose answer tells (then later calls commit on their cached
     /// states without reading); else as a plain commit, whose seq check is all a state just read
     /// needs.
-    fn append<S: EventLog + ?Sized>(
+    async fn append<L: AsyncEventLog + ?Sized>(
         &self,
-        store: &mut S,
+        store: &mut L,
         history: Option<HistoryId>,
         last: Option<&EventRecord>,
         commit: &Commit,
@@ -691,19 +771,23 @@ impl<W: Workflow> Engine<W> {
         let unknown =
             history.filter(|h| self.states.capacity() > 0 && self.states.checks_last(*h).is_none());
         let (Some(history), Some(last)) = (unknown, last) else {
-            return store.append_with_commands(commit);
+            return store.append_with_commands(commit).await;
         };
-        let answer = store.append_after(last, commit);
+        let answer = store.append_after(last, commit).await;
         let checks = !matches!(answer, Ok(AppendedAfter::Unchecked));
         self.states.learn_checks_last(history, checks);
         match answer {
-            Ok(AppendedAfter::Unchecked) => store.append_with_commands(commit),
+            Ok(AppendedAfter::Unchecked) => store.append_with_commands(commit).await,
             answer => answer.map(|_| ()),
         }
     }
 }
 
 mod cached;
+mod log;
+
+pub use log::AsyncEventLog;
+use log::Blocking;
 
 #[cfg(test)]
 mod tests {

@@ -143,6 +143,7 @@ pub mod backend {
         Burial, ClaimPage, ClaimStep, ClaimWalk, Offer, TimerClaim, TimerOffer, Unclaimable,
     };
     pub use crate::control::{check_bulk, check_purge_batch, Admission};
+    pub use crate::engine::AsyncEventLog;
     pub use crate::idempotency::{IdempotencyRecord, RecordState};
     pub use crate::outbox::Changed;
     pub use crate::retention::{

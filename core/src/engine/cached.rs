@@ -3,6 +3,7 @@
 //! event is found again unchanged (`EventLog::append_after`), and kept only once the events it
 //! came from are committed (`remember`), or forgotten when the transaction fails (`forget`).
 
+use super::log::{self, AsyncEventLog};
 use super::*;
 
 impl<W: Workflow> Engine<W> {
@@ -30,8 +31,13 @@ impl<W: Workflow> Engine<W> {
         load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
     ) -> Result<Planned<W::State>, Error> {
         let event = self.callers(event)?;
-        let (commit, folded) =
-            self.plan_cached(Some(history), workflow_id, event, now, load_after)?;
+        let (commit, folded) = log::now(self.plan_cached(
+            Some(history),
+            workflow_id,
+            event,
+            now,
+            &mut log::Reader(load_after),
+        ))?;
         Ok(Planned {
             commit: commit?,
             folded: folded.into_entry(),
@@ -57,27 +63,27 @@ impl<W: Workflow> Engine<W> {
     /// Folds the workflow (from its cached state when there is a usable one), decides on `event`, and
     /// returns the commit (or why there is none) beside the folded state.
     #[allow(clippy::type_complexity)]
-    pub(super) fn plan_cached(
+    pub(super) async fn plan_cached<L: AsyncEventLog + ?Sized>(
         &self,
         history: Option<HistoryId>,
         workflow_id: &WorkflowId,
         event: Event,
         now: Timestamp,
-        load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
+        log: &mut L,
     ) -> Result<(Result<Commit, Error>, Folded<W::State>), Error> {
         let event = self.checked(event)?;
-        let folded = self.fold_cached(history, workflow_id, load_after)?;
+        let folded = self.fold_cached(history, workflow_id, log).await?;
         let commit = self.decide_commit(&folded.state, folded.last_seq, workflow_id, event, now);
         Ok((commit, folded))
     }
 
     /// The state of `workflow_id`: its cached state with the newer events folded in, when the store
     /// still holds the cached state's last event unchanged; else replayed from the first event.
-    pub(super) fn fold_cached(
+    pub(super) async fn fold_cached<L: AsyncEventLog + ?Sized>(
         &self,
         history: Option<HistoryId>,
         workflow_id: &WorkflowId,
-        mut load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
+        log: &mut L,
     ) -> Result<Folded<W::State>, Error> {
         let key = history
             .filter(|_| self.states.capacity() > 0)
@@ -87,7 +93,9 @@ impl<W: Workflow> Engine<W> {
             if let Some(entry) = cached {
                 let entry = entry?;
                 // Read from the cached last event on, to find it again as it was.
-                let events = load_after(Seq::new(entry.last.seq.get() - 1)?)?;
+                let events = log
+                    .load_after(workflow_id, Seq::new(entry.last.seq.get() - 1)?)
+                    .await?;
                 let found = events.first() == Some(&entry.last);
                 self.states.count(Some(found));
                 if found {
@@ -104,7 +112,7 @@ impl<W: Workflow> Engine<W> {
                 self.states.count(None);
             }
         }
-        let events = load_after(Seq::ZERO)?;
+        let events = log.load_after(workflow_id, Seq::ZERO).await?;
         let replayed = replay(&self.workflow, &events)?;
         Ok(Folded {
             state: replayed.state,
@@ -121,9 +129,9 @@ impl<W: Workflow> Engine<W> {
     /// after it). Tried only with a cached state and a store known to check (a commit through the
     /// reading path finds that out); a conflict leaves the cached state to the reading path, which
     /// folds what came after it.
-    pub(super) fn commit_on_cached<S: EventLog + ?Sized>(
+    pub(super) async fn commit_on_cached<L: AsyncEventLog + ?Sized>(
         &self,
-        store: &mut S,
+        store: &mut L,
         workflow_id: &WorkflowId,
         event: &Event,
         now: Timestamp,
@@ -149,7 +157,7 @@ impl<W: Workflow> Engine<W> {
                 return Err(e);
             }
         };
-        match store.append_after(&entry.last, &commit) {
+        match store.append_after(&entry.last, &commit).await {
             Ok(AppendedAfter::Written) => {
                 self.states.count(Some(true));
                 let handled = Handled::of(&commit, 0);
