@@ -102,10 +102,27 @@ pub use miniflow_native::{
     UnreadableCommand, Writer, SCHEMA_VERSION,
 };
 
-/// The async API for tokio services (feature `tokio`): `AsyncStore`, `AsyncDispatcher`,
-/// `AsyncIdempotencyStore`.
+/// The async API for tokio services (feature `tokio`), on the stores whose features are on: the
+/// same names and shapes on SQLite and PostgreSQL, so a service moves from one to the other by how
+/// it opens the store.
+///
+/// | piece | on |
+/// |---|---|
+/// | `AsyncStore`, `Tx`, `AsyncIdempotencyStore` | SQLite (feature `sqlite`): writes run by the file's writer thread, awaited |
+/// | `AsyncPostgresStore`, `AsyncPostgresIdempotencyStore`, `PooledAsyncClient` | PostgreSQL (feature `postgres`): tokio-postgres connections of a pool of its own |
+/// | `AsyncDispatcher`, `RunningAsyncDispatcher`, `cancellation_requested` | any store |
 #[cfg(feature = "tokio")]
-pub use miniflow_native::tokio;
+pub mod tokio {
+    #[cfg(feature = "sqlite")]
+    pub use miniflow_native::tokio::{AsyncIdempotencyStore, AsyncStore, Tx};
+    pub use miniflow_pool::tokio::{
+        cancellation_requested, AsyncDispatcher, AsyncSource, RunningAsyncDispatcher,
+    };
+    #[cfg(feature = "postgres")]
+    pub use miniflow_postgres::tokio::{
+        tokio_postgres, AsyncPostgresIdempotencyStore, AsyncPostgresStore, PooledAsyncClient,
+    };
+}
 
 /// The SQLite driver the `sqlite` feature is built on (see `SqliteStore::append_in`).
 #[cfg(feature = "sqlite")]

@@ -77,18 +77,7 @@ impl Shared {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         options.validate()?;
-        // Startup options: every connection of the pool, and each one it reopens, runs its
-        // transactions at READ COMMITTED whatever the server's default (each of the store's
-        // operations is written for it), and with `read_only` is a read-only session from its first
-        // statement on.
-        let mut startup = format!(
-            "{} -c default_transaction_isolation=read\\ committed",
-            config.get_options().unwrap_or_default()
-        );
-        if options.read_only {
-            startup.push_str(" -c default_transaction_read_only=on");
-        }
-        config.options(startup.trim_start());
+        config.options(&startup_options(config.get_options(), options));
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }
@@ -156,6 +145,21 @@ impl Shared {
     pub(crate) fn dedicated(&self) -> Result<Client, Error> {
         self.connections.dedicated()
     }
+}
+
+/// The startup options of every connection of a store, after the caller's own (`existing`): its
+/// transactions run at `READ COMMITTED` whatever the server's default (each of the store's
+/// operations is written for it), and with [`PostgresOptions::read_only`] it is a read-only
+/// session from its first statement on.
+pub(crate) fn startup_options(existing: Option<&str>, options: &PostgresOptions) -> String {
+    let mut startup = format!(
+        "{} -c default_transaction_isolation=read\\ committed",
+        existing.unwrap_or_default()
+    );
+    if options.read_only {
+        startup.push_str(" -c default_transaction_read_only=on");
+    }
+    startup.trim_start().to_owned()
 }
 
 /// The connection settings `url` spells.
@@ -245,9 +249,9 @@ pub fn redact_password(url: &str) -> String {
 /// A failed first connection, naming where it went (the URL without its password, or the
 /// database); the driver's error stays its source.
 #[derive(Debug)]
-struct Connecting {
-    target: String,
-    source: Box<dyn std::error::Error + Send + Sync>,
+pub(crate) struct Connecting {
+    pub(crate) target: String,
+    pub(crate) source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl std::fmt::Display for Connecting {

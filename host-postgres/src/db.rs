@@ -52,6 +52,16 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
+    /// The statement prepared for `sql`, if it was.
+    pub(crate) fn get(&self, sql: &'static str) -> Option<Statement> {
+        self.prepared.get(sql).cloned()
+    }
+
+    /// Keeps `statement`, prepared for `sql`.
+    pub(crate) fn insert(&mut self, sql: &'static str, statement: Statement) {
+        self.prepared.insert(sql, statement);
+    }
+
     /// After an error that says the server no longer has a statement this cache holds (someone ran
     /// `DEALLOCATE` or `DISCARD` on the connection) or that a cached plan went stale (a column changed
     /// type), forgets them all: the next operation prepares afresh.

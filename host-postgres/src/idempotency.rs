@@ -216,7 +216,7 @@ async fn lock_key(db: &mut impl Exec, key: &IdempotencyKey) -> Result<(), Error>
     Ok(())
 }
 
-async fn select(
+pub(crate) async fn select(
     db: &mut impl Exec,
     key: &IdempotencyKey,
 ) -> Result<Option<IdempotencyRecord>, Error> {

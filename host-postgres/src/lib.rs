@@ -44,6 +44,8 @@ mod retention;
 mod rows;
 mod store;
 mod telemetry;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 mod wakeup;
 
 pub use connect::redact_password;

@@ -318,3 +318,13 @@ pub(crate) async fn read_readable(
     }
     Ok(out)
 }
+
+/// A number from 0.5 to 1.5, drawn anew each call from the standard library's randomly keyed hasher:
+/// enough to spread racing writers, not for secrets.
+pub(crate) fn jitter() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    0.5 + (bits >> 11) as f64 / (1u64 << 53) as f64
+}

@@ -436,7 +436,7 @@ impl EventLog for PostgresStore {
     fn before_retry(&mut self, conflicts: u32) {
         std::thread::sleep(miniflow_core::backend::conflict_backoff(
             conflicts,
-            jitter(),
+            ops::jitter(),
         ));
     }
     fn load_after(&self, workflow_id: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
@@ -786,14 +786,4 @@ impl Operations for PostgresStore {
         check_bulk(kind, batch)?;
         self.change_dead_of_kind(kind, batch, now, |row, now| row.resolve(note, now))
     }
-}
-
-/// A number from 0.5 to 1.5, drawn anew each call from the standard library's randomly keyed hasher:
-/// enough to spread racing writers, not for secrets.
-fn jitter() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let bits = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    0.5 + (bits >> 11) as f64 / (1u64 << 53) as f64
 }

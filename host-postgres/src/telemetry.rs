@@ -18,3 +18,16 @@ pub(crate) fn sending(
     committed(&span, &result);
     result
 }
+
+/// [`sending`] for an async write: the span is entered around each poll of `write`.
+#[cfg(feature = "tokio")]
+pub(crate) async fn sending_async(
+    commit: &Commit,
+    write: impl std::future::Future<Output = Result<(), Error>>,
+) -> Result<(), Error> {
+    use tracing::Instrument;
+    let span = send_span(commit);
+    let result = write.instrument(span.clone()).await;
+    committed(&span, &result);
+    result
+}

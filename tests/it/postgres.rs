@@ -4,6 +4,7 @@
 //! Each test gets a database of its own on a server [`cluster`] provides: `MINIFLOW_TEST_DATABASE_URL`,
 //! or a throwaway cluster the tests start and stop themselves.
 
+mod asynchronous;
 mod cluster;
 mod crash;
 mod delivery;

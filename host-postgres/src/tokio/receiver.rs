@@ -1,0 +1,157 @@
+//! [`AsyncPostgresIdempotencyStore`]: a receiver's idempotency records for tokio services.
+
+use miniflow_core::backend::IdempotencyRecord;
+use miniflow_core::{Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy};
+use serde_json::Value;
+use tokio_postgres::Transaction;
+
+use super::pool::Caller;
+use super::AsyncPostgresStore;
+use crate::idempotency::{abandon_locked, begin_on, finish_in, finish_locked, select};
+
+/// A receiver's idempotency records (DESIGN rules 10 and 14) on the database of an
+/// [`AsyncPostgresStore`], the async twin of [`crate::PostgresIdempotencyStore`]: the same records,
+/// the same fenced reservations, the same statements. Clones share the store's pool.
+///
+/// A receiver whose effect is rows of its own is at most once in every interleaving when it
+/// finishes the record in the transaction of its effect ([`AsyncPostgresIdempotencyStore::finish_in`]):
+/// a reservation taken over meanwhile makes `finish_in` refuse, and the caller rolls its effect back.
+///
+/// ```no_run
+/// use miniflow_core::{json, Begin, Digest, IdempotencyKey, IdempotencyPolicy};
+/// use miniflow_postgres::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = AsyncPostgresStore::connect("postgresql://supplier@db.internal/bookings").await?;
+/// let keys = AsyncPostgresIdempotencyStore::new(store.clone(), IdempotencyPolicy::default())?;
+/// let key = IdempotencyKey::new("trip-001:1:0")?;
+/// match keys.begin(&key, Digest::of(&json!({ "seat": "12A" }))).await? {
+///     Begin::Fresh { token } => {
+///         let mut client = store.client().await?;
+///         let tx = client.transaction().await?;
+///         tx.execute("INSERT INTO bookings VALUES ($1)", &[&key.as_str()]).await?; // the effect
+///         keys.finish_in(&tx, &key, token, &json!({ "booking": 1 })).await?;     // its record
+///         tx.commit().await?;
+///     }
+///     Begin::Completed { result } => println!("a repeat: {result}"),
+///     other => println!("not now: {other:?}"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AsyncPostgresIdempotencyStore {
+    store: AsyncPostgresStore,
+    policy: IdempotencyPolicy,
+}
+
+impl AsyncPostgresIdempotencyStore {
+    /// The records on `store`'s database, kept by `policy`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a policy out of bounds ([`IdempotencyPolicy::validate`]).
+    pub fn new(store: AsyncPostgresStore, policy: IdempotencyPolicy) -> Result<Self, Error> {
+        policy.validate()?;
+        Ok(Self { store, policy })
+    }
+
+    /// The policy the records are kept by.
+    pub fn policy(&self) -> &IdempotencyPolicy {
+        &self.policy
+    }
+
+    /// Reserves `key` for a request whose business intent digests to `digest` (as
+    /// [`miniflow_core::IdempotencyStore::begin`]), in one transaction holding the key's lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::begin`].
+    pub async fn begin(&self, key: &IdempotencyKey, digest: Digest) -> Result<Begin, Error> {
+        let now = self.store.clock().now();
+        let mut connection = self.store.connection().await?;
+        begin_on(
+            &mut connection.db(),
+            self.store.options(),
+            &self.policy,
+            key,
+            digest,
+            now,
+        )
+        .await
+    }
+
+    /// Records `result` for the reservation `token` of `key` (as
+    /// [`miniflow_core::IdempotencyStore::finish`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::finish`].
+    pub async fn finish(
+        &self,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &Value,
+    ) -> Result<(), Error> {
+        let now = self.store.clock().now();
+        let mut connection = self.store.connection().await?;
+        finish_locked(
+            &mut connection.db(),
+            self.store.options(),
+            key,
+            token,
+            result,
+            now,
+        )
+        .await
+    }
+
+    /// [`AsyncPostgresIdempotencyStore::finish`] inside the caller's own transaction `tx`, so that
+    /// the effect and its record commit together or not at all; the store never commits `tx`. A
+    /// reservation taken over is [`Error::StaleReservation`] and writes nothing (nor leaves `tx`
+    /// aborted): roll `tx` back, and the effect is undone with it.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::finish`].
+    pub async fn finish_in(
+        &self,
+        tx: &Transaction<'_>,
+        key: &IdempotencyKey,
+        token: u64,
+        result: &Value,
+    ) -> Result<(), Error> {
+        let now = self.store.clock().now();
+        finish_in(
+            &mut Caller(tx),
+            self.store.options(),
+            key,
+            token,
+            result,
+            now,
+        )
+        .await
+    }
+
+    /// Releases the reservation `token` of `key` without an effect (as
+    /// [`miniflow_core::IdempotencyStore::abandon`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::abandon`].
+    pub async fn abandon(&self, key: &IdempotencyKey, token: u64) -> Result<(), Error> {
+        let mut connection = self.store.connection().await?;
+        abandon_locked(&mut connection.db(), key, token).await
+    }
+
+    /// The record of `key`, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read; [`Error::Corrupt`] for a record that
+    /// cannot be read.
+    pub async fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
+        let mut connection = self.store.connection().await?;
+        select(&mut connection.db(), key).await
+    }
+}

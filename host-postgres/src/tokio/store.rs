@@ -1,0 +1,801 @@
+//! [`AsyncPostgresStore`]: the store on PostgreSQL for tokio services, on tokio-postgres.
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool::managed;
+use miniflow_core::backend::{AsyncEventLog, HistoryId};
+use miniflow_core::{
+    Ack, AppendedAfter, ClaimRequest, Clock, CommandId, Commit, Delivery, Engine, Error, Event,
+    EventRecord, Extended, Failure, Handled, Handover, OutboxRow, OutboxStats, RetryPolicy, Seq,
+    Settled, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{Config, NoTls, Socket, Transaction};
+
+use super::pool::{connect, pool_error, AsyncConnection, Caller, Manager};
+use crate::acks::settled_outward;
+use crate::commit::LastEvent;
+use crate::connect::{redact_password, startup_options, Connecting};
+use crate::db::Statements;
+use crate::errors::{storage, DriverError};
+use crate::migrations::{check_durability, check_schema, migrate};
+use crate::notifier::{COALESCE, NOTIFY_CHANNEL};
+use crate::ops;
+use crate::options::PostgresOptions;
+use crate::queries::*;
+use crate::rows::{id_params, load_events, load_events_after, query_rows, query_timers};
+use crate::telemetry::sending_async;
+
+/// The miniflow store on PostgreSQL for tokio services: the [`crate::PostgresStore`]'s operations
+/// (the same statements and rules, written once) on tokio-postgres connections from a pool of its
+/// own, awaited instead of blocking a thread. Its methods have the names and shapes of the SQLite
+/// host's `AsyncStore`, so a service moves from one to the other by how it opens the store.
+///
+/// A handle is cheap to clone; the clones share the pool. Every method takes `now` from the store's
+/// clock ([`AsyncPostgresStore::with_clock`], the system clock by default), or the database's
+/// with [`PostgresOptions::database_clock`].
+///
+/// **A dropped call** (its future dropped before it finished, as a timeout or a client that went
+/// away does) leaves nothing half done: each operation is one transaction, and a connection given
+/// back while one is open is closed, which rolls it back. Whether a dropped commit committed is
+/// unknown to the caller (as with any database): the command IDs are deterministic, so calling again
+/// finds out ([`Error::Conflict`] once it did).
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use miniflow_core::{json, Command, Decision, Engine, Event, EventRecord, Workflow, WorkflowId};
+/// use miniflow_postgres::tokio::AsyncPostgresStore;
+///
+/// struct Orders;
+/// impl Workflow for Orders {
+///     type State = ();
+///     fn evolve(&self, _: &mut (), _: &EventRecord) {}
+///     fn decide(&self, _: &(), event: &EventRecord) -> Decision {
+///         Decision::new().command(Command::new("charge_card", event.payload.clone()))
+///     }
+/// }
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = AsyncPostgresStore::connect("postgresql://app@db.internal/shop").await?;
+/// let engine = Arc::new(Engine::new(Orders));
+/// let order = WorkflowId::new("order-7")?;
+/// store.start(&engine, &order, Event::new("placed", json!({ "amount": 1200 }))).await?;
+///
+/// // The caller's own transaction: the order row and miniflow's rows commit together.
+/// let mut client = store.client().await?;
+/// let tx = client.transaction().await?;
+/// tx.execute("INSERT INTO orders VALUES ('order-8', 900)", &[]).await?;
+/// let next = WorkflowId::new("order-8")?;
+/// store.start_in(&tx, &engine, &next, Event::new("placed", json!({ "amount": 900 }))).await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct AsyncPostgresStore {
+    shared: Arc<Shared>,
+    clock: Arc<dyn Clock + Send + Sync>,
+}
+
+impl std::fmt::Debug for AsyncPostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncPostgresStore")
+            .field("options", &self.shared.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection checked out of the pool, whatever TLS connector it was built with.
+type Checkout<'a> = Pin<Box<dyn Future<Output = Result<Box<dyn Held>, Error>> + Send + 'a>>;
+
+/// A checked-out connection; it goes back to the pool when dropped.
+pub(crate) trait Held: DerefMut<Target = AsyncConnection> + Send + Sync {}
+impl<T: DerefMut<Target = AsyncConnection> + Send + Sync> Held for T {}
+
+/// Where an async store's connections come from.
+trait Connections: Send + Sync {
+    fn get(&self) -> Checkout<'_>;
+}
+
+impl<T> Connections for managed::Pool<Manager<T>>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn get(&self) -> Checkout<'_> {
+        Box::pin(async move {
+            let connection = managed::Pool::get(self).await.map_err(pool_error)?;
+            Ok(Box::new(connection) as Box<dyn Held>)
+        })
+    }
+}
+
+/// What the clones of one store share.
+struct Shared {
+    connections: Arc<dyn Connections>,
+    options: PostgresOptions,
+    history: HistoryId,
+    /// Wakes the task that sends the hint (`NOTIFY`); it ends when the last clone goes.
+    hint: mpsc::Sender<()>,
+}
+
+/// A connection of the store's pool, for the caller's own statements and transactions
+/// ([`AsyncPostgresStore::client`]); it goes back to the pool when dropped.
+pub struct PooledAsyncClient(Box<dyn Held>);
+
+impl Deref for PooledAsyncClient {
+    type Target = tokio_postgres::Client;
+    fn deref(&self) -> &tokio_postgres::Client {
+        self.0.client()
+    }
+}
+
+impl DerefMut for PooledAsyncClient {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Client {
+        self.0.client_mut()
+    }
+}
+
+impl std::fmt::Debug for PooledAsyncClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PooledAsyncClient").finish_non_exhaustive()
+    }
+}
+
+impl AsyncPostgresStore {
+    /// Connects to the database at `url` (`postgresql://user:password@host:port/database`, or
+    /// `host=… user=… dbname=…`; several hosts with `target_session_attrs=read-write` follow a
+    /// failover) without TLS, with the default [`PostgresOptions`], and brings its schema up to date.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::PostgresStore::connect`].
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        Self::connect_with(url, &PostgresOptions::default()).await
+    }
+
+    /// As [`AsyncPostgresStore::connect`], with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::PostgresStore::connect_with`].
+    pub async fn connect_with(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
+        let config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            Error::invalid(
+                "url",
+                redact_password(url),
+                format!("is not a PostgreSQL URL: {}", DriverError(e)),
+            )
+        })?;
+        Self::open(config, NoTls, options, ("url", redact_password(url))).await
+    }
+
+    /// Connects with a parsed `config` through the TLS connector `tls`.
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncPostgresStore::connect_with`].
+    pub async fn connect_tls<T>(
+        config: Config,
+        tls: T,
+        options: &PostgresOptions,
+    ) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let database = config.get_dbname().unwrap_or("(the user's)").to_owned();
+        Self::open(config, tls, options, ("database", database)).await
+    }
+
+    async fn open<T>(
+        mut config: Config,
+        tls: T,
+        options: &PostgresOptions,
+        target: (&'static str, String),
+    ) -> Result<Self, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        options.validate()?;
+        config.options(startup_options(config.get_options(), options));
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("miniflow");
+        }
+        // The checks on a connection of their own: a server that cannot be reached fails the
+        // connect at once with what went wrong, where the pool would retry until its timeout.
+        let client = connect(&config, tls.clone()).await.map_err(|e| {
+            Error::Storage(Box::new(Connecting {
+                target: format!("{} {}", target.0, target.1),
+                source: Box::new(DriverError(e)),
+            }))
+        })?;
+        let mut checking = AsyncConnection::new(client, Statements::default());
+        let db = &mut checking.db();
+        if options.require_durable_commits && !options.read_only {
+            check_durability(db).await?;
+        }
+        if options.migrate && !options.read_only {
+            migrate(db).await?;
+        } else {
+            check_schema(db, target).await?;
+        }
+        drop(checking);
+        let pool = managed::Pool::builder(Manager { config, tls })
+            .max_size(usize::try_from(options.pool_size).unwrap_or(usize::MAX))
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .runtime(deadpool::Runtime::Tokio1)
+            .build()
+            .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
+        let connections: Arc<dyn Connections> = Arc::new(pool);
+        let (hint, hints) = mpsc::channel(1);
+        if options.notifies() && !options.read_only {
+            tokio::spawn(send_hints(connections.clone(), hints));
+        }
+        Ok(Self {
+            shared: Arc::new(Shared {
+                connections,
+                options: options.clone(),
+                history: HistoryId::unique(),
+                hint,
+            }),
+            clock: Arc::new(miniflow_pool::SystemClock),
+        })
+    }
+
+    /// This store taking `now` from `clock` (tests, simulations).
+    #[must_use]
+    pub fn with_clock(mut self, clock: Arc<dyn Clock + Send + Sync>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock the store takes `now` from.
+    pub fn clock(&self) -> &Arc<dyn Clock + Send + Sync> {
+        &self.clock
+    }
+
+    /// The options the store was connected with.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.shared.options
+    }
+
+    /// A connection from the store's pool, for the caller's own statements and transactions
+    /// ([`AsyncPostgresStore::append_in`]). Writing miniflow's tables through it bypasses every
+    /// rule miniflow keeps.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when no connection can be had within the connect timeout.
+    pub async fn client(&self) -> Result<PooledAsyncClient, Error> {
+        Ok(PooledAsyncClient(self.connection().await?))
+    }
+
+    /// A connection of the pool, for the operations.
+    pub(crate) async fn connection(&self) -> Result<Box<dyn Held>, Error> {
+        self.shared.connections.get().await
+    }
+
+    /// Raises the wake-up hint when an operation that committed made work claimable.
+    fn hint(&self, work: bool) {
+        if work {
+            // Full: a hint is on its way already, and it covers this commit.
+            let _ = self.shared.hint.try_send(());
+        }
+    }
+
+    /// Records `event` in `workflow_id` with the commands `engine`'s workflow decides for it (as
+    /// [`Engine::handle`]: replay, decide, one commit, a lost race tried again after a short wait).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`]. In every case nothing of this event was written.
+    pub async fn handle<W>(
+        &self,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+    ) -> Result<Handled, Error>
+    where
+        W: Workflow + Sync,
+        W::State: Send,
+    {
+        let now = self.clock.now();
+        engine
+            .handle_on(&mut Log(self), workflow_id, event, None, now)
+            .await
+    }
+
+    /// Starts `workflow_id` with `event` as its first event (as [`Engine::start`]): nothing is read
+    /// before the commit, and a workflow that has events already is an [`Error::Conflict`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`].
+    pub async fn start<W>(
+        &self,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+    ) -> Result<Handled, Error>
+    where
+        W: Workflow + Sync,
+        W::State: Send,
+    {
+        let now = self.clock.now();
+        engine
+            .start_on(&mut Log(self), workflow_id, event, None, now)
+            .await
+    }
+
+    /// Fires a due `timer` from [`AsyncPostgresStore::claim_timers`] (as [`Engine::fire`]); `None`
+    /// when it is no longer scheduled.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::fire`].
+    pub async fn fire<W>(
+        &self,
+        engine: &Engine<W>,
+        timer: &TimerRow,
+    ) -> Result<Option<Handled>, Error>
+    where
+        W: Workflow + Sync,
+        W::State: Send,
+    {
+        let now = self.clock.now();
+        engine.fire_on(&mut Log(self), timer, now).await
+    }
+
+    /// Writes `commit` (as [`miniflow_core::EventLog::append_with_commands`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::EventLog::append_with_commands`].
+    pub async fn append(&self, commit: &Commit) -> Result<(), Error> {
+        sending_async(commit, self.append_checked(commit, None)).await
+    }
+
+    async fn append_checked(&self, commit: &Commit, last: Option<&LastEvent>) -> Result<(), Error> {
+        let mut connection = self.connection().await?;
+        let work = ops::append(&mut connection.db(), &self.shared.options, commit, last).await?;
+        self.hint(work);
+        Ok(())
+    }
+
+    /// Writes `commit` inside the caller's own transaction `tx`, so that the caller's rows commit
+    /// together with the event and its commands, or not at all (as
+    /// [`crate::PostgresStore::append_in`]). The store never commits `tx` and never retries in it;
+    /// on an error nothing of the commit stays in it (a savepoint is rolled back) and `tx` is not
+    /// left aborted, so the caller may go on or roll back. A lost race is [`Error::Conflict`]. The
+    /// wake-up hint is part of `tx`: dispatchers hear it when the caller commits.
+    ///
+    /// # Errors
+    ///
+    /// As [`crate::PostgresStore::append_in`].
+    pub async fn append_in(&self, tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+        sending_async(
+            commit,
+            ops::append_in(&mut Caller(tx), &self.shared.options, commit),
+        )
+        .await
+    }
+
+    /// [`AsyncPostgresStore::handle`] inside the caller's own transaction `tx`: replays the workflow
+    /// from `tx`, decides, and writes the commit with [`AsyncPostgresStore::append_in`]. A concurrent
+    /// commit of the same workflow is [`Error::Conflict`]; roll back and try again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::handle`].
+    pub async fn handle_in<W: Workflow>(
+        &self,
+        tx: &Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+    ) -> Result<Handled, Error> {
+        let events = load_events(&mut Caller(tx), workflow_id).await?;
+        let commit = engine.plan(&events, workflow_id, event, self.clock.now())?;
+        self.append_in(tx, &commit).await?;
+        Ok(Handled::of(&commit, 0))
+    }
+
+    /// [`AsyncPostgresStore::start`] inside the caller's own transaction `tx`: nothing is read
+    /// before the commit, which checks that the workflow is new ([`Error::Conflict`] if not).
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`].
+    pub async fn start_in<W: Workflow>(
+        &self,
+        tx: &Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+    ) -> Result<Handled, Error> {
+        let commit = engine.plan(&[], workflow_id, event, self.clock.now())?;
+        self.append_in(tx, &commit).await?;
+        Ok(Handled::of(&commit, 0))
+    }
+
+    /// The events of `workflow_id` in seq order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read; [`Error::Corrupt`] for an event that
+    /// cannot be read.
+    pub async fn load(&self, workflow_id: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        load_events(&mut self.connection().await?.db(), workflow_id).await
+    }
+
+    /// Claims up to `request.limit` due commands (as [`miniflow_core::Outbox::claim`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::claim`].
+    pub async fn claim(&self, request: ClaimRequest) -> Result<Vec<Delivery>, Error> {
+        request.validate()?;
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let (claimed, fed_back) =
+            ops::claim(&mut connection.db(), &self.shared.options, &request, now).await?;
+        self.hint(fed_back);
+        Ok(claimed)
+    }
+
+    /// The acks, then a claim (as [`miniflow_core::Outbox::complete_all_and_claim`]).
+    ///
+    /// # Errors
+    ///
+    /// When the acks cannot be written; the claim's error is in the [`Handover`].
+    pub async fn complete_all_and_claim(
+        &self,
+        acks: Vec<Ack>,
+        request: ClaimRequest,
+    ) -> Result<Handover, Error> {
+        let completed = if acks.is_empty() {
+            Vec::new()
+        } else {
+            self.complete_all(acks).await?
+        };
+        Ok(Handover {
+            completed,
+            claimed: self.claim(request).await,
+        })
+    }
+
+    /// All `acks` in one transaction (as [`miniflow_core::Outbox::complete_all`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::complete_all`].
+    pub async fn complete_all(&self, acks: Vec<Ack>) -> Result<Vec<Result<(), Error>>, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let (results, work) =
+            ops::complete_all(&mut connection.db(), &self.shared.options, &acks, now).await?;
+        self.hint(work);
+        Ok(results)
+    }
+
+    /// Completes a delivery (as [`miniflow_core::Outbox::complete`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::complete`].
+    pub async fn complete(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        result: Option<Value>,
+    ) -> Result<(), Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let work = ops::complete(
+            &mut connection.db(),
+            &self.shared.options,
+            command_id,
+            token,
+            result.as_ref(),
+            now,
+        )
+        .await?;
+        self.hint(work);
+        Ok(())
+    }
+
+    /// Records a failed delivery (as [`miniflow_core::Outbox::fail`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::fail`].
+    pub async fn fail(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        failure: Failure,
+        policy: RetryPolicy,
+    ) -> Result<Settled, Error> {
+        let (settled, clock) = self
+            .update(command_id, move |row, now| {
+                row.fail(token, &failure, &policy, now)
+            })
+            .await?;
+        Ok(settled_outward(settled, &clock))
+    }
+
+    /// Extends a lease (as [`miniflow_core::Outbox::extend`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::extend`].
+    pub async fn extend(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<Extended, Error> {
+        let (extended, clock) = self
+            .update(command_id, move |row, now| row.extend(token, ttl, now))
+            .await?;
+        Ok(Extended {
+            expires_at: clock.outward(extended.expires_at),
+            ..extended
+        })
+    }
+
+    /// Gives a lease back (as [`miniflow_core::Outbox::release`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::release`].
+    pub async fn release(&self, command_id: &CommandId, token: u64) -> Result<(), Error> {
+        self.update(command_id, move |row, now| row.release(token, now))
+            .await
+            .map(|_| ())
+    }
+
+    async fn update<T: Send>(
+        &self,
+        command_id: &CommandId,
+        change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error> + Send,
+    ) -> Result<(T, crate::clock::Clock), Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let (value, clock, work) = ops::update(
+            &mut connection.db(),
+            &self.shared.options,
+            command_id,
+            now,
+            change,
+        )
+        .await?;
+        self.hint(work);
+        Ok((value, clock))
+    }
+
+    /// Claims up to `limit` due timers (as [`miniflow_core::Timers::claim_timers`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Timers::claim_timers`].
+    pub async fn claim_timers(
+        &self,
+        limit: usize,
+        lease_ttl: Duration,
+    ) -> Result<Vec<TimerRow>, Error> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        ops::claim_timers(
+            &mut connection.db(),
+            &self.shared.options,
+            limit,
+            lease_ttl,
+            now,
+        )
+        .await
+    }
+
+    /// Whether a timer (or feedback) is due now (as [`miniflow_core::Timers::any_timer_due`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn any_timer_due(&self) -> Result<bool, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        Ok(
+            ops::due(&mut connection.db(), &self.shared.options, TIMERS_DUE, now)
+                .await?
+                .1,
+        )
+    }
+
+    /// Rejects a scheduled timer (as [`miniflow_core::Timers::reject_timer`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Timers::reject_timer`].
+    pub async fn reject_timer(&self, timer_id: &TimerId, reason: &str) -> Result<(), Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        ops::reject_timer(
+            &mut connection.db(),
+            &self.shared.options,
+            timer_id,
+            reason,
+            now,
+        )
+        .await
+    }
+
+    /// The outbox's stats (as [`miniflow_core::Operations::stats`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn stats(&self) -> Result<OutboxStats, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        ops::stats(&mut connection.db(), &self.shared.options, now).await
+    }
+
+    /// A command's row (as [`miniflow_core::Outbox::command`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn command(&self, command_id: &CommandId) -> Result<Option<OutboxRow>, Error> {
+        let (w, s, i) = id_params(command_id);
+        let mut connection = self.connection().await?;
+        Ok(query_rows(&mut connection.db(), SELECT_ONE, &[&w, &s, &i])
+            .await?
+            .pop())
+    }
+
+    /// A workflow's commands (as [`miniflow_core::Outbox::commands`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn commands(&self, workflow_id: &WorkflowId) -> Result<Vec<OutboxRow>, Error> {
+        let mut connection = self.connection().await?;
+        query_rows(
+            &mut connection.db(),
+            SELECT_WORKFLOW,
+            &[&workflow_id.as_str()],
+        )
+        .await
+    }
+
+    /// A workflow's timers (as [`miniflow_core::Timers::timers`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn timers(&self, workflow_id: &WorkflowId) -> Result<Vec<TimerRow>, Error> {
+        let mut connection = self.connection().await?;
+        query_timers(
+            &mut connection.db(),
+            SELECT_WORKFLOW_TIMERS,
+            &[&workflow_id.as_str()],
+        )
+        .await
+    }
+
+    /// Up to `limit` pending commands (as [`miniflow_core::Outbox::pending`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn pending(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        let mut connection = self.connection().await?;
+        ops::read_readable(&mut connection.db(), SELECT_PENDING, limit).await
+    }
+
+    /// Up to `limit` dead letters (as [`miniflow_core::Operations::dead_letters`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
+        let mut connection = self.connection().await?;
+        ops::read_readable(&mut connection.db(), SELECT_DEAD, limit).await
+    }
+
+    pub(crate) fn history(&self) -> HistoryId {
+        self.shared.history
+    }
+}
+
+/// The store as the engine's loop reads and commits on it.
+struct Log<'a>(&'a AsyncPostgresStore);
+
+impl AsyncEventLog for Log<'_> {
+    fn history_id(&self) -> Option<HistoryId> {
+        Some(self.0.history())
+    }
+
+    async fn load_after(
+        &mut self,
+        workflow_id: &WorkflowId,
+        after: Seq,
+    ) -> Result<Vec<EventRecord>, Error> {
+        let mut connection = self.0.connection().await?;
+        load_events_after(&mut connection.db(), workflow_id, after).await
+    }
+
+    async fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        self.0.append(commit).await
+    }
+
+    /// As the synchronous store's: on the caller's clock the last event is checked in the commit's
+    /// own statement.
+    async fn append_after(
+        &mut self,
+        last: &EventRecord,
+        commit: &Commit,
+    ) -> Result<AppendedAfter, Error> {
+        if self.0.shared.options.uses_database_clock() {
+            return Ok(AppendedAfter::Unchecked);
+        }
+        commit.check_follows(last)?;
+        let last = LastEvent::of(last)?;
+        sending_async(commit, self.0.append_checked(commit, Some(&last))).await?;
+        Ok(AppendedAfter::Written)
+    }
+
+    async fn before_retry(&mut self, conflicts: u32) {
+        let wait = miniflow_core::backend::conflict_backoff(conflicts, ops::jitter());
+        tokio::time::sleep(wait).await;
+    }
+
+    async fn reject_timer(
+        &mut self,
+        timer_id: &TimerId,
+        reason: &str,
+        _: Timestamp,
+    ) -> Result<(), Error> {
+        self.0.reject_timer(timer_id, reason).await
+    }
+}
+
+/// Sends the wake-up hint (`NOTIFY`) after the commits that made work, on a connection of the pool,
+/// at most one per [`COALESCE`]; ends when the store's last clone goes.
+async fn send_hints(connections: Arc<dyn Connections>, mut hints: mpsc::Receiver<()>) {
+    while hints.recv().await.is_some() {
+        tokio::time::sleep(COALESCE).await;
+        // Hints raised meanwhile go out with this one.
+        while hints.try_recv().is_ok() {}
+        if let Ok(mut connection) = connections.get().await {
+            let _ = crate::db::Exec::execute(
+                &mut connection.db(),
+                "SELECT pg_notify($1, '')",
+                &[&NOTIFY_CHANNEL],
+            )
+            .await
+            .map_err(storage);
+        }
+    }
+}

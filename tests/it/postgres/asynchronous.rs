@@ -1,0 +1,440 @@
+//! The async store on PostgreSQL (`miniflow::tokio::AsyncPostgresStore`): the synchronous store's
+//! operations awaited on tokio-postgres, the caller's own transaction, a receiver's records in the
+//! effect's transaction, and what a dropped call leaves behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::TestDatabase;
+use miniflow::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore};
+use miniflow::{
+    json, Begin, ClaimRequest, Command, Decision, Digest, Engine, Error, Event, EventRecord,
+    IdempotencyKey, IdempotencyPolicy, ManualClock, PostgresOptions, Status, Timer, Timestamp,
+    Workflow, WorkflowId,
+};
+
+const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
+
+fn wid(text: &str) -> WorkflowId {
+    WorkflowId::new(text).unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// An order: placing it charges the card and arms a reminder; a charge's result is recorded.
+struct Orders;
+
+impl Workflow for Orders {
+    type State = u32;
+    fn evolve(&self, events: &mut u32, _: &EventRecord) {
+        *events += 1;
+    }
+    fn decide(&self, events: &u32, event: &EventRecord) -> Decision {
+        match event.kind.as_str() {
+            "placed" => Decision::new()
+                .command(Command::new("charge_card", event.payload.clone()))
+                .timer(Timer::after("remind", Duration::from_secs(60), json!({}))),
+            "paid" => {
+                Decision::new().command(Command::new("ship", json!({ "events_before": *events })))
+            }
+            _ => Decision::none(),
+        }
+    }
+}
+
+async fn connect(database: &TestDatabase, clock: &Arc<ManualClock>) -> AsyncPostgresStore {
+    AsyncPostgresStore::connect(&database.url())
+        .await
+        .unwrap()
+        .with_clock(clock.clone())
+}
+
+async fn order_rows(store: &AsyncPostgresStore) -> i64 {
+    let client = store.client().await.unwrap();
+    client
+        .query_one("SELECT count(*) FROM orders", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[test]
+fn the_async_store_starts_handles_claims_completes_and_fires_from_spawned_tasks() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = connect(&database, &clock).await;
+        let engine = Arc::new(Engine::new(Orders));
+        // On tasks of their own: every future of the store is Send.
+        let (s, e) = (store.clone(), engine.clone());
+        let started = tokio::spawn(async move {
+            s.start(
+                &e,
+                &wid("order-1"),
+                Event::new("placed", json!({ "amount": 5 })),
+            )
+            .await
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(started.command_ids[0].to_string(), "order-1:1:0");
+        let again = store
+            .start(&engine, &wid("order-1"), Event::new("placed", json!({})))
+            .await;
+        assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
+
+        let (s, e) = (store.clone(), engine.clone());
+        let paid = tokio::spawn(async move {
+            s.handle(&e, &wid("order-1"), Event::new("paid", json!({})))
+                .await
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(paid.command_ids[0].to_string(), "order-1:2:0");
+        let ship = store.command(&paid.command_ids[0]).await.unwrap().unwrap();
+        assert_eq!(
+            ship.payload,
+            json!({ "events_before": 1 }),
+            "decided on the replayed history"
+        );
+
+        let claimed = store
+            .claim(ClaimRequest::new("worker-1").limit(10))
+            .await
+            .unwrap();
+        assert_eq!(claimed.len(), 2);
+        store
+            .complete(&claimed[0].command_id, claimed[0].token, None)
+            .await
+            .unwrap();
+        let stale = store
+            .complete(&claimed[1].command_id, claimed[1].token + 1, None)
+            .await;
+        assert!(matches!(stale, Err(Error::StaleLease { .. })), "{stale:?}");
+        let row = store
+            .command(&claimed[0].command_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.status, Status::Done);
+        assert_eq!(store.stats().await.unwrap().leased(), 1);
+
+        assert!(store
+            .claim_timers(10, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_empty());
+        clock.advance(Duration::from_secs(61));
+        assert!(store.any_timer_due().await.unwrap());
+        let timers = store
+            .claim_timers(10, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert_eq!(timers.len(), 1);
+        let fired = store.fire(&engine, &timers[0]).await.unwrap().unwrap();
+        assert_eq!(fired.command_ids.len(), 0);
+        let events = store.load(&wid("order-1")).await.unwrap();
+        assert_eq!(
+            events.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+            ["placed", "paid", "timer_fired"]
+        );
+        assert!(
+            store.fire(&engine, &timers[0]).await.unwrap().is_none(),
+            "fired once"
+        );
+    });
+}
+
+#[test]
+fn the_callers_transaction_commits_its_rows_with_the_workflows_and_a_conflict_leaves_it_usable() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = connect(&database, &clock).await;
+        let engine = Engine::new(Orders);
+        {
+            let client = store.client().await.unwrap();
+            client
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+                .await
+                .unwrap();
+        }
+
+        // Rolled back: neither the order row nor the workflow.
+        let mut client = store.client().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        tx.execute("INSERT INTO orders VALUES ('order-1')", &[])
+            .await
+            .unwrap();
+        store
+            .start_in(
+                &tx,
+                &engine,
+                &wid("order-1"),
+                Event::new("placed", json!({})),
+            )
+            .await
+            .unwrap();
+        tx.rollback().await.unwrap();
+        assert_eq!(order_rows(&store).await, 0);
+        assert!(store.load(&wid("order-1")).await.unwrap().is_empty());
+
+        // Committed: both, together.
+        let tx = client.transaction().await.unwrap();
+        tx.execute("INSERT INTO orders VALUES ('order-1')", &[])
+            .await
+            .unwrap();
+        store
+            .start_in(
+                &tx,
+                &engine,
+                &wid("order-1"),
+                Event::new("placed", json!({})),
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(order_rows(&store).await, 1);
+        assert_eq!(store.load(&wid("order-1")).await.unwrap().len(), 1);
+
+        // Starting it again is a conflict, and the caller's transaction goes on: its next row and
+        // an event of another workflow commit.
+        let tx = client.transaction().await.unwrap();
+        let again = store
+            .start_in(
+                &tx,
+                &engine,
+                &wid("order-1"),
+                Event::new("placed", json!({})),
+            )
+            .await;
+        assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
+        tx.execute("INSERT INTO orders VALUES ('order-2')", &[])
+            .await
+            .unwrap();
+        store
+            .handle_in(&tx, &engine, &wid("order-1"), Event::new("paid", json!({})))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(order_rows(&store).await, 2);
+        assert_eq!(store.load(&wid("order-1")).await.unwrap().len(), 2);
+    });
+}
+
+#[test]
+fn two_callers_racing_on_one_workflow_get_one_commit_and_one_conflict_in_a_usable_transaction() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = connect(&database, &clock).await;
+        let engine = Engine::new(Orders);
+        store
+            .start(&engine, &wid("order-1"), Event::new("placed", json!({})))
+            .await
+            .unwrap();
+        let (mut first, mut second) =
+            (store.client().await.unwrap(), store.client().await.unwrap());
+        let (a, b) = (
+            first.transaction().await.unwrap(),
+            second.transaction().await.unwrap(),
+        );
+        // Both read the same history; `a` commits first, then `b`'s commit finds seq 2 taken.
+        store
+            .handle_in(
+                &a,
+                &engine,
+                &wid("order-1"),
+                Event::new("paid", json!({ "by": "a" })),
+            )
+            .await
+            .unwrap();
+        let order = wid("order-1");
+        let b_commit = store.handle_in(
+            &b,
+            &engine,
+            &order,
+            Event::new("paid", json!({ "by": "b" })),
+        );
+        let a_commits = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            a.commit().await
+        };
+        let (lost, committed) = tokio::join!(b_commit, a_commits);
+        committed.unwrap();
+        assert!(matches!(lost, Err(Error::Conflict { .. })), "{lost:?}");
+        // `b` is not aborted: it still runs statements and commits.
+        let one: i32 = b.query_one("SELECT 1", &[]).await.unwrap().get(0);
+        assert_eq!(one, 1);
+        b.commit().await.unwrap();
+        let events = store.load(&wid("order-1")).await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[1].payload, json!({ "by": "a" }));
+    });
+}
+
+#[test]
+fn a_dropped_call_leaves_no_transaction_open_on_the_pools_connection() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store =
+            AsyncPostgresStore::connect_with(&database.url(), &PostgresOptions::new().pool_size(1))
+                .await
+                .unwrap()
+                .with_clock(clock.clone());
+        let engine = Engine::new(Orders);
+        let placed = store
+            .start(&engine, &wid("order-1"), Event::new("placed", json!({})))
+            .await
+            .unwrap();
+        let claimed = store
+            .claim(ClaimRequest::new("worker-1").limit(1))
+            .await
+            .unwrap();
+        // Another session holds the command's row: the ack waits for it inside its transaction.
+        let (client, connection) = miniflow::tokio::tokio_postgres::connect(
+            &database.url(),
+            miniflow::tokio::tokio_postgres::NoTls,
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        client.batch_execute("BEGIN").await.unwrap();
+        client
+            .execute(
+                "SELECT 1 FROM outbox WHERE workflow_id = 'order-1' FOR UPDATE",
+                &[],
+            )
+            .await
+            .unwrap();
+        let ack = store.complete(&claimed[0].command_id, claimed[0].token, None);
+        let dropped = tokio::time::timeout(Duration::from_millis(300), ack).await;
+        assert!(dropped.is_err(), "the ack waited for the lock: {dropped:?}");
+        client.batch_execute("ROLLBACK").await.unwrap();
+
+        // The pool's one connection: the next operations run in transactions of their own, and
+        // what they commit is seen by another session at once.
+        store
+            .handle(&engine, &wid("order-1"), Event::new("paid", json!({})))
+            .await
+            .unwrap();
+        let in_transaction: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+                 AND state LIKE 'idle in transaction%'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            in_transaction, 0,
+            "a connection was left inside a transaction"
+        );
+        let seen: i64 = client
+            .query_one(
+                "SELECT count(*) FROM events WHERE workflow_id = 'order-1'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(seen, 2);
+        assert_eq!(placed.command_ids.len(), 1);
+    });
+}
+
+#[test]
+fn a_receivers_record_commits_with_its_effect_and_a_repeat_folds_into_it() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = connect(&database, &clock).await;
+        let keys = AsyncPostgresIdempotencyStore::new(store.clone(), IdempotencyPolicy::default())
+            .unwrap();
+        {
+            let client = store.client().await.unwrap();
+            client
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+                .await
+                .unwrap();
+        }
+        let key = IdempotencyKey::new("order-1:1:0").unwrap();
+        let digest = Digest::of(&json!({ "amount": 5 }));
+        let book = || async {
+            match keys.begin(&key, digest).await.unwrap() {
+                Begin::Fresh { token } => {
+                    let mut client = store.client().await.unwrap();
+                    let tx = client.transaction().await.unwrap();
+                    tx.execute("INSERT INTO orders VALUES ($1)", &[&key.as_str()])
+                        .await
+                        .unwrap();
+                    keys.finish_in(&tx, &key, token, &json!({ "booked": true }))
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                    json!({ "booked": true })
+                }
+                Begin::Completed { result } => result,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(book().await, book().await);
+        assert_eq!(order_rows(&store).await, 1, "one effect for two deliveries");
+
+        // A finish whose reservation was taken over writes nothing and leaves the transaction usable.
+        let other = IdempotencyKey::new("order-2:1:0").unwrap();
+        let Begin::Fresh { token } = keys.begin(&other, digest).await.unwrap() else {
+            panic!("a new key is fresh");
+        };
+        keys.abandon(&other, token).await.unwrap();
+        let Begin::Fresh { token: newer } = keys.begin(&other, digest).await.unwrap() else {
+            panic!("an abandoned key is fresh");
+        };
+        let mut client = store.client().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        let stale = keys.finish_in(&tx, &other, token, &json!({})).await;
+        assert!(
+            matches!(stale, Err(Error::StaleReservation { .. })),
+            "{stale:?}"
+        );
+        tx.execute("INSERT INTO orders VALUES ('after')", &[])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(order_rows(&store).await, 2);
+        keys.finish(&other, newer, &json!({ "n": 2 }))
+            .await
+            .unwrap();
+        assert!(keys.record(&other).await.unwrap().is_some());
+    });
+}
+
+#[test]
+fn the_async_store_refuses_a_bad_url_naming_it_without_the_password() {
+    runtime().block_on(async {
+        let e = AsyncPostgresStore::connect("postgresql://u:secret@127.0.0.1:1/x?sslmode=bogus")
+            .await
+            .unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e:?}");
+        assert!(!text.contains("secret"), "{text}");
+        let unreachable = AsyncPostgresStore::connect_with(
+            "postgresql://u:secret@127.0.0.1:1/x",
+            &PostgresOptions::new().connect_timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(unreachable, Error::Storage(_)), "{unreachable:?}");
+        assert!(!unreachable.to_string().contains("secret"), "{unreachable}");
+    });
+}
