@@ -130,7 +130,7 @@ pub use miniflow_native::rusqlite;
 
 #[cfg(feature = "postgres")]
 pub use miniflow_postgres::{
-    redact_password, PostgresIdempotencyStore, PostgresOptions, PostgresStore, Wakeups,
+    redact_password, PostgresIdempotencyStore, PostgresOptions, PostgresStore, Received, Wakeups,
     NOTIFY_CHANNEL, SCHEMA_VERSION as POSTGRES_SCHEMA_VERSION,
 };
 

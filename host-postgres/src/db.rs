@@ -273,6 +273,28 @@ macro_rules! transaction {
 }
 pub(crate) use transaction;
 
+/// Runs `$body` (an `async` block's statements, ending in a `Result<_, Error>`) in a savepoint of
+/// the caller's transaction on `$db`: released when it succeeds, rolled back when it fails, so a
+/// failed body leaves nothing in the caller's transaction and does not leave it aborted.
+macro_rules! savepoint {
+    ($db:ident, $body:block) => {{
+        $crate::db::Exec::batch($db, "SAVEPOINT miniflow")
+            .await
+            .map_err($crate::errors::storage)?;
+        let out = async { $body }.await;
+        let undo = if out.is_ok() {
+            "RELEASE SAVEPOINT miniflow"
+        } else {
+            "ROLLBACK TO SAVEPOINT miniflow; RELEASE SAVEPOINT miniflow"
+        };
+        $crate::db::Exec::batch($db, undo)
+            .await
+            .map_err($crate::errors::storage)?;
+        out
+    }};
+}
+pub(crate) use savepoint;
+
 /// Runs a future of the store's operations on a synchronous client ([`Db`]), whose statements are
 /// all answered before the future is first polled: it completes in one poll. (Polled again should
 /// it ever not, it would still complete.)

@@ -9,7 +9,7 @@ use postgres::Transaction;
 
 use crate::clock::Clock;
 use crate::connect::Shared;
-use crate::db::{block, transaction, Db, Exec, Isolation, Statements};
+use crate::db::{block, savepoint, transaction, Db, Exec, Isolation, Statements};
 use crate::errors::storage;
 use crate::migrations::KEY_LOCK_CLASS;
 use crate::options::PostgresOptions;
@@ -37,6 +37,53 @@ use crate::PostgresStore;
 pub struct PostgresIdempotencyStore {
     shared: Shared,
     policy: IdempotencyPolicy,
+}
+
+/// What [`PostgresIdempotencyStore::run`] (and its async twin) did with a delivery.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Received {
+    /// The key was new: the effect ran and committed with its record, whose result this is.
+    Done {
+        /// What the effect returned, as stored.
+        result: serde_json::Value,
+    },
+    /// A repeat: the effect ran before (the stored result); it did not run again.
+    Repeated {
+        /// The result stored the first time.
+        result: serde_json::Value,
+    },
+    /// Another caller holds the key (a reservation of [`IdempotencyStore::begin`] outside any
+    /// transaction of the effect's) and may still be doing the effect: try again later.
+    InProgress {
+        /// When that caller reserved it.
+        since: Timestamp,
+    },
+    /// The key came back with other parameters: a caller's bug; the effect did not run.
+    Conflict {
+        /// The digest stored with the key.
+        stored_digest: Digest,
+        /// The digest of this request.
+        new_digest: Digest,
+    },
+}
+
+impl Received {
+    /// The token of a fresh reservation, or what a `begin` that reserved nothing means here.
+    pub(crate) fn unless_fresh(begun: Begin) -> Result<u64, Self> {
+        match begun {
+            Begin::Fresh { token } => Ok(token),
+            Begin::Completed { result } => Err(Received::Repeated { result }),
+            Begin::InProgress { since } => Err(Received::InProgress { since }),
+            Begin::Conflict {
+                stored_digest,
+                new_digest,
+                ..
+            } => Err(Received::Conflict {
+                stored_digest,
+                new_digest,
+            }),
+        }
+    }
 }
 
 impl PostgresIdempotencyStore {
@@ -92,6 +139,79 @@ impl PostgresIdempotencyStore {
         self.shared.client()
     }
 
+    /// [`IdempotencyStore::begin`] inside the caller's own transaction `tx`: the reservation commits
+    /// with `tx`, or not at all, and the key's lock is held until `tx` ends, so a second delivery
+    /// of the key waits for the first's transaction and then finds its record. With the effect and
+    /// [`PostgresIdempotencyStore::finish_in`] in the same `tx`, a local effect costs one
+    /// transaction, and a failure anywhere (rolled back) leaves no reservation to abandon.
+    /// [`PostgresIdempotencyStore::run`] does all of it.
+    ///
+    /// # Errors
+    ///
+    /// As [`IdempotencyStore::begin`].
+    pub fn begin_in(
+        &self,
+        tx: &mut Transaction<'_>,
+        key: &IdempotencyKey,
+        digest: Digest,
+        now: Timestamp,
+    ) -> Result<Begin, Error> {
+        let mut statements = Statements::default();
+        let mut db = Db::new(tx, &mut statements, None);
+        block(begin_in(
+            &mut db,
+            &self.shared.options,
+            &self.policy,
+            key,
+            digest,
+            now,
+        ))
+    }
+
+    /// A delivery's local effect, at most once, in ONE transaction: reserves `key`
+    /// ([`PostgresIdempotencyStore::begin_in`]), runs `effect` in the same transaction, records its
+    /// result ([`PostgresIdempotencyStore::finish_in`]) and commits. A repeat of the key returns the
+    /// stored result without running `effect`. When `effect` fails (or anything after it), the
+    /// transaction rolls back — its rows, the reservation and all — and the error is returned:
+    /// nothing is left to abandon, and the next delivery starts afresh.
+    ///
+    /// ```no_run
+    /// use miniflow_core::{json, Digest, IdempotencyKey, IdempotencyPolicy, Timestamp};
+    /// use miniflow_postgres::{PostgresIdempotencyStore, Received};
+    ///
+    /// let keys = PostgresIdempotencyStore::connect("postgresql://supplier@db.internal/bookings", IdempotencyPolicy::default())?;
+    /// let key = IdempotencyKey::new("trip-001:1:0")?;
+    /// let received = keys.run(&key, Digest::of(&json!({ "seat": "12A" })), Timestamp::from_millis(0), |tx| {
+    ///     tx.execute("INSERT INTO bookings VALUES ($1)", &[&key.as_str()])
+    ///         .map_err(|e| miniflow_core::Error::Storage(Box::new(e)))?;
+    ///     Ok::<_, miniflow_core::Error>(json!({ "booking": 1 }))
+    /// })?;
+    /// assert!(matches!(received, Received::Done { .. } | Received::Repeated { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `effect`'s error, or the store's ([`Error::Storage`], [`Error::Busy`], …) as `E`.
+    pub fn run<E: From<Error>>(
+        &self,
+        key: &IdempotencyKey,
+        digest: Digest,
+        now: Timestamp,
+        effect: impl FnOnce(&mut Transaction<'_>) -> Result<serde_json::Value, E>,
+    ) -> Result<Received, E> {
+        let mut client = self.shared.client()?;
+        let mut tx = client.transaction().map_err(storage)?;
+        let token = match Received::unless_fresh(self.begin_in(&mut tx, key, digest, now)?) {
+            Ok(token) => token,
+            Err(received) => return Ok(received),
+        };
+        let result = effect(&mut tx)?;
+        self.finish_in(&mut tx, key, token, &result, now)?;
+        tx.commit().map_err(storage)?;
+        Ok(Received::Done { result })
+    }
+
     /// [`IdempotencyStore::finish`] inside the caller's own transaction `tx` (on the same database),
     /// so that the receiver's effect and the record of it commit together or not at all. The store
     /// never commits `tx`. When the reservation was taken over, `finish_in` returns
@@ -133,22 +253,45 @@ pub(crate) async fn finish_in(
     result: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), Error> {
-    db.batch("SAVEPOINT miniflow_finish")
-        .await
-        .map_err(storage)?;
-    let finished = async {
+    savepoint!(db, {
         lock_key(db, key).await?;
         let clock = Clock::read(options, db, now).await?;
         finish_on(db, key, token, result, clock.now).await
+    })
+}
+
+/// [`IdempotencyStore::begin`] on the caller's transaction `db`, in a savepoint: the reservation
+/// (or nothing) commits with the caller's transaction, and the key's lock is held until it ends.
+pub(crate) async fn begin_in(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    policy: &IdempotencyPolicy,
+    key: &IdempotencyKey,
+    digest: Digest,
+    now: Timestamp,
+) -> Result<Begin, Error> {
+    savepoint!(db, {
+        lock_key(db, key).await?;
+        let now = Clock::read(options, db, now).await?.now;
+        reserve(db, policy, key, digest, now).await
+    })
+}
+
+/// The core's rule for a `begin` ([`IdempotencyRecord::begin`]) on the record read `FOR UPDATE`,
+/// under the key's lock: what to answer, and the record to write, if any.
+async fn reserve(
+    db: &mut impl Exec,
+    policy: &IdempotencyPolicy,
+    key: &IdempotencyKey,
+    digest: Digest,
+    now: Timestamp,
+) -> Result<Begin, Error> {
+    let existing = select_for_update(db, key).await?;
+    let (answer, record) = IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
+    if let Some(record) = record {
+        write(db, &record).await?;
     }
-    .await;
-    let undo = if finished.is_ok() {
-        "RELEASE SAVEPOINT miniflow_finish"
-    } else {
-        "ROLLBACK TO SAVEPOINT miniflow_finish; RELEASE SAVEPOINT miniflow_finish"
-    };
-    db.batch(undo).await.map_err(storage)?;
-    finished
+    Ok(answer)
 }
 
 /// [`IdempotencyStore::begin`] in one transaction of the store's holding the key's advisory lock.
@@ -163,13 +306,7 @@ pub(crate) async fn begin_on(
     transaction!(db, Isolation::ReadCommitted, {
         lock_key(db, key).await?;
         let now = Clock::read(options, db, now).await?.now;
-        let existing = select_for_update(db, key).await?;
-        let (answer, record) =
-            IdempotencyRecord::begin(existing.as_ref(), key, digest, policy, now);
-        if let Some(record) = record {
-            write(db, &record).await?;
-        }
-        Ok::<_, Error>(answer)
+        reserve(db, policy, key, digest, now).await
     })
 }
 

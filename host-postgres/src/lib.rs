@@ -49,7 +49,7 @@ pub mod tokio;
 mod wakeup;
 
 pub use connect::redact_password;
-pub use idempotency::PostgresIdempotencyStore;
+pub use idempotency::{PostgresIdempotencyStore, Received};
 pub use inspect::{EventListing, UnreadableEvent};
 pub use migrations::SCHEMA_VERSION;
 pub use notifier::NOTIFY_CHANNEL;

@@ -14,7 +14,7 @@ use crate::acks::{complete_in, complete_plain_acks};
 use crate::claim::{claim_in, claim_timers_in};
 use crate::clock::Clock;
 use crate::commit::{is_plain, last_seq, write_commit, CommitError, LastEvent};
-use crate::db::{transaction, Exec, Isolation};
+use crate::db::{savepoint, transaction, Exec, Isolation};
 use crate::errors::storage;
 use crate::notifier::NOTIFY_CHANNEL;
 use crate::options::PostgresOptions;
@@ -56,10 +56,7 @@ pub(crate) async fn append_in(
     options: &PostgresOptions,
     commit: &Commit,
 ) -> Result<(), Error> {
-    db.batch("SAVEPOINT miniflow_commit")
-        .await
-        .map_err(storage)?;
-    let written = async {
+    let written: Result<(), CommitError> = savepoint!(db, {
         let clock = Clock::read(options, db, commit.now()).await?;
         let work = write_commit(db, commit, clock, None).await?;
         if work && options.notifies() {
@@ -68,14 +65,7 @@ pub(crate) async fn append_in(
                 .map_err(storage)?;
         }
         Ok::<_, CommitError>(())
-    }
-    .await;
-    let undo = if written.is_ok() {
-        "RELEASE SAVEPOINT miniflow_commit"
-    } else {
-        "ROLLBACK TO SAVEPOINT miniflow_commit; RELEASE SAVEPOINT miniflow_commit"
-    };
-    db.batch(undo).await.map_err(storage)?;
+    });
     match written {
         Ok(()) => Ok(()),
         Err(CommitError::Raced) => {

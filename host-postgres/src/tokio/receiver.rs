@@ -7,7 +7,10 @@ use tokio_postgres::Transaction;
 
 use super::pool::Caller;
 use super::AsyncPostgresStore;
-use crate::idempotency::{abandon_locked, begin_on, finish_in, finish_locked, select};
+use crate::errors::storage;
+use crate::idempotency::{
+    abandon_locked, begin_in, begin_on, finish_in, finish_locked, select, Received,
+};
 
 /// A receiver's idempotency records (DESIGN rules 10 and 14) on the database of an
 /// [`AsyncPostgresStore`], the async twin of [`crate::PostgresIdempotencyStore`]: the same records,
@@ -131,6 +134,84 @@ impl AsyncPostgresIdempotencyStore {
             now,
         )
         .await
+    }
+
+    /// [`AsyncPostgresIdempotencyStore::begin`] inside the caller's own transaction `tx` (as
+    /// [`crate::PostgresIdempotencyStore::begin_in`]): the reservation commits with `tx`, and the
+    /// key's lock is held until `tx` ends.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::begin`].
+    pub async fn begin_in(
+        &self,
+        tx: &Transaction<'_>,
+        key: &IdempotencyKey,
+        digest: Digest,
+    ) -> Result<Begin, Error> {
+        let now = self.store.clock().now();
+        begin_in(
+            &mut Caller(tx),
+            self.store.options(),
+            &self.policy,
+            key,
+            digest,
+            now,
+        )
+        .await
+    }
+
+    /// A delivery's local effect, at most once, in ONE transaction (as
+    /// [`crate::PostgresIdempotencyStore::run`]): reserves `key`, awaits `effect` in the same
+    /// transaction, records its result and commits; a repeat returns the stored result without
+    /// running `effect`. When `effect` fails — or the call is dropped — the transaction rolls back,
+    /// the reservation with it: there is nothing to abandon, whatever path the request took.
+    ///
+    /// ```no_run
+    /// use miniflow_core::{json, Digest, IdempotencyKey, IdempotencyPolicy};
+    /// use miniflow_postgres::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore};
+    /// use miniflow_postgres::Received;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = AsyncPostgresStore::connect("postgresql://supplier@db.internal/bookings").await?;
+    /// let keys = AsyncPostgresIdempotencyStore::new(store, Default::default())?;
+    /// let key = IdempotencyKey::new("trip-001:1:0")?;
+    /// let received = keys
+    ///     .run(&key, Digest::of(&json!({ "seat": "12A" })), async |tx| {
+    ///         tx.execute("INSERT INTO bookings VALUES ($1)", &[&key.as_str()])
+    ///             .await
+    ///             .map_err(|e| miniflow_core::Error::Storage(Box::new(e)))?;
+    ///         Ok::<_, miniflow_core::Error>(json!({ "booking": 1 }))
+    ///     })
+    ///     .await?;
+    /// assert!(matches!(received, Received::Done { .. } | Received::Repeated { .. }));
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `effect`'s error, or the store's as `E`.
+    pub async fn run<E, F>(
+        &self,
+        key: &IdempotencyKey,
+        digest: Digest,
+        effect: F,
+    ) -> Result<Received, E>
+    where
+        E: From<Error>,
+        F: AsyncFnOnce(&Transaction<'_>) -> Result<Value, E>,
+    {
+        let mut client = self.store.client().await?;
+        let tx = client.transaction().await.map_err(storage)?;
+        let token = match Received::unless_fresh(self.begin_in(&tx, key, digest).await?) {
+            Ok(token) => token,
+            Err(received) => return Ok(received),
+        };
+        let result = effect(&tx).await?;
+        self.finish_in(&tx, key, token, &result).await?;
+        tx.commit().await.map_err(storage)?;
+        Ok(Received::Done { result })
     }
 
     /// Releases the reservation `token` of `key` without an effect (as

@@ -9,8 +9,8 @@ use super::TestDatabase;
 use miniflow::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore};
 use miniflow::{
     json, Begin, ClaimRequest, Command, Decision, Digest, Engine, Error, Event, EventRecord,
-    IdempotencyKey, IdempotencyPolicy, ManualClock, PostgresOptions, Status, Timer, Timestamp,
-    Workflow, WorkflowId,
+    IdempotencyKey, IdempotencyPolicy, ManualClock, PostgresOptions, Received, Status, Timer,
+    Timestamp, Value, Workflow, WorkflowId,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_700_000_000_000);
@@ -437,4 +437,128 @@ fn the_async_store_refuses_a_bad_url_naming_it_without_the_password() {
         assert!(matches!(unreachable, Error::Storage(_)), "{unreachable:?}");
         assert!(!unreachable.to_string().contains("secret"), "{unreachable}");
     });
+}
+
+#[test]
+fn run_does_a_local_effect_once_and_a_failed_or_dropped_run_leaves_no_reservation() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = connect(&database, &clock).await;
+        let keys = AsyncPostgresIdempotencyStore::new(store.clone(), IdempotencyPolicy::default())
+            .unwrap();
+        {
+            let client = store.client().await.unwrap();
+            client
+                .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+                .await
+                .unwrap();
+        }
+        let key = IdempotencyKey::new("order-1:1:0").unwrap();
+        let digest = Digest::of(&json!({ "amount": 5 }));
+        let effect = async |tx: &miniflow::tokio::tokio_postgres::Transaction<'_>| {
+            tx.execute("INSERT INTO orders VALUES ('order-1')", &[])
+                .await
+                .map_err(|e| Error::Storage(Box::new(e)))?;
+            Ok::<_, Error>(json!({ "booked": 1 }))
+        };
+
+        // A failing effect: its rows and the reservation roll back together.
+        let failed = keys
+            .run(
+                &key,
+                digest,
+                async |tx: &miniflow::tokio::tokio_postgres::Transaction<'_>| {
+                    tx.execute("INSERT INTO orders VALUES ('order-1')", &[])
+                        .await
+                        .map_err(|e| Error::Storage(Box::new(e)))?;
+                    Err::<Value, _>(Error::Storage("the supplier's disk is full".into()))
+                },
+            )
+            .await;
+        assert!(matches!(failed, Err(Error::Storage(_))), "{failed:?}");
+        assert!(
+            keys.record(&key).await.unwrap().is_none(),
+            "no reservation left"
+        );
+        assert_eq!(order_rows(&store).await, 0);
+
+        // A run dropped while its effect waits: the same.
+        let slow = keys.run(
+            &key,
+            digest,
+            async |_: &miniflow::tokio::tokio_postgres::Transaction<'_>| {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Ok::<_, Error>(json!({}))
+            },
+        );
+        assert!(tokio::time::timeout(Duration::from_millis(200), slow)
+            .await
+            .is_err());
+        let done = keys.run(&key, digest, effect).await.unwrap();
+        assert_eq!(
+            done,
+            Received::Done {
+                result: json!({ "booked": 1 })
+            }
+        );
+        let again = keys.run(&key, digest, effect).await.unwrap();
+        assert_eq!(
+            again,
+            Received::Repeated {
+                result: json!({ "booked": 1 })
+            }
+        );
+        assert_eq!(order_rows(&store).await, 1, "one effect");
+        let other = keys
+            .run(&key, Digest::of(&json!({ "amount": 6 })), effect)
+            .await
+            .unwrap();
+        assert!(matches!(other, Received::Conflict { .. }), "{other:?}");
+    });
+}
+
+#[test]
+fn the_synchronous_receiver_runs_a_local_effect_once_in_one_transaction() {
+    let database = TestDatabase::new();
+    database
+        .client()
+        .batch_execute("CREATE TABLE orders (id TEXT PRIMARY KEY)")
+        .unwrap();
+    let keys =
+        miniflow::PostgresIdempotencyStore::connect(&database.url(), IdempotencyPolicy::default())
+            .unwrap();
+    let key = IdempotencyKey::new("order-1:1:0").unwrap();
+    let digest = Digest::of(&json!({ "amount": 5 }));
+    let insert = |tx: &mut miniflow::postgres::Transaction<'_>| {
+        tx.execute("INSERT INTO orders VALUES ('order-1')", &[])
+            .map_err(|e| Error::Storage(Box::new(e)))?;
+        Ok::<_, Error>(json!({ "booked": 1 }))
+    };
+    let failed = keys.run(&key, digest, T0, |tx| {
+        insert(tx)?;
+        Err::<Value, _>(Error::Storage("down".into()))
+    });
+    assert!(failed.is_err());
+    assert!(miniflow::IdempotencyStore::record(&keys, &key)
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        keys.run(&key, digest, T0, insert).unwrap(),
+        Received::Done {
+            result: json!({ "booked": 1 })
+        }
+    );
+    assert_eq!(
+        keys.run(&key, digest, T0, insert).unwrap(),
+        Received::Repeated {
+            result: json!({ "booked": 1 })
+        }
+    );
+    let rows: i64 = database
+        .client()
+        .query_one("SELECT count(*) FROM orders", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
 }
