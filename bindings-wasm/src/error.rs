@@ -71,7 +71,8 @@ pub fn js_error(code: &str, message: &str) -> JsValue {
 }
 
 /// A core error as a JS error with its [`Error::code`].
-pub fn from_core(error: Error) -> JsValue {
+pub fn from_core(error: impl Into<Error>) -> JsValue {
+    let error = error.into();
     js_error(error.code(), &error.to_string())
 }
 
@@ -98,7 +99,7 @@ pub trait IntoJs<T> {
     fn js(self) -> Result<T, JsValue>;
 }
 
-impl<T> IntoJs<T> for Result<T, Error> {
+impl<T, E: Into<Error>> IntoJs<T> for Result<T, E> {
     fn js(self) -> Result<T, JsValue> {
         self.map_err(from_core)
     }

@@ -54,7 +54,7 @@ fn count(path: &str, value: &JsValue) -> Result<u32, JsValue> {
     u32::try_from(whole(path, value)?).map_err(|_| invalid(path, "is above 4294967295"))
 }
 
-fn parsed<T: std::str::FromStr<Err = miniflow_core::Error>>(
+fn parsed<T: std::str::FromStr<Err: Into<miniflow_core::Error>>>(
     path: &str,
     value: &JsValue,
 ) -> Result<T, JsValue> {

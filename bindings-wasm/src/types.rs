@@ -374,7 +374,7 @@ pub fn decision(value: &JsValue) -> Result<Decision, JsValue> {
     for (path, item) in fields.array("cancelCommands")? {
         let id = crate::convert::string(&path, &item)?
             .parse()
-            .map_err(|e: miniflow_core::Error| invalid(&path, e))?;
+            .map_err(|e: miniflow_core::InvalidInput| invalid(&path, e))?;
         decision = decision.cancel_command(id);
     }
     for (path, item) in fields.array("cancelKinds")? {

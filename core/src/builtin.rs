@@ -1,6 +1,7 @@
 //! The events miniflow itself writes into a workflow, with typed payloads.
 //!
-//! A workflow's `decide` sees them like its own events; [`EventRecord::decode`] reads one as its type:
+//! A workflow's `decide` sees them like its own events; [`EventRecord::decode`](crate::EventRecord::decode)
+//! reads one as its type:
 //!
 //! ```
 //! use miniflow_core::{json, CommandCompleted, EventRecord, Seq, Timestamp, WorkflowId, COMMAND_COMPLETED};
@@ -33,9 +34,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::Error;
 use crate::id::CommandId;
-use crate::model::EventRecord;
 use crate::schedule::{Missed, Recurrence};
 use crate::time::Timestamp;
 
@@ -52,7 +51,7 @@ pub const COMMAND_RESOLVED: &str = "command_resolved";
 
 /// The kinds of the events miniflow writes itself. [`crate::Engine::handle`] and
 /// [`crate::Engine::start`] refuse them in a caller's event: a workflow that reads one decodes its
-/// payload as miniflow wrote it ([`EventRecord::decode`]), which a look-alike would not match.
+/// payload as miniflow wrote it ([`EventRecord::decode`](crate::EventRecord::decode)), which a look-alike would not match.
 pub const BUILT_IN_KINDS: [&str; 5] = [
     TIMER_FIRED,
     SCHEDULE_FIRED,
@@ -128,7 +127,7 @@ impl ScheduleFired {
     /// The most missed matches of a cron schedule [`ScheduleFired::missed`] counts (one by one,
     /// so a firing's cost stays bounded): after a longer outage it says this many, with
     /// [`ScheduleFired::missed_at_least`] set. An interval schedule's count has no such bound.
-    pub const MAX_MISSED: u64 = 100_000;
+    pub const MAX_MISSED: u64 = crate::schedule::MAX_MISSED;
 }
 
 impl BuiltInEvent for ScheduleFired {
@@ -182,23 +181,6 @@ pub struct CommandResolved {
 
 impl BuiltInEvent for CommandResolved {
     const KIND: &'static str = COMMAND_RESOLVED;
-}
-
-impl EventRecord {
-    /// This event's payload as `T`, when the event is of `T`'s kind: `None` for another kind,
-    /// `Some(Err(..))` ([`Error::Corrupt`]) when the payload does not have `T`'s shape.
-    pub fn decode<T: BuiltInEvent>(&self) -> Option<Result<T, Error>> {
-        (self.kind == T::KIND).then(|| {
-            T::deserialize(&self.payload).map_err(|e| {
-                Error::Corrupt(format!(
-                    "event {} of {} is {} with a malformed payload: {e}",
-                    self.seq,
-                    self.workflow_id,
-                    T::KIND
-                ))
-            })
-        })
-    }
 }
 
 /// A built-in event's payload as JSON, written field by field: the value `serde_json::to_value` gives

@@ -55,7 +55,9 @@
 
 use crate::control::Admission;
 use crate::error::Error;
-use crate::outbox::{Changed, ClaimOrder, ClaimRequest, Delivery, OutboxRow, Status};
+use crate::limits::bounded_error;
+use crate::outbox::{Changed, ClaimOrder, ClaimRequest, Delivery, OutboxRow};
+use crate::status::Status;
 use crate::time::Timestamp;
 use crate::timer::TimerRow;
 
@@ -352,7 +354,7 @@ impl<'r, K, I: Ord + Clone> ClaimWalk<'r, K, I> {
             }
             None => Burial {
                 status: Status::Dead,
-                last_error: crate::outbox::bounded_error(&reason),
+                last_error: bounded_error(&reason),
                 processed_at: now,
                 feedback: None,
             },
@@ -486,7 +488,7 @@ impl TimerClaim {
                 TimerOffer::Take(timer)
             }
             Err(why) => TimerOffer::Reject {
-                last_error: crate::outbox::bounded_error(&format!(
+                last_error: bounded_error(&format!(
                     "the stored timer could not be read: timer {timer_id}: {why}"
                 )),
                 processed_at: self.now,

@@ -6,6 +6,7 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{check_kind, CancelCommand, Decision, Event, EventRecord};
+use crate::occurrence::Firing;
 use crate::outbox::OutboxRow;
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
@@ -256,9 +257,19 @@ impl Commit {
         Ok(self)
     }
 
+    /// Makes this the commit of `firing`: it fires the timer ([`Commit::firing`]), and arms the next
+    /// occurrence in it unless its decision cancels (stops or restarts) the schedule's name.
+    pub(crate) fn fired_by(self, firing: &Firing) -> Result<Self, Error> {
+        let mut commit = self.firing(firing.timer_id().clone())?;
+        if let Some(next) = firing.next() {
+            commit.arm(next.clone());
+        }
+        Ok(commit)
+    }
+
     /// Arms the next occurrence of the schedule whose occurrence this commit fires, unless its
     /// decision cancels the schedule's name (stops or restarts it).
-    pub(crate) fn arm(&mut self, next: TimerRow) {
+    fn arm(&mut self, next: TimerRow) {
         if !self.cancel_timers.contains(&next.name) {
             self.timers.push(next);
         }

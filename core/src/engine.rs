@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::limits::JsonLimits;
 use crate::model::{Decision, Event, EventRecord};
-use crate::schedule::Firing;
+use crate::occurrence::Firing;
 use crate::store::{AppendedAfter, Commit, EventLog, HistoryId, Timers};
 use crate::time::Timestamp;
 use crate::timer::{TimerId, TimerRow};
@@ -114,7 +114,7 @@ fn finish(
     context: Option<&TraceContext>,
 ) -> Result<Commit, Error> {
     if let Some(firing) = fires {
-        commit = firing.apply(commit)?;
+        commit = commit.fired_by(firing)?;
     }
     if let Some(context) = context {
         commit = commit.traced(context.clone());

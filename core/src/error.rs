@@ -3,7 +3,8 @@
 use std::fmt::Display;
 
 use crate::id::{CommandId, Seq, WorkflowId};
-use crate::outbox::Status;
+use crate::invalid::InvalidInput;
+use crate::status::Status;
 use crate::time::Shown;
 
 /// A boxed error from a storage driver, kept as the source of [`Error::Storage`].
@@ -144,29 +145,22 @@ pub enum Error {
     Storage(#[source] BoxError),
 }
 
-/// How many bytes of a rejected value an [`Error::InvalidInput`] repeats, at most: a value just past
-/// any of miniflow's limits on IDs and keys (128 and 255 bytes) is still shown whole.
-pub(crate) const SHOWN_BYTES: usize = 256;
-
-/// `text` cut after its first `bytes` bytes (at a character boundary: fewer when a character
-/// straddles it), followed by `…` and its whole length in bytes; shorter text as it is.
-fn cut(text: String, bytes: usize) -> String {
-    if text.len() <= bytes {
-        return text;
+impl From<InvalidInput> for Error {
+    fn from(refused: InvalidInput) -> Self {
+        let (field, value, reason) = refused.into_parts();
+        Error::InvalidInput {
+            field,
+            value,
+            reason,
+        }
     }
-    let end = text.floor_char_boundary(bytes);
-    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 impl Error {
     /// An [`Error::InvalidInput`] naming `field`, its `value` (cut to a bounded length, see
     /// [`Error::InvalidInput`]: a rejected megabyte makes a short message) and the `reason`.
     pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
-        Error::InvalidInput {
-            field,
-            value: cut(value.to_string(), SHOWN_BYTES),
-            reason: reason.into(),
-        }
+        InvalidInput::new(field, value, reason).into()
     }
 
     /// A stable, machine-readable name of the kind (`"CONFLICT"`, `"STALE_LEASE"`, …), the same on every
@@ -193,6 +187,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::invalid::SHOWN_BYTES;
 
     fn megabyte_of(c: char) -> String {
         std::iter::repeat_n(c, (1 << 20) / c.len_utf8()).collect()
@@ -202,7 +197,7 @@ mod tests {
     fn a_rejected_value_of_a_megabyte_is_cut_in_the_message_which_still_names_the_field() {
         let big = megabyte_of('x');
         let mut refused = vec![(
-            WorkflowId::new(big.clone()).unwrap_err(),
+            Error::from(WorkflowId::new(big.clone()).unwrap_err()),
             "workflow_id",
             big.len(),
         )];
@@ -217,7 +212,7 @@ mod tests {
         // Cut at a character boundary: three-byte characters, 256 bytes falling inside one.
         let wide = megabyte_of('€');
         refused.push((
-            WorkflowId::new(wide.clone()).unwrap_err(),
+            Error::from(WorkflowId::new(wide.clone()).unwrap_err()),
             "workflow_id",
             wide.len(),
         ));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::error::Error;
+use crate::invalid::InvalidInput;
 
 /// The identity of one workflow instance, e.g. `trip-001`.
 ///
@@ -81,10 +81,10 @@ impl WorkflowId {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] naming the value when it is empty, longer than [`Self::MAX_LEN`] bytes, or
+    /// [`InvalidInput`] naming the value when it is empty, longer than [`Self::MAX_LEN`] bytes, or
     /// contains a control character or an invisible formatting character (zero-width characters,
     /// bidirectional overrides and isolates, the byte-order mark, the soft hyphen).
-    pub fn new(id: impl Into<String>) -> Result<Self, Error> {
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidInput> {
         let id = id.into();
         let reason = if id.is_empty() {
             Some("must not be empty".to_owned())
@@ -105,7 +105,7 @@ impl WorkflowId {
             })
         };
         match reason {
-            Some(reason) => Err(Error::invalid("workflow_id", &id, reason)),
+            Some(reason) => Err(InvalidInput::new("workflow_id", &id, reason)),
             None => {
                 let mut bytes = [0; 16];
                 let len = id.len().min(16);
@@ -150,25 +150,25 @@ impl fmt::Display for WorkflowId {
 }
 
 impl FromStr for WorkflowId {
-    type Err = Error;
+    type Err = InvalidInput;
 
-    fn from_str(s: &str) -> Result<Self, Error> {
+    fn from_str(s: &str) -> Result<Self, InvalidInput> {
         Self::new(s)
     }
 }
 
 impl TryFrom<&str> for WorkflowId {
-    type Error = Error;
+    type Error = InvalidInput;
 
-    fn try_from(s: &str) -> Result<Self, Error> {
+    fn try_from(s: &str) -> Result<Self, InvalidInput> {
         Self::new(s)
     }
 }
 
 impl TryFrom<String> for WorkflowId {
-    type Error = Error;
+    type Error = InvalidInput;
 
-    fn try_from(s: String) -> Result<Self, Error> {
+    fn try_from(s: String) -> Result<Self, InvalidInput> {
         Self::new(s)
     }
 }
@@ -215,10 +215,10 @@ impl Seq {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when `value` is above [`Seq::MAX`].
-    pub fn new(value: u64) -> Result<Self, Error> {
+    /// [`InvalidInput`] when `value` is above [`Seq::MAX`].
+    pub fn new(value: u64) -> Result<Self, InvalidInput> {
         if value > Self::MAX.0 {
-            return Err(Error::invalid(
+            return Err(InvalidInput::new(
                 "seq",
                 value,
                 format!("is above the largest seq {}", Self::MAX.0),
@@ -236,8 +236,8 @@ impl Seq {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when this is already [`Seq::MAX`].
-    pub fn next(self) -> Result<Self, Error> {
+    /// [`InvalidInput`] when this is already [`Seq::MAX`].
+    pub fn next(self) -> Result<Self, InvalidInput> {
         Self::new(self.0 + 1)
     }
 }
@@ -280,10 +280,10 @@ impl CommandId {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidInput`] when `event_seq` is 0: commands are decided by events, which start at 1.
-    pub fn new(workflow_id: WorkflowId, event_seq: Seq, index: u32) -> Result<Self, Error> {
+    /// [`InvalidInput`] when `event_seq` is 0: commands are decided by events, which start at 1.
+    pub fn new(workflow_id: WorkflowId, event_seq: Seq, index: u32) -> Result<Self, InvalidInput> {
         if event_seq == Seq::ZERO {
-            return Err(Error::invalid(
+            return Err(InvalidInput::new(
                 "event_seq",
                 0,
                 "a command is decided by an event, and event seqs start at 1",
@@ -328,10 +328,10 @@ fn parse_canonical_decimal(text: &str) -> Option<u64> {
 }
 
 impl FromStr for CommandId {
-    type Err = Error;
+    type Err = InvalidInput;
 
-    fn from_str(s: &str) -> Result<Self, Error> {
-        let invalid = |reason: &str| Error::invalid("command_id", s, reason);
+    fn from_str(s: &str) -> Result<Self, InvalidInput> {
+        let invalid = |reason: &str| InvalidInput::new("command_id", s, reason);
         let mut parts = s.rsplitn(3, ':');
         let (Some(index), Some(seq), Some(workflow_id)) =
             (parts.next(), parts.next(), parts.next())
@@ -352,9 +352,9 @@ impl FromStr for CommandId {
 }
 
 impl TryFrom<&str> for CommandId {
-    type Error = Error;
+    type Error = InvalidInput;
 
-    fn try_from(s: &str) -> Result<Self, Error> {
+    fn try_from(s: &str) -> Result<Self, InvalidInput> {
         s.parse()
     }
 }

@@ -80,15 +80,18 @@ mod engine;
 mod error;
 mod id;
 mod idempotency;
+mod invalid;
 mod limits;
 mod listing;
 mod memory;
 mod model;
+mod occurrence;
 mod outbox;
 mod retention;
 mod retry;
 mod schedule;
 mod stats;
+mod status;
 mod store;
 pub mod telemetry;
 mod time;
@@ -112,7 +115,8 @@ pub use idempotency::{
     check_retention, Begin, Digest, IdempotencyKey, IdempotencyPolicy, IdempotencyStore,
     MemoryIdempotencyStore,
 };
-pub use limits::JsonLimits;
+pub use invalid::InvalidInput;
+pub use limits::{JsonLimits, MAX_ERROR_LEN};
 pub use listing::{EventListing, Listing, UnreadableCommand, UnreadableEvent};
 pub use memory::MemoryStore;
 pub use model::{
@@ -120,12 +124,12 @@ pub use model::{
 };
 pub use outbox::{
     Cancelled, ClaimOrder, ClaimRequest, Delivery, Extended, Failure, Lease, OutboxRow, Settled,
-    Status, MAX_ERROR_LEN,
 };
 pub use retention::{finished_at, is_retirable, purge_cutoff};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
 pub use stats::{KindStats, OutboxStats};
+pub use status::Status;
 pub use store::{
     Ack, AppendedAfter, Commit, EventLog, Handover, Operations, Outbox, Store, Timers,
 };
@@ -145,13 +149,12 @@ pub mod backend {
     pub use crate::control::{check_bulk, check_purge_batch, Admission};
     pub use crate::engine::AsyncEventLog;
     pub use crate::idempotency::{IdempotencyRecord, RecordState};
-    pub use crate::outbox::Changed;
+    pub use crate::outbox::{feedback, withdrawn_feedback, Changed};
     pub use crate::retention::{
         command_is_settled, count_retirable, last_recorded_at, may_retire, retired,
         sweep_retirable, timer_is_settled,
     };
     pub use crate::store::{conflict_backoff, HistoryId};
-    pub use crate::timer::{feedback, withdrawn_feedback};
 }
 
 /// The store traits, to call their methods: `use miniflow_core::prelude::*`.

@@ -6,6 +6,9 @@
 //! miniflow adds (a `timer_fired` event around its timer's payload, a snapshot around its rows), stays
 //! well inside what the JSON readers accept (128 levels). The checks walk the value without recursion,
 //! so no input of any depth overflows the stack.
+//!
+//! Error texts a store keeps (a command's `last_error`, a rejected timer's) are cut to
+//! [`MAX_ERROR_LEN`] bytes instead: a handler's error is recorded whatever its length.
 
 use std::io;
 
@@ -193,6 +196,22 @@ impl io::Write for Counter {
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
     }
+}
+
+/// The longest error text kept as a row's `last_error` (and fed back in `command_failed`), in bytes;
+/// longer texts are cut at a character boundary and marked with `…`.
+pub const MAX_ERROR_LEN: usize = 4096;
+
+/// `error`, cut to [`MAX_ERROR_LEN`] bytes.
+pub(crate) fn bounded_error(error: &str) -> String {
+    if error.len() <= MAX_ERROR_LEN {
+        return error.to_owned();
+    }
+    let mut end = MAX_ERROR_LEN - '…'.len_utf8();
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &error[..end])
 }
 
 #[cfg(test)]

@@ -16,14 +16,13 @@ use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::memory::index::PageKey;
 use crate::model::EventRecord;
-use crate::outbox::{
-    Cancelled, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled, Status,
-};
+use crate::outbox::{feedback, withdrawn_feedback};
+use crate::outbox::{Cancelled, ClaimRequest, Delivery, Extended, Failure, OutboxRow, Settled};
 use crate::retry::RetryPolicy;
 use crate::stats::OutboxStats;
+use crate::status::Status;
 use crate::store::{AppendedAfter, Commit, EventLog, HistoryId, Operations, Outbox, Timers};
 use crate::time::Timestamp;
-use crate::timer::{feedback, withdrawn_feedback};
 use crate::timer::{TimerId, TimerRow};
 
 /// A [`Store`](crate::Store) in memory. Every operation applies completely or not at all, like a transaction.

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::builtin::BuiltInEvent;
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
 use crate::schedule::Schedule;
@@ -81,6 +82,21 @@ impl EventRecord {
     /// The event without its record metadata.
     pub fn event(&self) -> Event {
         Event::new(self.kind.clone(), self.payload.clone())
+    }
+
+    /// This event's payload as `T`, when the event is of `T`'s kind: `None` for another kind,
+    /// `Some(Err(..))` ([`Error::Corrupt`]) when the payload does not have `T`'s shape.
+    pub fn decode<T: BuiltInEvent>(&self) -> Option<Result<T, Error>> {
+        (self.kind == T::KIND).then(|| {
+            T::deserialize(&self.payload).map_err(|e| {
+                Error::Corrupt(format!(
+                    "event {} of {} is {} with a malformed payload: {e}",
+                    self.seq,
+                    self.workflow_id,
+                    T::KIND
+                ))
+            })
+        })
     }
 }
 

@@ -3,80 +3,27 @@
 //!
 //! These functions are the single statement of the lease rules. [`crate::MemoryStore`] applies them to
 //! its rows directly; SQL stores express the same conditions in their statements and call
-//! [`OutboxRow::fail`] for the retry arithmetic, and the conformance suite proves they agree.
+//! [`OutboxRow::fail`] for the retry arithmetic, and the conformance suite proves they agree. A change
+//! also says which feedback timer it schedules or withdraws ([`feedback`], [`withdrawn_feedback`]).
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::builtin::{
+    to_payload, CommandCompleted, CommandFailed, CommandResolved, COMMAND_COMPLETED,
+    COMMAND_FAILED, COMMAND_RESOLVED,
+};
 use crate::error::Error;
 use crate::id::CommandId;
+use crate::limits::{bounded_error, JsonLimits};
+use crate::model::Command;
 use crate::retry::RetryPolicy;
+use crate::status::Status;
 use crate::time::{Shown, Timestamp};
-use crate::timer::TimerRow;
+use crate::timer::{TimerId, TimerRow};
 use crate::trace::TraceContext;
-
-/// Where a command is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Status {
-    /// Waiting for delivery (from `available_at`).
-    Pending,
-    /// Held by a worker under a lease until `available_at`.
-    Leased,
-    /// Delivered with a verified result, or resolved by hand.
-    Done,
-    /// Gave up: out of attempts or failed for good. Waits for a person to `retry` or `resolve` it.
-    Dead,
-    /// Withdrawn by a later decision of its workflow before it was delivered: never delivered.
-    Cancelled,
-}
-
-impl Status {
-    /// The lowercase name used in storage and JSON.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Leased => "leased",
-            Status::Done => "done",
-            Status::Dead => "dead",
-            Status::Cancelled => "cancelled",
-        }
-    }
-
-    /// Pending or leased: the command still has to be delivered.
-    pub fn is_unfinished(self) -> bool {
-        matches!(self, Status::Pending | Status::Leased)
-    }
-}
-
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Status {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        match s {
-            "pending" => Ok(Status::Pending),
-            "leased" => Ok(Status::Leased),
-            "done" => Ok(Status::Done),
-            "dead" => Ok(Status::Dead),
-            "cancelled" => Ok(Status::Cancelled),
-            other => Err(Error::invalid(
-                "status",
-                other,
-                "expected pending, leased, done, dead or cancelled",
-            )),
-        }
-    }
-}
 
 /// Who holds a command, until when, with which fencing token.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -345,7 +292,7 @@ pub enum Settled {
         /// When it is due again.
         at: Timestamp,
         /// The backoff that was applied.
-        #[serde(with = "duration_millis")]
+        #[serde(with = "crate::time::duration_millis")]
         backoff: Duration,
     },
     /// Dead: out of attempts, or the failure was permanent.
@@ -375,36 +322,6 @@ pub enum Cancelled {
     Unchanged,
 }
 
-pub(crate) mod duration_millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(crate::time::millis(*d))
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
-}
-
-/// The longest error text kept as a row's `last_error` (and fed back in `command_failed`), in bytes;
-/// longer texts are cut at a character boundary and marked with `…`.
-pub const MAX_ERROR_LEN: usize = 4096;
-
-/// `error`, cut to [`MAX_ERROR_LEN`] bytes.
-pub(crate) fn bounded_error(error: &str) -> String {
-    if error.len() <= MAX_ERROR_LEN {
-        return error.to_owned();
-    }
-    let mut end = MAX_ERROR_LEN - '…'.len_utf8();
-    while !error.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &error[..end])
-}
-
 /// The reason recorded when a lease ran out on the last allowed attempt.
 pub(crate) fn lease_expired_error(attempts: u32) -> String {
     format!("lease expired on attempt {attempts} with no result")
@@ -425,7 +342,7 @@ pub struct Changed<T> {
     /// The feedback timer to cancel with it, at [`Self::at`], if it is still scheduled
     /// ([`TimerRow::cancel`]): the `command_failed` of a dead command put back to pending, not fed
     /// back yet ([`crate::backend::withdrawn_feedback`]).
-    pub withdrawn: Option<crate::TimerId>,
+    pub withdrawn: Option<TimerId>,
     /// When the change was made.
     pub at: Timestamp,
 }
@@ -472,8 +389,8 @@ impl OutboxRow {
     ) -> Result<Changed<T>, Error> {
         let before = self.status;
         let value = change(&mut self)?;
-        let feedback = crate::timer::feedback(before, &self, now);
-        let withdrawn = crate::timer::withdrawn_feedback(before, &self);
+        let feedback = feedback(before, &self, now);
+        let withdrawn = withdrawn_feedback(before, &self);
         Ok(Changed {
             value,
             row: self,
@@ -491,7 +408,7 @@ impl OutboxRow {
     }
 
     /// A new command's row, pending and due at `now` (what a commit writes).
-    pub fn pending(command_id: CommandId, command: crate::Command, now: Timestamp) -> Self {
+    pub fn pending(command_id: CommandId, command: Command, now: Timestamp) -> Self {
         Self {
             command_id,
             kind: command.kind,
@@ -640,7 +557,7 @@ impl OutboxRow {
     ) -> Result<(), Error> {
         self.check_lease(token)?;
         if let Some(result) = result {
-            crate::JsonLimits::fed_back().check("result", result)?;
+            JsonLimits::fed_back().check("result", result)?;
         }
         self.result = result.cloned();
         self.finish(Status::Done, now);
@@ -744,19 +661,10 @@ impl OutboxRow {
         if self.status != Status::Dead {
             return Err(self.invalid_state("resolve"));
         }
-        crate::JsonLimits::fed_back().check("note", &Value::String(note.to_owned()))?;
+        JsonLimits::fed_back().check("note", &Value::String(note.to_owned()))?;
         self.resolution = Some(note.to_owned());
         self.finish(Status::Done, now);
         Ok(())
-    }
-
-    /// Whether an explicit retention run at `now` may delete this row: done (or cancelled, which is
-    /// as final), and processed at least `older_than` ago (at or before
-    /// [`crate::purge_cutoff`]). Pending, leased and dead rows are never purged (DESIGN rule 5).
-    pub fn is_purgeable(&self, older_than: Duration, now: Timestamp) -> bool {
-        matches!(self.status, Status::Done | Status::Cancelled)
-            && crate::retention::purge_cutoff(now, older_than)
-                .is_some_and(|cutoff| self.processed_at.is_some_and(|at| at <= cutoff))
     }
 
     /// The order claims hand rows out in (DESIGN rules 6–7): the highest priority first, then the
@@ -776,13 +684,6 @@ impl OutboxRow {
         )
     }
 
-    /// The order a bounded retention run removes rows in: the oldest processed first, then by command
-    /// ID. A SQL store says `ORDER BY processed_at, workflow_id, event_seq, idx` over the rows
-    /// [`Self::is_purgeable`] admits.
-    pub fn purge_order(&self) -> (Option<Timestamp>, &CommandId) {
-        (self.processed_at, &self.command_id)
-    }
-
     fn finish(&mut self, status: Status, now: Timestamp) {
         self.status = status;
         self.processed_at = Some(now);
@@ -795,6 +696,70 @@ impl OutboxRow {
             operation,
         }
     }
+}
+
+/// The feedback timer a store must cancel, in the same transaction, if it is still scheduled, when a
+/// change took an outbox row from status `before` to `after`: a dead command put back to pending
+/// ([`OutboxRow::retry`]) withdraws the `command_failed` of the death it is retried from. Not yet
+/// fired, that event would tell the workflow of a failure that is being tried again, and its
+/// decision would compensate an effect the retry may still make. Fired already, it is left as it
+/// is: the workflow knew.
+pub fn withdrawn_feedback(before: Status, after: &OutboxRow) -> Option<TimerId> {
+    match (before, after.status) {
+        (Status::Dead, Status::Pending) => Some(TimerId::failure(
+            after.command_id.clone(),
+            after.manual_retries,
+        )),
+        _ => None,
+    }
+}
+
+/// The feedback a store must schedule, in the same transaction, when a change took an outbox row from
+/// status `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a
+/// dead command was resolved by hand (DESIGN rule 12), `command_completed` when a command that reports
+/// its completion ([`OutboxRow::reports_completion`]) was completed (DESIGN rule 15).
+pub fn feedback(before: Status, after: &OutboxRow, now: Timestamp) -> Option<TimerRow> {
+    let id = &after.command_id;
+    let (timer_id, kind, payload) = match (before, after.status) {
+        (Status::Pending | Status::Leased, Status::Done) if after.reports_completion() => (
+            TimerId::completion(id.clone()),
+            COMMAND_COMPLETED,
+            to_payload(&CommandCompleted {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                result: after.result.clone().unwrap_or(Value::Null),
+                attempts: after.attempts,
+            }),
+        ),
+        (from, Status::Dead) if from != Status::Dead => (
+            TimerId::failure(id.clone(), after.manual_retries + 1),
+            COMMAND_FAILED,
+            to_payload(&CommandFailed {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                error: after.last_error.clone(),
+                attempts: after.attempts,
+            }),
+        ),
+        (Status::Dead, Status::Done) => (
+            TimerId::resolution(id.clone()),
+            COMMAND_RESOLVED,
+            to_payload(&CommandResolved {
+                command_id: id.clone(),
+                kind: after.kind.clone(),
+                note: after.resolution.clone(),
+            }),
+        ),
+        _ => return None,
+    };
+    Some(TimerRow::new(
+        timer_id,
+        kind.to_owned(),
+        kind,
+        payload,
+        now,
+        now,
+    ))
 }
 
 #[cfg(test)]

@@ -17,13 +17,17 @@
 //! seq 1 and repeat the command IDs of the old one, which receivers fold into the old effects.
 //!
 //! An unfinished workflow is never retired, however old.
+//!
+//! A purge of finished commands (`purge_done`) deletes rows instead, at the same cutoff
+//! ([`purge_cutoff`]): those [`OutboxRow::is_purgeable`] admits, in [`OutboxRow::purge_order`].
 
 use std::time::Duration;
 
 use crate::error::Error;
-use crate::id::WorkflowId;
+use crate::id::{CommandId, WorkflowId};
 use crate::model::EventRecord;
-use crate::outbox::{OutboxRow, Status};
+use crate::outbox::OutboxRow;
+use crate::status::Status;
 use crate::time::Timestamp;
 use crate::timer::{TimerRow, TimerStatus};
 
@@ -109,6 +113,26 @@ pub fn purge_cutoff(now: Timestamp, older_than: Duration) -> Option<Timestamp> {
     now.as_millis()
         .checked_sub(older_than)
         .map(Timestamp::from_millis)
+}
+
+/// The purge of finished commands (`purge_done`), which deletes rows, not workflows: which rows an
+/// explicit run may delete, and in which order a bounded run takes them.
+impl OutboxRow {
+    /// Whether an explicit retention run at `now` may delete this row: done (or cancelled, which is
+    /// as final), and processed at least `older_than` ago (at or before
+    /// [`purge_cutoff`]). Pending, leased and dead rows are never purged (DESIGN rule 5).
+    pub fn is_purgeable(&self, older_than: Duration, now: Timestamp) -> bool {
+        matches!(self.status, Status::Done | Status::Cancelled)
+            && purge_cutoff(now, older_than)
+                .is_some_and(|cutoff| self.processed_at.is_some_and(|at| at <= cutoff))
+    }
+
+    /// The order a bounded retention run removes rows in: the oldest processed first, then by command
+    /// ID. A SQL store says `ORDER BY processed_at, workflow_id, event_seq, idx` over the rows
+    /// [`Self::is_purgeable`] admits.
+    pub fn purge_order(&self) -> (Option<Timestamp>, &CommandId) {
+        (self.processed_at, &self.command_id)
+    }
 }
 
 /// Whether a retention run at `now` may delete a workflow's history: finished (see

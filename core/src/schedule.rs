@@ -1,21 +1,18 @@
 //! Recurring schedules: a durable timer that re-arms itself, once per occurrence (DESIGN rule 11).
-//! See [`Schedule`].
+//! See [`Schedule`]. Here is what a schedule is and when it recurs (the occurrence arithmetic, cron
+//! in UTC); its occurrences as timer rows, and what firing one commits, are in `occurrence.rs`.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::builtin::{to_payload, ScheduleFired, SCHEDULE_FIRED};
 use crate::error::Error;
-use crate::id::{Seq, WorkflowId};
-use crate::model::Event;
-use crate::store::Commit;
 use crate::time::{millis, Shown, Timestamp};
-use crate::timer::{TimerId, TimerRow, TimerSource};
 
-#[cfg(doc)]
-use crate::model::Decision;
+/// The most missed matches of a cron schedule a firing counts, one by one (so that its cost stays
+/// bounded); `ScheduleFired::MAX_MISSED` to users.
+pub(crate) const MAX_MISSED: u64 = 100_000;
 
 /// A recurring schedule: a durable timer that re-arms itself. A decision starts one with
 /// [`Decision::schedule`] — every fixed interval ([`Schedule::every`]) or whenever a cron expression
@@ -143,6 +140,13 @@ use crate::model::Decision;
 /// Every occurrence is an event in its workflow's history, and each firing replays that history, so
 /// a workflow grows with its schedules (one every minute adds 1,440 events a day): schedules suit
 /// intervals of seconds and more, in workflows that keep little else.
+///
+/// [`Decision::schedule`]: crate::Decision::schedule
+/// [`Decision::cancel_schedule`]: crate::Decision::cancel_schedule
+/// [`Decision::reject`]: crate::Decision::reject
+/// [`SCHEDULE_FIRED`]: crate::SCHEDULE_FIRED
+/// [`ScheduleFired`]: crate::ScheduleFired
+/// [`ScheduleFired::MAX_MISSED`]: crate::ScheduleFired::MAX_MISSED
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Schedule {
     /// A name the workflow recognises it by, and stops it by. Schedules share names with timers:
@@ -150,8 +154,8 @@ pub struct Schedule {
     pub name: String,
     /// When it recurs.
     pub recurrence: Recurrence,
-    /// Handed back in every [`ScheduleFired`] event, one level inside its payload (so it may nest
-    /// one level less than the [`crate::JsonLimits`] allow).
+    /// Handed back in every [`ScheduleFired`](crate::ScheduleFired) event, one level inside its
+    /// payload (so it may nest one level less than the [`crate::JsonLimits`] allow).
     #[serde(default)]
     pub payload: Value,
     /// What happens to occurrences missed while no firer ran.
@@ -164,7 +168,7 @@ pub struct Schedule {
 #[serde(rename_all = "snake_case")]
 pub enum Recurrence {
     /// Every interval, from the commit that starts the schedule (`{ "every_ms": 60000 }`).
-    #[serde(rename = "every_ms", with = "crate::outbox::duration_millis")]
+    #[serde(rename = "every_ms", with = "crate::time::duration_millis")]
     Every(Duration),
     /// Whenever the cron expression matches, in UTC (`{ "cron": "0 9 * * MON-FRI" }`).
     Cron(String),
@@ -193,14 +197,14 @@ impl Missed {
 
     /// How many late occurrences get an event of their own (at least one, whatever a stored
     /// policy says).
-    fn cap(self) -> u32 {
+    pub(crate) fn cap(self) -> u32 {
         match self {
             Missed::FireOnce => 1,
             Missed::FireAll { max } => max.max(1),
         }
     }
 
-    fn check(self) -> Result<(), Error> {
+    pub(crate) fn check(self) -> Result<(), Error> {
         match self {
             Missed::FireAll { max } if max == 0 || max > Self::MAX_FIRE_ALL => Err(Error::invalid(
                 "schedule.on_missed",
@@ -265,50 +269,11 @@ impl Schedule {
         self.recurrence.rule()?.first_after(&self.recurrence, now)?;
         Ok(())
     }
-
-    /// The timer row of the first occurrence of this schedule, the `index`-th started by event
-    /// `event_seq` of `workflow_id` at `now`.
-    pub(crate) fn start(
-        self,
-        workflow_id: WorkflowId,
-        event_seq: Seq,
-        index: u32,
-        now: Timestamp,
-    ) -> Result<TimerRow, Error> {
-        self.on_missed.check()?;
-        let rule = self.recurrence.rule()?;
-        let first = rule.first_after(&self.recurrence, now)?;
-        let id = TimerId::occurrence(workflow_id, event_seq, index, first)?;
-        let armed = ScheduleFired {
-            timer_id: String::new(),
-            name: self.name,
-            payload: self.payload,
-            scheduled_at: first,
-            missed: 0,
-            missed_at_least: false,
-            next_at: None,
-            recurrence: self.recurrence,
-            on_missed: self.on_missed,
-        };
-        Ok(arm(id, armed, &rule, now))
-    }
-}
-
-/// The row of the occurrence `id` (at `armed.scheduled_at`): its stored event is the one it commits
-/// when it fires on time.
-fn arm(id: TimerId, mut armed: ScheduleFired, rule: &Rule, now: Timestamp) -> TimerRow {
-    armed.timer_id = id.to_string();
-    armed.missed = 0;
-    armed.missed_at_least = false;
-    armed.next_at = rule.next_after(armed.scheduled_at);
-    let name = armed.name.clone();
-    let at = armed.scheduled_at;
-    TimerRow::new(id, name, SCHEDULE_FIRED, to_payload(&armed), at, now)
 }
 
 impl Recurrence {
     /// The rule this recurrence stands for, checked.
-    fn rule(&self) -> Result<Rule, Error> {
+    pub(crate) fn rule(&self) -> Result<Rule, Error> {
         match self {
             Recurrence::Every(interval) => {
                 let in_bounds =
@@ -332,7 +297,7 @@ impl Recurrence {
 }
 
 /// A checked recurrence, ready to compute occurrences.
-enum Rule {
+pub(crate) enum Rule {
     /// Every this many milliseconds.
     Every(u64),
     /// The matches of a parsed cron expression.
@@ -343,16 +308,20 @@ enum Rule {
 /// Which late occurrence a firing commits, how many it folds in (at least, when `at_least`), and
 /// the next one to arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CatchUp {
-    fire_at: Timestamp,
-    missed: u64,
-    at_least: bool,
-    next: Option<Timestamp>,
+pub(crate) struct CatchUp {
+    pub(crate) fire_at: Timestamp,
+    pub(crate) missed: u64,
+    pub(crate) at_least: bool,
+    pub(crate) next: Option<Timestamp>,
 }
 
 impl Rule {
     /// The first occurrence of a schedule started at `now`.
-    fn first_after(&self, recurrence: &Recurrence, now: Timestamp) -> Result<Timestamp, Error> {
+    pub(crate) fn first_after(
+        &self,
+        recurrence: &Recurrence,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
         self.next_after(now).ok_or_else(|| match recurrence {
             Recurrence::Cron(expression) => Error::invalid(
                 "schedule.cron",
@@ -369,7 +338,7 @@ impl Rule {
 
     /// The first occurrence strictly after `t`; `None` when there is none (a cron expression with
     /// no later match, or past the end of time).
-    fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+    pub(crate) fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         match self {
             Rule::Every(interval) => t
                 .as_millis()
@@ -383,8 +352,8 @@ impl Rule {
     /// Firing the armed occurrence `t0` at `now` with at most `cap` events for late occurrences:
     /// with `L` occurrences due in `[t0, now]`, the event stands for the `(L - cap)`-th (the first
     /// when `L <= cap`), folding in the ones before it. An interval computes `L` in O(1), exactly;
-    /// a cron expression counts at most [`ScheduleFired::MAX_MISSED`] matches (`at_least` past that).
-    fn catch_up(&self, t0: Timestamp, now: Timestamp, cap: u32) -> CatchUp {
+    /// a cron expression counts at most [`MAX_MISSED`] matches (`at_least` past that).
+    pub(crate) fn catch_up(&self, t0: Timestamp, now: Timestamp, cap: u32) -> CatchUp {
         let (fire_at, missed, at_least) = match self {
             Rule::Every(interval) => {
                 let late = now.as_millis().saturating_sub(t0.as_millis()) / interval + 1;
@@ -405,123 +374,6 @@ impl Rule {
     }
 }
 
-/// What firing a due timer commits: its event, and for an occurrence of a schedule the next
-/// occurrence, armed in the same commit.
-#[derive(Debug, Clone)]
-pub(crate) struct Firing {
-    timer_id: TimerId,
-    next: Option<TimerRow>,
-}
-
-impl Firing {
-    /// The event `timer` commits when it fires at `now`, and the firing to apply to that commit.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Corrupt`] for an occurrence whose stored event is not a [`ScheduleFired`];
-    /// [`Error::InvalidInput`] for a cron schedule where the `cron` feature is off.
-    pub(crate) fn of(timer: &TimerRow, now: Timestamp) -> Result<(Event, Self), Error> {
-        let TimerSource::Occurrence {
-            workflow_id,
-            event_seq,
-            index,
-            at,
-        } = timer.timer_id.source()
-        else {
-            let event = Event::new(timer.event_kind.clone(), timer.event_payload.clone());
-            let firing = Self {
-                timer_id: timer.timer_id.clone(),
-                next: None,
-            };
-            return Ok((event, firing));
-        };
-        let armed = read_armed(&timer.event_payload)
-            .filter(|_| timer.event_kind == SCHEDULE_FIRED)
-            .ok_or_else(|| {
-                Error::Corrupt(format!(
-                    "timer {} is an occurrence of a schedule without a {SCHEDULE_FIRED} event",
-                    timer.timer_id
-                ))
-            })?;
-        let rule = armed.recurrence.rule()?;
-        let caught = rule.catch_up(*at, now, armed.on_missed.cap());
-        let next = caught
-            .next
-            .map(|next_at| {
-                let id = TimerId::occurrence(workflow_id.clone(), *event_seq, *index, next_at)?;
-                let next = ScheduleFired {
-                    scheduled_at: next_at,
-                    ..armed.clone()
-                };
-                Ok::<_, Error>(arm(id, next, &rule, now))
-            })
-            .transpose()?;
-        let fired = ScheduleFired {
-            timer_id: timer.timer_id.to_string(),
-            scheduled_at: caught.fire_at,
-            missed: caught.missed,
-            missed_at_least: caught.at_least,
-            next_at: caught.next,
-            ..armed
-        };
-        let firing = Self {
-            timer_id: timer.timer_id.clone(),
-            next,
-        };
-        Ok((Event::new(SCHEDULE_FIRED, to_payload(&fired)), firing))
-    }
-
-    /// Makes `commit` the one that fires the timer, and arms the next occurrence in it unless its
-    /// decision cancels (stops or restarts) the schedule's name.
-    pub(crate) fn apply(&self, commit: Commit) -> Result<Commit, Error> {
-        let mut commit = commit.firing(self.timer_id.clone())?;
-        if let Some(next) = &self.next {
-            commit.arm(next.clone());
-        }
-        Ok(commit)
-    }
-}
-
-/// The [`ScheduleFired`] an occurrence's timer carries, read field by field as its `Deserialize`
-/// reads it: a firer then needs no deserializer of JSON values (which, with the error messages it
-/// formats, is a tenth of the web module). `None` when a field is missing or of another shape.
-fn read_armed(payload: &Value) -> Option<ScheduleFired> {
-    let time = |value: &Value| value.as_u64().map(Timestamp::from_millis);
-    let recurrence = payload.get("recurrence")?;
-    let recurrence = match (recurrence.get("every_ms"), recurrence.get("cron")) {
-        (Some(ms), None) => Recurrence::Every(Duration::from_millis(ms.as_u64()?)),
-        (None, Some(expression)) => Recurrence::Cron(expression.as_str()?.to_owned()),
-        _ => return None,
-    };
-    let on_missed = match payload.get("on_missed")? {
-        Value::String(policy) if policy == "fire_once" => Missed::FireOnce,
-        policy => {
-            let max = policy.get("fire_all")?.get("max")?.as_u64()?;
-            Missed::FireAll {
-                max: u32::try_from(max).ok()?,
-            }
-        }
-    };
-    let next_at = match payload.get("next_at")? {
-        Value::Null => None,
-        next => Some(time(next)?),
-    };
-    Some(ScheduleFired {
-        timer_id: payload.get("timer_id")?.as_str()?.to_owned(),
-        name: payload.get("name")?.as_str()?.to_owned(),
-        payload: payload.get("payload")?.clone(),
-        scheduled_at: time(payload.get("scheduled_at")?)?,
-        missed: payload.get("missed")?.as_u64()?,
-        missed_at_least: match payload.get("missed_at_least") {
-            None => false,
-            Some(flag) => flag.as_bool()?,
-        },
-        next_at,
-        recurrence,
-        on_missed,
-    })
-}
-
 /// Cron expressions, through `croner`, on whole seconds in UTC.
 #[cfg(feature = "cron")]
 mod cron {
@@ -530,8 +382,7 @@ mod cron {
     use chrono::{DateTime, Utc};
     use croner::Cron;
 
-    use super::{Rule, Schedule};
-    use crate::builtin::ScheduleFired;
+    use super::{Rule, Schedule, MAX_MISSED};
     use crate::error::Error;
     use crate::time::Timestamp;
 
@@ -581,7 +432,7 @@ mod cron {
 
     /// See [`Rule::catch_up`]: walks back from `now` to the `cap`-th latest match after `t0` (at
     /// most `cap` steps), then counts what it folds in from `t0` (at most
-    /// [`ScheduleFired::MAX_MISSED`] steps). Returns the match to fire, the count, and whether the
+    /// [`MAX_MISSED`] steps). Returns the match to fire, the count, and whether the
     /// count stopped short (a lower bound).
     pub(super) fn catch_up(
         cron: &Cron,
@@ -607,7 +458,7 @@ mod cron {
         let folded = |at| next_after(cron, at).filter(|next| *next < fire_at);
         let mut missed = 1; // `t0` itself
         let mut at = t0;
-        while missed < ScheduleFired::MAX_MISSED {
+        while missed < MAX_MISSED {
             match folded(at) {
                 Some(next) => {
                     missed += 1;
@@ -639,7 +490,10 @@ mod cron {
 mod tests {
     use super::*;
     use crate::prelude::*;
-    use crate::{Decision, Engine, EventRecord, MemoryStore, Workflow};
+    use crate::{
+        Decision, Engine, Event, EventRecord, MemoryStore, ScheduleFired, TimerRow, Workflow,
+        WorkflowId,
+    };
 
     const SECOND: u64 = 1_000;
 
@@ -649,75 +503,6 @@ mod tests {
 
     fn every(secs: u64) -> Rule {
         Recurrence::Every(Duration::from_secs(secs)).rule().unwrap()
-    }
-
-    #[test]
-    fn an_armed_occurrence_reads_back_as_serde_reads_it() {
-        for (recurrence, on_missed, next_at) in [
-            (
-                Recurrence::Every(Duration::from_secs(60)),
-                Missed::FireOnce,
-                Some(at(120 * SECOND)),
-            ),
-            (
-                Recurrence::Cron("0 9 * * *".into()),
-                Missed::FireAll { max: 7 },
-                None,
-            ),
-        ] {
-            let fired = ScheduleFired {
-                timer_id: "w:1:s0@60000".into(),
-                name: "reading".into(),
-                payload: serde_json::json!({ "unit": "kWh", "n": [1, 2.5] }),
-                scheduled_at: at(60 * SECOND),
-                missed: 3,
-                missed_at_least: next_at.is_none(),
-                next_at,
-                recurrence,
-                on_missed,
-            };
-            let payload = to_payload(&fired);
-            assert_eq!(read_armed(&payload), Some(fired.clone()));
-            assert_eq!(
-                read_armed(&payload),
-                ScheduleFired::deserialize(&payload).ok()
-            );
-        }
-        let good = to_payload(&ScheduleFired {
-            timer_id: "w:1:s0@60000".into(),
-            name: "reading".into(),
-            payload: Value::Null,
-            scheduled_at: at(60 * SECOND),
-            missed: 0,
-            missed_at_least: false,
-            next_at: None,
-            recurrence: Recurrence::Every(Duration::from_secs(60)),
-            on_missed: Missed::FireOnce,
-        });
-        for (field, bad) in [
-            (
-                "recurrence",
-                serde_json::json!({ "every_ms": 1, "cron": "@daily" }),
-            ),
-            ("recurrence", serde_json::json!({ "every_ms": -1 })),
-            ("on_missed", serde_json::json!("fire_twice")),
-            (
-                "on_missed",
-                serde_json::json!({ "fire_all": { "max": 5_000_000_000_u64 } }),
-            ),
-            ("next_at", serde_json::json!("soon")),
-            ("missed", serde_json::json!(1.5)),
-            ("missed_at_least", serde_json::json!("yes")),
-            ("timer_id", Value::Null),
-        ] {
-            let mut payload = good.clone();
-            payload[field] = bad;
-            assert_eq!(read_armed(&payload), None, "{field}: {}", payload[field]);
-            assert!(ScheduleFired::deserialize(&payload).is_err(), "{field}");
-        }
-        let mut missing = good;
-        missing.as_object_mut().unwrap().remove("scheduled_at");
-        assert_eq!(read_armed(&missing), None);
     }
 
     fn caught(fire_at: u64, missed: u64, next: Option<u64>) -> CatchUp {

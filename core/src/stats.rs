@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::control::KindControl;
-use crate::outbox::{OutboxRow, Status};
+use crate::outbox::OutboxRow;
+use crate::status::Status;
 use crate::time::Timestamp;
 
 /// The commands of one kind at one moment.

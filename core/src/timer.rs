@@ -8,7 +8,8 @@
 //! Failure feedback uses the same machinery: when a command becomes dead, the store schedules a
 //! `command_failed` event for its workflow, due at once, in the transaction that buried the command;
 //! resolving it by hand schedules `command_resolved`. The workflow's `decide` sees them like any event
-//! and may answer with compensating commands.
+//! and may answer with compensating commands. Which row change schedules which feedback timer is an
+//! outbox rule, beside the changes themselves ([`crate::backend::feedback`]).
 //!
 //! # Timer IDs
 //!
@@ -29,13 +30,10 @@ use std::time::Duration;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::builtin::{
-    to_payload, CommandCompleted, CommandFailed, CommandResolved, TimerFired, COMMAND_COMPLETED,
-    COMMAND_FAILED, COMMAND_RESOLVED, TIMER_FIRED,
-};
+use crate::builtin::{to_payload, TimerFired, TIMER_FIRED};
 use crate::error::Error;
 use crate::id::{CommandId, Seq, WorkflowId};
-use crate::outbox::{OutboxRow, Status};
+use crate::limits::bounded_error;
 use crate::time::Timestamp;
 
 /// When a timer fires.
@@ -43,7 +41,7 @@ use crate::time::Timestamp;
 #[serde(rename_all = "snake_case")]
 pub enum FireAt {
     /// This long after the commit that schedules it.
-    After(#[serde(with = "crate::outbox::duration_millis")] Duration),
+    After(#[serde(with = "crate::time::duration_millis")] Duration),
     /// At this time (at once if it is past).
     At(Timestamp),
 }
@@ -521,7 +519,7 @@ impl TimerRow {
         }
         self.status = TimerStatus::Rejected;
         self.processed_at = Some(now);
-        self.last_error = Some(crate::outbox::bounded_error(reason));
+        self.last_error = Some(bounded_error(reason));
         Ok(())
     }
 
@@ -534,68 +532,4 @@ impl TimerRow {
         self.processed_at = Some(now);
         true
     }
-}
-
-/// The feedback timer a store must cancel, in the same transaction, if it is still scheduled, when a
-/// change took an outbox row from status `before` to `after`: a dead command put back to pending
-/// ([`OutboxRow::retry`]) withdraws the `command_failed` of the death it is retried from. Not yet
-/// fired, that event would tell the workflow of a failure that is being tried again, and its
-/// decision would compensate an effect the retry may still make. Fired already, it is left as it
-/// is: the workflow knew.
-pub fn withdrawn_feedback(before: Status, after: &OutboxRow) -> Option<TimerId> {
-    match (before, after.status) {
-        (Status::Dead, Status::Pending) => Some(TimerId::failure(
-            after.command_id.clone(),
-            after.manual_retries,
-        )),
-        _ => None,
-    }
-}
-
-/// The feedback a store must schedule, in the same transaction, when a change took an outbox row from
-/// status `before` to `after` at `now`: `command_failed` when it became dead, `command_resolved` when a
-/// dead command was resolved by hand (DESIGN rule 12), `command_completed` when a command that reports
-/// its completion ([`OutboxRow::reports_completion`]) was completed (DESIGN rule 15).
-pub fn feedback(before: Status, after: &OutboxRow, now: Timestamp) -> Option<TimerRow> {
-    let id = &after.command_id;
-    let (timer_id, kind, payload) = match (before, after.status) {
-        (Status::Pending | Status::Leased, Status::Done) if after.reports_completion() => (
-            TimerId::completion(id.clone()),
-            COMMAND_COMPLETED,
-            to_payload(&CommandCompleted {
-                command_id: id.clone(),
-                kind: after.kind.clone(),
-                result: after.result.clone().unwrap_or(Value::Null),
-                attempts: after.attempts,
-            }),
-        ),
-        (from, Status::Dead) if from != Status::Dead => (
-            TimerId::failure(id.clone(), after.manual_retries + 1),
-            COMMAND_FAILED,
-            to_payload(&CommandFailed {
-                command_id: id.clone(),
-                kind: after.kind.clone(),
-                error: after.last_error.clone(),
-                attempts: after.attempts,
-            }),
-        ),
-        (Status::Dead, Status::Done) => (
-            TimerId::resolution(id.clone()),
-            COMMAND_RESOLVED,
-            to_payload(&CommandResolved {
-                command_id: id.clone(),
-                kind: after.kind.clone(),
-                note: after.resolution.clone(),
-            }),
-        ),
-        _ => return None,
-    };
-    Some(TimerRow::new(
-        timer_id,
-        kind.to_owned(),
-        kind,
-        payload,
-        now,
-        now,
-    ))
 }

@@ -9,8 +9,9 @@ use miniflow_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
-use crate::sqlite::{in_savepoint, limit, open_connection, storage, to_sql_time};
-use crate::SqliteOptions;
+use crate::connect::{open_connection, SqliteOptions};
+use crate::errors::storage;
+use crate::sqlite::{in_savepoint, limit, to_sql_time};
 
 /// The receiver's [`IdempotencyStore`] on a SQLite file: the same file as a [`crate::SqliteStore`] or
 /// another one. Every `begin` is one `BEGIN IMMEDIATE` transaction, so of two processes beginning the

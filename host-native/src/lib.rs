@@ -35,7 +35,9 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod connect;
 mod dispatcher;
+mod errors;
 mod idempotency;
 mod sqlite;
 mod telemetry;
@@ -43,6 +45,7 @@ mod telemetry;
 pub mod tokio;
 mod writer;
 
+pub use connect::{SqliteOptions, Synchronous, SCHEMA_VERSION};
 pub use dispatcher::SqliteDispatcher;
 pub use idempotency::SqliteIdempotencyStore;
 /// The worker pool, re-exported: `Dispatcher::sqlite` comes from [`SqliteDispatcher`].
@@ -54,8 +57,5 @@ pub use miniflow_pool::{
 /// (`SqliteStore::append_in`, `SqliteIdempotencyStore::finish_in`, …) take a transaction of the same
 /// `rusqlite` version.
 pub use rusqlite;
-pub use sqlite::{
-    EventListing, Listing, SqliteOptions, SqliteStore, Synchronous, UnreadableCommand,
-    UnreadableEvent, SCHEMA_VERSION,
-};
+pub use sqlite::{EventListing, Listing, SqliteStore, UnreadableCommand, UnreadableEvent};
 pub use writer::Writer;

@@ -41,7 +41,7 @@ pub(crate) async fn last_seq(db: &mut impl Exec, workflow_id: &WorkflowId) -> Re
     if let Some(at) = row.try_get::<_, Option<i64>>(1).map_err(storage)? {
         return Err(retired(workflow_id, at));
     }
-    Seq::new(u64::try_from(actual).unwrap_or(0))
+    Ok(Seq::new(u64::try_from(actual).unwrap_or(0))?)
 }
 
 /// The error for a commit to a workflow retention retired at `at` (stored milliseconds).
@@ -261,7 +261,7 @@ pub(crate) async fn insert_events(
         return Err(CommitError::Raced);
     }
     if actual != expected || inserted != seqs.len() as i64 {
-        let actual = Seq::new(u64::try_from(actual).unwrap_or(0))?;
+        let actual = Seq::new(u64::try_from(actual).unwrap_or(0)).map_err(Error::from)?;
         return Err(commit.conflict(actual).into());
     }
     Ok(())

@@ -202,9 +202,13 @@ pub fn command_ids_match_the_vectors<H: Harness>(h: &mut H) {
     }
     for case in &vectors.invalid_workflow_ids {
         match WorkflowId::new(case.workflow_id.clone()) {
-            Err(Error::InvalidInput { field, value, .. }) => {
-                assert_eq!(field, "workflow_id");
-                assert_eq!(value, case.workflow_id, "the error names the value");
+            Err(refused) => {
+                assert_eq!(refused.field(), "workflow_id");
+                assert_eq!(
+                    refused.value(),
+                    case.workflow_id,
+                    "the error names the value"
+                );
             }
             other => panic!(
                 "workflow id {:?} ({}) was not refused: {other:?}",

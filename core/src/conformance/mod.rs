@@ -116,7 +116,7 @@ impl TimerIdCase {
     /// The ID derived from the case's parts.
     pub fn derive(&self) -> Result<TimerId, Error> {
         let command = || -> Result<CommandId, Error> {
-            self.command_id.as_deref().unwrap_or_default().parse()
+            Ok(self.command_id.as_deref().unwrap_or_default().parse()?)
         };
         match self.source.as_str() {
             "scheduled" => TimerId::scheduled(

@@ -1,8 +1,6 @@
 //! [`SqliteStore`]: the miniflow [`Store`] on one SQLite file.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,11 +18,11 @@ use miniflow_core::{
 };
 use rusqlite::types::{Value as SqlValue, ValueRef};
 use rusqlite::{
-    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
-    TransactionBehavior,
+    params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
 };
-use rusqlite_migration::{Migrations, M};
 
+use crate::connect::{open_connection, read_only_connection, SqliteOptions, SCHEMA_VERSION};
+use crate::errors::storage;
 use crate::writer::{made_work, Isolation, Writer};
 
 #[macro_use]
@@ -33,7 +31,6 @@ mod claim;
 mod controls;
 mod inspect;
 mod retention;
-mod schema;
 mod timers;
 mod writes;
 
@@ -42,59 +39,13 @@ use self::controls::*;
 use self::inspect::read_event;
 pub use self::inspect::{EventListing, UnreadableEvent};
 use self::retention::*;
+#[cfg(test)]
+pub(crate) use self::rows::ROW_COLUMNS;
 use self::rows::*;
 pub use self::rows::{Listing, UnreadableCommand};
-pub(crate) use self::schema::open_connection;
-use self::schema::*;
 use self::timers::*;
 use self::writes::*;
 pub(crate) use self::writes::{in_savepoint, load_events_after};
-
-/// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
-const MIGRATIONS: &[&str] = &[
-    include_str!("../../migrations/0001_init.sql"),
-    include_str!("../../migrations/0002_idempotency_and_retention.sql"),
-    include_str!("../../migrations/0003_timers.sql"),
-    include_str!("../../migrations/0004_fencing_results_and_cancellation.sql"),
-    include_str!("../../migrations/0005_operator_controls.sql"),
-    include_str!("../../migrations/0006_trace_context.sql"),
-    include_str!("../../migrations/0007_lean_outbox_and_retention.sql"),
-    include_str!("../../migrations/0008_fewer_hot_indexes.sql"),
-];
-
-/// The newest schema version this build writes.
-pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
-
-/// How a commit reaches the disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Synchronous {
-    /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
-    #[default]
-    Full,
-    /// `synchronous=NORMAL`: faster, and still safe against a process crash, but a power loss can undo
-    /// the last commits — possibly a commit whose command a worker already delivered. Opt in only when
-    /// that is acceptable.
-    Normal,
-}
-
-/// Settings of a [`SqliteStore`]; the defaults are the durable ones.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqliteOptions {
-    /// How commits reach the disk (default [`Synchronous::Full`]).
-    pub synchronous: Synchronous,
-    /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
-    /// (default 10 s: far longer than any miniflow transaction holds it).
-    pub busy_timeout: Duration,
-}
-
-impl Default for SqliteOptions {
-    fn default() -> Self {
-        Self {
-            synchronous: Synchronous::Full,
-            busy_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// The miniflow [`Store`] on a SQLite file (WAL, `synchronous=FULL`, `BEGIN IMMEDIATE` writes).
 ///
@@ -139,14 +90,6 @@ pub struct SqliteStore {
 /// The most row keys a store remembers: past it, it forgets them (acks then look rows up by
 /// command ID), so that a caller who never settles what it claimed does not grow the map.
 const MAX_REMEMBERED: usize = 1 << 16;
-
-/// Maps a driver error onto miniflow's kinds: a locked database is [`Error::Busy`].
-pub(crate) fn storage(e: rusqlite::Error) -> Error {
-    match e.sqlite_error_code() {
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy(Box::new(e)),
-        _ => Error::Storage(Box::new(e)),
-    }
-}
 
 pub(crate) fn to_sql_time(field: &'static str, t: Timestamp) -> Result<i64, Error> {
     i64::try_from(t.as_millis())

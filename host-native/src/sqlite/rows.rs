@@ -12,6 +12,10 @@ macro_rules! row_columns {
     };
 }
 
+/// The columns of a whole outbox row, for tests outside this module.
+#[cfg(test)]
+pub(crate) const ROW_COLUMNS: &str = row_columns!();
+
 /// A `SELECT` of whole outbox rows followed by `$rest`.
 macro_rules! select_rows {
     ($rest:literal) => {

@@ -7,7 +7,8 @@ use miniflow_core::backend::HistoryId;
 use miniflow_core::{Commit, Engine, Error, Event, Handled, Timestamp, Workflow, WorkflowId};
 use rusqlite::{Params, Transaction};
 
-use crate::sqlite::{load_events_after, storage};
+use crate::errors::storage;
+use crate::sqlite::load_events_after;
 use crate::SqliteStore;
 
 /// The writer's transaction, inside the savepoint of one [`super::AsyncStore::transaction`] call:

@@ -9,7 +9,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 use super::beside::Beside;
 use super::durable::{stopped_by, Durability};
 use super::{copy_error, take_made_work, Isolation, Job, WorkSignal};
-use crate::sqlite::storage;
+use crate::errors::storage;
 use miniflow_core::Error;
 
 /// The most requests one transaction takes: a bound on how long the lock is held at a time, and on

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use miniflow_core::Error;
 use rusqlite::Transaction;
 
-use crate::sqlite::open_connection;
-use crate::{SqliteOptions, Synchronous};
+use crate::connect::{open_connection, SqliteOptions, Synchronous};
+use crate::errors::storage;
 
 mod beside;
 mod durable;
@@ -189,7 +189,7 @@ impl Writer {
             // Durable all the same, the sync made by the reply thread (see `durable`).
             Synchronous::Full => {
                 conn.execute_batch("PRAGMA synchronous = NORMAL")
-                    .map_err(crate::sqlite::storage)?;
+                    .map_err(storage)?;
                 let mut wal = canonical.clone().into_os_string();
                 wal.push("-wal");
                 Some(PathBuf::from(wal))
@@ -596,16 +596,13 @@ mod tests {
     fn count(writer: &Writer, table: &str) -> i64 {
         let sql = format!("SELECT count(*) FROM {table}");
         writer
-            .run(move |tx| {
-                tx.query_row(&sql, [], |row| row.get(0))
-                    .map_err(crate::sqlite::storage)
-            })
+            .run(move |tx| tx.query_row(&sql, [], |row| row.get(0)).map_err(storage))
             .unwrap()
     }
 
     fn insert(tx: &Transaction<'_>) -> Result<usize, Error> {
         tx.execute("INSERT INTO notes VALUES ('x')", [])
-            .map_err(crate::sqlite::storage)
+            .map_err(storage)
     }
 
     /// With the durable default, the COMMIT does not wait for the disk; the reply thread syncs the
@@ -617,7 +614,7 @@ mod tests {
         writer
             .run(|tx| {
                 tx.execute_batch("CREATE TABLE notes (text TEXT)")
-                    .map_err(crate::sqlite::storage)
+                    .map_err(storage)
             })
             .unwrap();
         for n in 1..=3 {
@@ -639,7 +636,7 @@ mod tests {
         relaxed
             .run(|tx| {
                 tx.execute_batch("CREATE TABLE notes (text TEXT)")
-                    .map_err(crate::sqlite::storage)
+                    .map_err(storage)
             })
             .unwrap();
         relaxed.run(insert).unwrap();
@@ -700,7 +697,7 @@ mod tests {
         writer
             .run(|tx| {
                 tx.execute_batch("CREATE TABLE IF NOT EXISTS notes (text TEXT)")
-                    .map_err(crate::sqlite::storage)
+                    .map_err(storage)
             })
             .unwrap();
         writer

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use std::io::{self, Write};
 use std::time::{Duration, UNIX_EPOCH};
 
-use miniflow::{Error, OutboxRow, Timestamp};
+use miniflow::{Error, InvalidInput, OutboxRow, Timestamp};
 
 /// Why the tool stops early.
 pub enum Stop {
@@ -24,6 +24,12 @@ impl From<io::Error> for Stop {
 
 impl From<Error> for Stop {
     fn from(e: Error) -> Self {
+        Stop::Failed(e.to_string())
+    }
+}
+
+impl From<InvalidInput> for Stop {
+    fn from(e: InvalidInput) -> Self {
         Stop::Failed(e.to_string())
     }
 }

@@ -1,6 +1,62 @@
-//! Opening a store: pragmas set and checked, migrations, the read-only opening and its checks.
+//! Connections to a store's file, for the store and its writer alike: their options, the schema
+//! migrations, pragmas set and checked, the read-only opening and its checks.
 
-use super::*;
+use std::borrow::Cow;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use miniflow_core::Error;
+use rusqlite::{Connection, ErrorCode, OpenFlags, TransactionBehavior};
+use rusqlite_migration::{Migrations, M};
+
+use crate::errors::storage;
+
+/// The schema migrations, applied in order; the count is the schema version in `PRAGMA user_version`.
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_init.sql"),
+    include_str!("../migrations/0002_idempotency_and_retention.sql"),
+    include_str!("../migrations/0003_timers.sql"),
+    include_str!("../migrations/0004_fencing_results_and_cancellation.sql"),
+    include_str!("../migrations/0005_operator_controls.sql"),
+    include_str!("../migrations/0006_trace_context.sql"),
+    include_str!("../migrations/0007_lean_outbox_and_retention.sql"),
+    include_str!("../migrations/0008_fewer_hot_indexes.sql"),
+];
+
+/// The newest schema version this build writes.
+pub const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// How a commit reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Synchronous {
+    /// `synchronous=FULL`: a commit survives a crash and a power loss once it returns. The default.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL`: faster, and still safe against a process crash, but a power loss can undo
+    /// the last commits — possibly a commit whose command a worker already delivered. Opt in only when
+    /// that is acceptable.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`](crate::SqliteStore) and its [`Writer`](crate::Writer); the defaults are the durable ones.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    /// How commits reach the disk (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+    /// How long a writer waits for another writer's lock before giving up with [`Error::Busy`]
+    /// (default 10 s: far longer than any miniflow transaction holds it).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
 
 /// Opens a connection to the miniflow database at `path`: durable pragmas set and checked, schema
 /// migrated to [`SCHEMA_VERSION`] (a newer file is refused untouched).
@@ -83,7 +139,7 @@ fn check_store_path(path: &Path) -> Result<(), Error> {
 }
 
 /// The schema version that made the outbox lean and added retired workflows (migration 0007).
-pub(super) const LEAN_OUTBOX_VERSION: i64 = 7;
+const LEAN_OUTBOX_VERSION: i64 = 7;
 
 /// `PRAGMA auto_vacuum` of a file that gives freed pages back when asked (`INCREMENTAL`).
 const INCREMENTAL: i64 = 2;
@@ -112,12 +168,7 @@ fn give_back_space_from_now_on(conn: &Connection) -> Result<(), Error> {
 
 /// Sets a pragma and checks the value that comes back: a misspelt or refused pragma is silently
 /// ignored by SQLite, so the value is read back instead of trusted.
-pub(super) fn expect_pragma<V>(
-    conn: &Connection,
-    name: &str,
-    set: &str,
-    expected: V,
-) -> Result<(), Error>
+fn expect_pragma<V>(conn: &Connection, name: &str, set: &str, expected: V) -> Result<(), Error>
 where
     V: rusqlite::types::FromSql + PartialEq + std::fmt::Debug,
 {
@@ -134,7 +185,7 @@ where
     Ok(())
 }
 
-pub(super) fn migrate(conn: &mut Connection) -> Result<(), Error> {
+fn migrate(conn: &mut Connection) -> Result<(), Error> {
     let version = |conn: &Connection| -> Result<i64, Error> {
         conn.query_row("PRAGMA user_version", [], |row| row.get(0))
             .map_err(storage)
@@ -164,7 +215,7 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), Error> {
 /// `path` as SQLite must be given it to open the file of that name. Without `SQLITE_OPEN_URI` a name
 /// is still read as a URI when it starts with `file:` (the bundled SQLite is built with
 /// `SQLITE_USE_URI`), so such a relative path is spelt `./file:…`.
-pub(super) fn sqlite_path(path: &Path) -> Cow<'_, Path> {
+fn sqlite_path(path: &Path) -> Cow<'_, Path> {
     if path.as_os_str().as_encoded_bytes().starts_with(b"file:") {
         Cow::Owned(Path::new(".").join(path))
     } else {
@@ -173,7 +224,7 @@ pub(super) fn sqlite_path(path: &Path) -> Cow<'_, Path> {
 }
 
 /// Every miniflow table, with the schema version that added it.
-pub(super) const TABLES: &[(&str, i64)] = &[
+const TABLES: &[(&str, i64)] = &[
     ("events", 1),
     ("outbox", 1),
     ("idempotency", 2),
@@ -183,16 +234,16 @@ pub(super) const TABLES: &[(&str, i64)] = &[
 ];
 
 /// The 16 bytes a SQLite database file starts with.
-pub(super) const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
 /// An [`Error::InvalidInput`] saying what the file at `path` is instead of a miniflow store.
-pub(super) fn not_a_store(path: &Path, what: impl Into<String>) -> Error {
+fn not_a_store(path: &Path, what: impl Into<String>) -> Error {
     Error::invalid("path", path.display(), what)
 }
 
 /// Looks at the file before SQLite does, so that nothing is created or opened for a file that cannot
 /// be a store. Returns whether the database is in WAL mode.
-pub(super) fn check_database_file(path: &Path) -> Result<bool, Error> {
+fn check_database_file(path: &Path) -> Result<bool, Error> {
     let unreadable =
         |e: std::io::Error| Error::Storage(format!("cannot read {}: {e}", path.display()).into());
     let meta = match std::fs::metadata(path) {
@@ -235,7 +286,7 @@ pub(super) fn check_database_file(path: &Path) -> Result<bool, Error> {
 
 /// Opens `path` read-only and returns the connection with the store's schema version, refusing a
 /// file that is not a miniflow store and a newer schema.
-pub(super) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Error> {
+pub(crate) fn read_only_connection(path: &Path) -> Result<(Connection, i64), Error> {
     let wal = check_database_file(path)?;
     let open = |name: &Path, flags: OpenFlags| -> rusqlite::Result<(Connection, i64)> {
         let conn = Connection::open_with_flags(name, flags | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
@@ -331,7 +382,7 @@ fn refuse_unread_log_of_another_user(path: &Path) -> Result<(), Error> {
 }
 
 /// `path` with `suffix` appended to its file name, as SQLite names the files beside a database.
-pub(super) fn beside(path: &Path, suffix: &str) -> PathBuf {
+fn beside(path: &Path, suffix: &str) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
     PathBuf::from(name)
@@ -341,7 +392,7 @@ pub(super) fn beside(path: &Path, suffix: &str) -> PathBuf {
 /// on a read-only file system. Only a store closed cleanly, whose `-wal` is missing or empty, is the
 /// file alone; a `-wal` with commits in it is refused rather than skipped. Every byte of the path
 /// that is not plainly safe is percent-encoded, so the path cannot add URI parameters.
-pub(super) fn immutable_uri(path: &Path) -> Result<String, Error> {
+fn immutable_uri(path: &Path) -> Result<String, Error> {
     let wal = beside(path, "-wal");
     if std::fs::metadata(&wal).is_ok_and(|meta| meta.len() > 0) {
         return Err(Error::Storage(
@@ -370,7 +421,7 @@ pub(super) fn immutable_uri(path: &Path) -> Result<String, Error> {
 }
 
 /// Refuses a database without miniflow's tables for `version`, and a newer schema.
-pub(super) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), Error> {
+fn check_schema(conn: &Connection, path: &Path, version: i64) -> Result<(), Error> {
     if version > SCHEMA_VERSION {
         return Err(Error::UnsupportedSchema {
             found: version,
@@ -414,7 +465,11 @@ pub(super) fn check_schema(conn: &Connection, path: &Path, version: i64) -> Resu
 
 #[cfg(test)]
 mod opening_tests {
+    use miniflow_core::prelude::*;
+    use miniflow_core::{ClaimRequest, CommandId, Commit, Seq, Status, Timestamp, WorkflowId};
+
     use super::*;
+    use crate::SqliteStore;
 
     /// The names in `dir` with each file's bytes: what a read must leave exactly as it was.
     fn snapshot(dir: &Path) -> Vec<(String, Vec<u8>)> {
@@ -446,7 +501,7 @@ mod opening_tests {
 
     /// Every column of every outbox row but its integer key, as SQLite stores it, in command ID order.
     fn outbox_columns(conn: &Connection) -> Vec<Vec<rusqlite::types::Value>> {
-        let columns = row_columns!().strip_suffix(", id").unwrap();
+        let columns = crate::sqlite::ROW_COLUMNS.strip_suffix(", id").unwrap();
         let mut stmt = conn
             .prepare(&format!(
                 "SELECT {columns}, priority FROM outbox ORDER BY workflow_id, event_seq, idx"
@@ -769,7 +824,7 @@ mod opening_tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("flow.db")).unwrap();
         let mut tables: Vec<String> = store
-            .conn
+            .connection()
             .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name")
             .unwrap()
             .query_map([], |row| row.get(0))
