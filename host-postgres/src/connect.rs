@@ -141,6 +141,14 @@ impl Shared {
         }
     }
 
+    /// Raises the wake-up hint once the caller's transaction `xid` commits (see
+    /// [`Notifier::raise_after`]).
+    pub(crate) fn hint_after(&self, xid: i64) {
+        if self.options.notify && !self.options.read_only {
+            self.notifier.raise_after(xid);
+        }
+    }
+
     /// A connection of its own, outside the pool (for a listener).
     pub(crate) fn dedicated(&self) -> Result<Client, Error> {
         self.connections.dedicated()

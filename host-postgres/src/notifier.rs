@@ -47,6 +47,8 @@ struct Inner {
 struct State {
     /// An operation committed work since the last hint went out.
     pending: bool,
+    /// The callers' transactions that made work, to hint once they commit.
+    watch: Watch,
     /// The store's last handle went.
     stop: bool,
     /// The thread waits for a hint to send (not for the coalescing pause to end).
@@ -72,6 +74,24 @@ impl Notifier {
             state.idle
         };
         // A thread in its coalescing pause takes the hint when the pause ends.
+        if wake {
+            self.inner.changed.notify_one();
+        }
+        if !self.started.load(Ordering::Acquire) {
+            self.start();
+        }
+    }
+
+    /// Asks for a hint once the caller's transaction `xid` commits (none if it rolls back): a
+    /// commit inside the caller's transaction does not notify in it, which would make every
+    /// notifying producer commit one at a time (PostgreSQL serialises the commits of
+    /// transactions that `NOTIFY`).
+    pub(crate) fn raise_after(&self, xid: i64) {
+        let wake = {
+            let mut state = self.inner.lock();
+            state.watch.add(xid);
+            state.idle
+        };
         if wake {
             self.inner.changed.notify_one();
         }
@@ -127,18 +147,79 @@ struct Sender {
     client: Option<(Client, Statement)>,
 }
 
+/// The fate of each of `$1` (transaction IDs as `bigint`): `committed`, `aborted`, `in progress`,
+/// or NULL for one too old to be known (taken as settled).
+pub(crate) const XACT_STATUS: &str =
+    "SELECT x, pg_xact_status(x::text::xid8) FROM unnest($1::bigint[]) AS x";
+
+/// The hint's statement: `NOTIFY` in a transaction of its own that waits for no flush (the hint is
+/// only a hint).
+pub(crate) const SEND_HINT: &str =
+    "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')";
+
+/// The callers' transactions a store waits on before it hints (see [`Notifier::raise_after`]).
+#[derive(Debug, Default)]
+pub(crate) struct Watch {
+    xids: Vec<i64>,
+    /// How long to wait before asking again: doubles while nothing settles.
+    pause: Duration,
+}
+
+/// The first and the longest pause between two questions about the watched transactions.
+const FIRST_PAUSE: Duration = Duration::from_millis(1);
+const LONGEST_PAUSE: Duration = Duration::from_millis(64);
+
+impl Watch {
+    pub(crate) fn add(&mut self, xid: i64) {
+        if !self.xids.contains(&xid) {
+            self.xids.push(xid);
+        }
+        self.pause = FIRST_PAUSE;
+    }
+
+    /// The transactions to ask about, if any.
+    pub(crate) fn xids(&self) -> Option<&[i64]> {
+        (!self.xids.is_empty()).then_some(&self.xids[..])
+    }
+
+    /// Takes the answers (`xid`, its status): forgets the settled ones; whether any committed
+    /// (then a hint is due).
+    pub(crate) fn settle(&mut self, answers: &[(i64, Option<String>)]) -> bool {
+        let mut committed = false;
+        for (xid, status) in answers {
+            let settled = match status.as_deref() {
+                Some("in progress") => false,
+                Some("aborted") => true,
+                _ => {
+                    committed = true;
+                    true
+                }
+            };
+            if settled {
+                self.xids.retain(|x| x != xid);
+            }
+        }
+        self.pause = if committed {
+            FIRST_PAUSE
+        } else {
+            (self.pause * 2).clamp(FIRST_PAUSE, LONGEST_PAUSE)
+        };
+        committed
+    }
+
+    /// How long to wait before asking again.
+    pub(crate) fn pause(&self) -> Duration {
+        self.pause.max(FIRST_PAUSE)
+    }
+}
+
 impl Sender {
     /// Sends one hint; a connection that fails is replaced once.
     fn send(&mut self, connections: &dyn Connections) {
         for _ in 0..2 {
             if self.client.is_none() {
                 self.client = connections.dedicated().ok().and_then(|mut client| {
-                    let statement = client
-                        .prepare(
-                            "SELECT set_config('synchronous_commit', 'off', true), \
-                             pg_notify($1, '')",
-                        )
-                        .ok()?;
+                    let statement = client.prepare(SEND_HINT).ok()?;
                     Some((client, statement))
                 });
             }
@@ -151,29 +232,78 @@ impl Sender {
             self.client = None;
         }
     }
+
+    /// Asks about the watched transactions; `None` when the server cannot be asked (the watch is
+    /// kept, and asked again later).
+    fn ask(
+        &mut self,
+        connections: &dyn Connections,
+        xids: &[i64],
+    ) -> Option<Vec<(i64, Option<String>)>> {
+        if self.client.is_none() {
+            self.send_none(connections);
+        }
+        let (client, _) = self.client.as_mut()?;
+        match client.query(XACT_STATUS, &[&xids]) {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
+                .collect(),
+            Err(_) => {
+                self.client = None;
+                None
+            }
+        }
+    }
+
+    /// Opens the connection without sending a hint.
+    fn send_none(&mut self, connections: &dyn Connections) {
+        self.client = connections.dedicated().ok().and_then(|mut client| {
+            let statement = client.prepare(SEND_HINT).ok()?;
+            Some((client, statement))
+        });
+    }
 }
 
 fn send_until_stopped(inner: &Inner, connections: &dyn Connections) {
     let mut sender = Sender { client: None };
     loop {
-        {
+        let watched = {
             let mut state = inner.lock();
             state.idle = true;
-            while !state.pending && !state.stop {
+            while !state.pending && state.watch.xids().is_none() && !state.stop {
                 state = inner
                     .changed
                     .wait(state)
                     .unwrap_or_else(PoisonError::into_inner);
             }
             state.idle = false;
-            if !state.pending {
+            if state.stop && !state.pending {
                 return;
             }
-            state.pending = false;
+            state.watch.xids().map(<[i64]>::to_vec)
+        };
+        if let Some(xids) = watched {
+            let answers = sender.ask(connections, &xids);
+            let mut state = inner.lock();
+            if let Some(answers) = answers {
+                state.pending |= state.watch.settle(&answers);
+            }
         }
-        sender.send(connections);
-        // Commits meanwhile wait for the next hint, at most `COALESCE` away.
-        let until = Instant::now() + COALESCE;
+        let send = std::mem::take(&mut inner.lock().pending);
+        if send {
+            sender.send(connections);
+        }
+        // Commits meanwhile wait for the next hint, at most `COALESCE` away; watched transactions
+        // are asked about again after their pause.
+        let pause = {
+            let state = inner.lock();
+            match state.watch.xids() {
+                Some(_) => state.watch.pause().max(COALESCE),
+                None => COALESCE,
+            }
+        };
+        let until = Instant::now() + pause;
         let mut state = inner.lock();
         while !state.stop {
             let left = until.saturating_duration_since(Instant::now());

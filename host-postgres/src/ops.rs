@@ -16,7 +16,6 @@ use crate::clock::Clock;
 use crate::commit::{is_plain, last_seq, write_commit, CommitError, LastEvent};
 use crate::db::{savepoint, transaction, Exec, Isolation};
 use crate::errors::storage;
-use crate::notifier::NOTIFY_CHANNEL;
 use crate::options::PostgresOptions;
 use crate::queries::*;
 use crate::rows::{id_params, query_rows, query_timers, text, to_sql_time, write_change};
@@ -49,25 +48,30 @@ pub(crate) async fn append(
 }
 
 /// A commit inside the caller's own transaction `db`, in a savepoint: on an error nothing of it
-/// stays, and the caller's transaction is not left aborted. The hint (`NOTIFY`) is part of the
-/// caller's transaction: dispatchers hear it when the caller commits.
+/// stays, and the caller's transaction is not left aborted. Returns the caller's transaction ID
+/// when the commit made work and the store hints: the store's hint goes out once that transaction
+/// commits ([`crate::notifier::Notifier::raise_after`]), not from inside it, where a `NOTIFY` would
+/// make the callers' commits wait for each other.
 pub(crate) async fn append_in(
     db: &mut impl Exec,
     options: &PostgresOptions,
     commit: &Commit,
-) -> Result<(), Error> {
-    let written: Result<(), CommitError> = savepoint!(db, {
+) -> Result<Option<i64>, Error> {
+    let written: Result<Option<i64>, CommitError> = savepoint!(db, {
         let clock = Clock::read(options, db, commit.now()).await?;
         let work = write_commit(db, commit, clock, None).await?;
-        if work && options.notifies() {
-            db.execute("SELECT pg_notify($1, '')", &[&NOTIFY_CHANNEL])
-                .await
-                .map_err(storage)?;
+        if !(work && options.notifies()) {
+            return Ok(None);
         }
-        Ok::<_, CommitError>(())
+        let xid: i64 = db
+            .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(storage)?;
+        Ok::<_, CommitError>(Some(xid))
     });
     match written {
-        Ok(()) => Ok(()),
+        Ok(xid) => Ok(xid),
         Err(CommitError::Raced) => {
             let actual = last_seq(db, commit.workflow_id()).await?;
             Err(commit.conflict(actual))

@@ -233,8 +233,17 @@ impl PostgresStore {
         // call only.
         let mut statements = Statements::default();
         let mut db = Db::new(tx, &mut statements, None);
+        self.append_in_db(&mut db, commit)
+    }
+
+    /// [`PostgresStore::append_in`] on the caller's transaction as a client of the operations.
+    fn append_in_db(&self, db: &mut impl Exec, commit: &Commit) -> Result<(), Error> {
         crate::telemetry::sending(commit, || {
-            block(ops::append_in(&mut db, &self.shared.options, commit))
+            let xid = block(ops::append_in(db, &self.shared.options, commit))?;
+            if let Some(xid) = xid {
+                self.shared.hint_after(xid);
+            }
+            Ok(())
         })
     }
 
@@ -261,9 +270,7 @@ impl PostgresStore {
         let mut db = Db::new(tx, &mut statements, None);
         let events = block(load_events(&mut db, workflow_id))?;
         let commit = engine.plan(&events, workflow_id, event, now)?;
-        crate::telemetry::sending(&commit, || {
-            block(ops::append_in(&mut db, &self.shared.options, &commit))
-        })?;
+        self.append_in_db(&mut db, &commit)?;
         Ok(Handled::of(&commit, 0))
     }
 

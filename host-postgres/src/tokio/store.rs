@@ -22,10 +22,11 @@ use super::pool::{connect, pool_error, AsyncConnection, Caller, Manager};
 use crate::acks::settled_outward;
 use crate::commit::LastEvent;
 use crate::connect::{redact_password, startup_options, Connecting};
+use crate::db::Exec;
 use crate::db::Statements;
-use crate::errors::{storage, DriverError};
+use crate::errors::DriverError;
 use crate::migrations::{check_durability, check_schema, migrate};
-use crate::notifier::{COALESCE, NOTIFY_CHANNEL};
+use crate::notifier::{Watch, COALESCE, NOTIFY_CHANNEL, SEND_HINT, XACT_STATUS};
 use crate::ops;
 use crate::options::PostgresOptions;
 use crate::queries::*;
@@ -123,8 +124,9 @@ struct Shared {
     connections: Arc<dyn Connections>,
     options: PostgresOptions,
     history: HistoryId,
-    /// Wakes the task that sends the hint (`NOTIFY`); it ends when the last clone goes.
-    hint: mpsc::Sender<()>,
+    /// Wakes the task that sends the hint (`NOTIFY`): at once (`None`), or once the caller's
+    /// transaction commits (`Some(xid)`). The task ends when the last clone goes.
+    hint: mpsc::UnboundedSender<Option<i64>>,
 }
 
 /// A connection of the store's pool, for the caller's own statements and transactions
@@ -245,7 +247,7 @@ impl AsyncPostgresStore {
             .build()
             .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
         let connections: Arc<dyn Connections> = Arc::new(pool);
-        let (hint, hints) = mpsc::channel(1);
+        let (hint, hints) = mpsc::unbounded_channel();
         if options.notifies() && !options.read_only {
             tokio::spawn(send_hints(connections.clone(), hints));
         }
@@ -296,8 +298,8 @@ impl AsyncPostgresStore {
     /// Raises the wake-up hint when an operation that committed made work claimable.
     fn hint(&self, work: bool) {
         if work {
-            // Full: a hint is on its way already, and it covers this commit.
-            let _ = self.shared.hint.try_send(());
+            // The task coalesces the hints raised while it sends one.
+            let _ = self.shared.hint.send(None);
         }
     }
 
@@ -391,10 +393,13 @@ impl AsyncPostgresStore {
     ///
     /// As [`crate::PostgresStore::append_in`].
     pub async fn append_in(&self, tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
-        sending_async(
-            commit,
-            ops::append_in(&mut Caller(tx), &self.shared.options, commit),
-        )
+        sending_async(commit, async {
+            let xid = ops::append_in(&mut Caller(tx), &self.shared.options, commit).await?;
+            if let Some(xid) = xid {
+                let _ = self.shared.hint.send(Some(xid));
+            }
+            Ok(())
+        })
         .await
     }
 
@@ -782,20 +787,54 @@ impl AsyncEventLog for Log<'_> {
 }
 
 /// Sends the wake-up hint (`NOTIFY`) after the commits that made work, on a connection of the pool,
-/// at most one per [`COALESCE`]; ends when the store's last clone goes.
-async fn send_hints(connections: Arc<dyn Connections>, mut hints: mpsc::Receiver<()>) {
-    while hints.recv().await.is_some() {
+/// at most one per [`COALESCE`], and after the callers' transactions it watches commit (see
+/// [`Watch`]); ends when the store's last clone goes.
+async fn send_hints(
+    connections: Arc<dyn Connections>,
+    mut hints: mpsc::UnboundedReceiver<Option<i64>>,
+) {
+    let mut watch = Watch::default();
+    loop {
+        let first = if watch.xids().is_some() {
+            match tokio::time::timeout(watch.pause(), hints.recv()).await {
+                Ok(None) => return,
+                Ok(Some(hint)) => Some(hint),
+                Err(_) => None,
+            }
+        } else {
+            match hints.recv().await {
+                Some(hint) => Some(hint),
+                None => return,
+            }
+        };
         tokio::time::sleep(COALESCE).await;
         // Hints raised meanwhile go out with this one.
-        while hints.try_recv().is_ok() {}
-        if let Ok(mut connection) = connections.get().await {
-            let _ = crate::db::Exec::execute(
-                &mut connection.db(),
-                "SELECT pg_notify($1, '')",
-                &[&NOTIFY_CHANNEL],
-            )
-            .await
-            .map_err(storage);
+        let mut now = false;
+        for hint in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| hints.try_recv().ok()))
+        {
+            match hint {
+                None => now = true,
+                Some(xid) => watch.add(xid),
+            }
+        }
+        let Ok(mut connection) = connections.get().await else {
+            continue;
+        };
+        let db = &mut connection.db();
+        if let Some(xids) = watch.xids() {
+            let xids = xids.to_vec();
+            if let Ok(rows) = db.query(XACT_STATUS, &[&xids]).await {
+                let answers: Vec<(i64, Option<String>)> = rows
+                    .iter()
+                    .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
+                    .collect();
+                now |= watch.settle(&answers);
+            }
+        }
+        if now {
+            let _ = db.execute(SEND_HINT, &[&NOTIFY_CHANNEL]).await;
         }
     }
 }

@@ -562,3 +562,102 @@ fn the_synchronous_receiver_runs_a_local_effect_once_in_one_transaction() {
         .get(0);
     assert_eq!(rows, 1);
 }
+
+/// The next notification on `channel` a listening `client` hears within `timeout`: the process
+/// that sent it.
+fn notified_by(client: &mut miniflow::postgres::Client, timeout: Duration) -> Option<i32> {
+    use fallible_iterator::FallibleIterator;
+    let mut notifications = client.notifications();
+    let mut heard = notifications.timeout_iter(timeout);
+    heard.next().ok().flatten().map(|n| n.process_id())
+}
+
+fn listener(database: &TestDatabase) -> miniflow::postgres::Client {
+    let mut client = database.client();
+    client.batch_execute("LISTEN miniflow_outbox").unwrap();
+    client
+}
+
+#[test]
+fn a_commit_in_the_callers_transaction_is_hinted_after_it_commits_and_not_from_inside_it() {
+    let database = TestDatabase::new();
+    let store = miniflow::PostgresStore::connect(&database.url()).unwrap();
+    let engine = Engine::new(Orders);
+    let mut listening = listener(&database);
+
+    let mut client = store.client().unwrap();
+    let mut tx = client.transaction().unwrap();
+    let caller: i32 = tx.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    store
+        .handle_in(
+            &mut tx,
+            &engine,
+            &wid("order-1"),
+            Event::new("placed", json!({})),
+            T0,
+        )
+        .unwrap();
+    assert_eq!(
+        notified_by(&mut listening, Duration::from_millis(300)),
+        None,
+        "not before it commits"
+    );
+    tx.commit().unwrap();
+    let sender =
+        notified_by(&mut listening, Duration::from_secs(5)).expect("a hint after the commit");
+    // The caller's transaction did not NOTIFY: PostgreSQL would make notifying commits wait for
+    // each other. The store's own connection did, once the caller's transaction had committed.
+    assert_ne!(sender, caller);
+
+    // Rolled back: no hint at all.
+    let mut tx = client.transaction().unwrap();
+    store
+        .handle_in(
+            &mut tx,
+            &engine,
+            &wid("order-2"),
+            Event::new("placed", json!({})),
+            T0,
+        )
+        .unwrap();
+    tx.rollback().unwrap();
+    assert_eq!(
+        notified_by(&mut listening, Duration::from_millis(500)),
+        None
+    );
+}
+
+#[test]
+fn the_async_store_hints_after_the_callers_transaction_commits_too() {
+    let database = TestDatabase::new();
+    let mut listening = listener(&database);
+    let rt = runtime();
+    let clock = Arc::new(ManualClock::new(T0));
+    let store = rt.block_on(connect(&database, &clock));
+    let engine = Engine::new(Orders);
+    let (mut client, caller) = rt.block_on(async {
+        let client = store.client().await.unwrap();
+        let pid: i32 = client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (client, pid)
+    });
+    rt.block_on(async {
+        let tx = client.transaction().await.unwrap();
+        store
+            .start_in(
+                &tx,
+                &engine,
+                &wid("order-1"),
+                Event::new("placed", json!({})),
+            )
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    let sender =
+        notified_by(&mut listening, Duration::from_secs(5)).expect("a hint after the commit");
+    assert_ne!(sender, caller);
+}
