@@ -525,8 +525,8 @@ fn watch_for_work(
         .ok()
 }
 
-/// Extends the leases `due` on a store of `source`'s (as the synchronous heartbeat does); returns
-/// the errors it met.
+/// Extends the leases `due` on a store of `source`'s in one call (as the synchronous heartbeat
+/// does); returns the errors it met.
 fn extend_all<S: AsyncSource>(
     source: &S,
     held: &HeldLeases,
@@ -538,13 +538,8 @@ fn extend_all<S: AsyncSource>(
         Ok(store) => store,
         Err(error) => return vec![error],
     };
-    let failed = due
-        .into_iter()
-        .filter_map(|(id, token)| {
-            let result = store.extend(&id, token, ttl, now);
-            held.extended(&id, token, result)
-        })
-        .collect();
+    let answers = store.extend_all(&due, ttl, now);
+    let failed = held.extended_all(&due, answers);
     source.put_store(store);
     failed
 }

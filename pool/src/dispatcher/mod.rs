@@ -816,6 +816,63 @@ mod tests {
     }
 
     #[test]
+    fn a_heartbeats_answers_are_recorded_lease_by_lease() {
+        let id = |n: u32| -> CommandId { format!("w:1:{n}").parse().unwrap() };
+        let at = Timestamp::from_millis;
+        let delivery = |n: u32| Delivery {
+            command_id: id(n),
+            kind: "k".into(),
+            payload: Value::Null,
+            attempt: 1,
+            token: 7,
+            lease_expires_at: at(100),
+            due_at: at(0),
+            trace_context: None,
+            reports_result: false,
+        };
+        let held = HeldLeases::default();
+        held.hold(&(0..5).map(delivery).collect::<Vec<_>>());
+        let due: Vec<_> = (0..5).map(|n| (id(n), 7)).collect();
+        let stale = Error::StaleLease {
+            command_id: id(1),
+            token: 7,
+            current: "leased by w2 with token 8".into(),
+        };
+        let answers = vec![
+            Ok(Extended {
+                expires_at: at(500),
+                cancel_requested: false,
+            }),
+            Err(stale),
+            Ok(Extended {
+                expires_at: at(500),
+                cancel_requested: true,
+            }),
+            Err(Error::Busy("locked".into())),
+        ];
+        let errors = held.extended_all(&due, Ok(answers));
+        let reported: Vec<_> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(reported.len(), 2, "{reported:?}");
+        assert!(reported[0].contains("locked"), "{reported:?}");
+        assert!(reported[1].contains("no answer") && reported[1].contains("w:1:4"));
+        let leases = held.lock().clone();
+        assert_eq!(leases[&id(0)].expires_at, at(500));
+        assert!(!leases[&id(0)].lost && !leases[&id(0)].cancel_requested);
+        assert!(leases[&id(1)].lost, "a stale answer is a lost lease");
+        assert!(leases[&id(2)].cancel_requested);
+        for n in [3, 4] {
+            let lease = leases[&id(n)];
+            assert_eq!(
+                (lease.expires_at, lease.lost),
+                (at(100), false),
+                "w:1:{n} held as it was"
+            );
+        }
+        let failed = held.extended_all(&due, Err(Error::Storage("disk I/O error".into())));
+        assert_eq!(failed.len(), 1, "a failed call is one error");
+    }
+
+    #[test]
     fn only_busy_and_conflict_are_worth_waiting_for() {
         assert!(is_transient(&Error::Busy("locked".into())));
         assert!(!is_transient(&Error::Storage("disk full".into())));
