@@ -456,6 +456,21 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
+    /// Extends each of `leases` inside the writer's transaction `tx`, as
+    /// [`Outbox::extend_all`] does: the async store's heartbeat, awaited on the writer.
+    ///
+    /// # Errors
+    ///
+    /// A storage error, which fails the whole write.
+    pub(crate) fn extend_all_in(
+        tx: &Transaction<'_>,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        extend_each(tx, leases, ttl, now)
+    }
+
     /// Remembers the row keys of `claimed`, and returns its deliveries.
     fn remember(&mut self, claimed: Vec<(i64, Delivery)>) -> Vec<Delivery> {
         if self.claimed.len() + claimed.len() > MAX_REMEMBERED {

@@ -588,26 +588,30 @@ impl<S: Store + 'static> Dispatcher<S> {
         // On an error the threads already started stop: dropping `running` sets `stop`.
         for n in 0..self.config.workers {
             let worker = Worker {
-                name: format!("{}-{n}", self.config.name),
+                books: Books {
+                    name: format!("{}-{n}", self.config.name),
+                    observer: self.observer.clone(),
+                    on_error: self.on_error.clone(),
+                    clock: self.clock.clone(),
+                    config: self.config.clone(),
+                    stop: running.stop.clone(),
+                    held: held.clone(),
+                    until_idle,
+                    fires_timers: self.firer.is_some(),
+                    notices: notices.clone(),
+                },
                 open: self.open.clone(),
                 handler: self.handler.clone(),
                 firer: self.firer.clone(),
-                observer: self.observer.clone(),
-                on_error: self.on_error.clone(),
-                clock: self.clock.clone(),
-                config: self.config.clone(),
-                stop: running.stop.clone(),
-                held: held.clone(),
                 idle: self.idle.clone(),
-                until_idle,
                 acks: board
                     .as_ref()
                     .map(|board| (board.parked[n].clone(), board.clone())),
-                notices: notices.clone(),
             };
+            let name = worker.books.name.clone();
             running
                 .workers
-                .push(spawn_named(worker.name.clone(), move || worker.run())?);
+                .push(spawn_named(name, move || worker.run())?);
         }
         let held_by_flusher = held.clone();
         let heartbeat = Heartbeat {
