@@ -349,11 +349,10 @@ pub struct AsyncDispatcher<S: AsyncSource> {
     store: S,
     handler: Arc<AsyncHandler>,
     firer: Option<Arc<dyn AsyncFirer<S>>>,
-    observer: Option<Arc<Observer>>,
-    on_error: Option<Arc<ErrorHook>>,
-    config: Config,
+    settings: DispatcherSettings,
     concurrency: usize,
 }
+
 impl<S: AsyncSource> AsyncDispatcher<S> {
     /// A dispatcher over `store` delivering to `handler` (an `async fn(Delivery) -> Outcome`, or a
     /// closure returning such a future), with the synchronous dispatcher's defaults: batches of at
@@ -370,21 +369,17 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
             store,
             handler: Arc::new(move |delivery| Box::pin(handler(delivery)) as BoxedOutcome),
             firer: None,
-            observer: None,
-            on_error: None,
-            config: Config {
-                name: format!("worker-{}", std::process::id()),
-                workers: 1,
-                batch_size: 64,
-                lease_ttl: Duration::from_secs(30),
-                policy: RetryPolicy::default(),
-                order: ClaimOrder::DueFirst,
-                poll_interval: Duration::from_millis(50),
-                ack_delay: Duration::ZERO,
-                stats_interval: None,
-            },
+            settings: DispatcherSettings::new(),
             concurrency: 1,
         }
+    }
+
+    dispatcher_settings!();
+
+    /// Applies `change` to the settings shared with the synchronous dispatcher.
+    fn configure(mut self, change: impl FnOnce(DispatcherSettings) -> DispatcherSettings) -> Self {
+        self.settings = change(self.settings);
+        self
     }
 
     /// Runs up to `deliveries` handler calls at once: 1 to 10,000.
@@ -406,72 +401,10 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         self
     }
 
-    /// As [`Dispatcher::batch_size`]: claims up to `size` commands per write (1 to 1,000), never
-    /// more than there are free slots.
-    #[must_use]
-    pub fn batch_size(mut self, size: usize) -> Self {
-        self.config.batch_size = size;
-        self
-    }
-
-    /// As [`Dispatcher::lease_ttl`] (4 ms to 24 h).
-    #[must_use]
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl;
-        self
-    }
-
-    /// As [`Dispatcher::retry_policy`].
-    #[must_use]
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.policy = policy;
-        self
-    }
-
-    /// As [`Dispatcher::order`].
-    #[must_use]
-    pub fn order(mut self, order: ClaimOrder) -> Self {
-        self.config.order = order;
-        self
-    }
-
-    /// As [`Dispatcher::poll_interval`] (1 ms to 60 s): how often an idle dispatcher looks for work
-    /// committed by other processes, and the first pause after a failed store operation.
-    #[must_use]
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
-    /// Names the dispatcher in its leases (as [`Dispatcher::name`]).
-    #[must_use]
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.config.name = name.into();
-        self
-    }
-
-    /// As [`Dispatcher::on_settled`].
-    #[must_use]
-    pub fn on_settled(
-        mut self,
-        observer: impl Fn(&Delivery, &Settlement) + Send + Sync + 'static,
-    ) -> Self {
-        self.observer = Some(Arc::new(observer));
-        self
-    }
-
-    /// As [`Dispatcher::on_error`]: every failed store operation (counted in
-    /// [`Stats::store_errors`], then backed off from), rejected timer and panicking workflow.
-    #[must_use]
-    pub fn on_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(hook));
-        self
-    }
-
     /// Refuses settings out of bounds, naming the setting and its value.
     fn validate(&self) -> Result<(), Error> {
         within("concurrency", self.concurrency, 1..=MAX_CONCURRENCY)?;
-        self.config.validate()
+        self.settings.validate(self.settings.name.clone())
     }
 
     /// Delivers until nothing is claimable, in-flight deliveries finished and acknowledged, and no
@@ -537,11 +470,9 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         until_idle: bool,
     ) -> Deliveries<S> {
         let books = Books {
-            name: self.config.name.clone(),
-            observer: self.observer.clone(),
-            on_error: self.on_error.clone(),
+            name: self.settings.name.clone(),
+            settings: self.settings.clone(),
             clock: self.store.clock(),
-            config: self.config.clone(),
             stop: control.stop.clone(),
             held,
             until_idle,
@@ -549,7 +480,7 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
             notices: Arc::default(),
         };
         Deliveries {
-            request: self.config.claim_request(self.config.name.clone()),
+            request: self.settings.claim_request(self.settings.name.clone()),
             timers: self
                 .firer
                 .clone()
@@ -575,7 +506,7 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         control: &Arc<Control>,
     ) -> ::tokio::task::JoinHandle<u64> {
         let (source, held, control) = (self.store.clone(), held.clone(), control.clone());
-        let (ttl, on_error) = (self.config.lease_ttl, self.on_error.clone());
+        let (ttl, on_error) = (self.settings.lease_ttl, self.settings.on_error.clone());
         ::tokio::spawn(async move {
             let mut errors = 0;
             while control.heartbeat_pause(ttl / 4).await {
@@ -805,7 +736,7 @@ impl<S: AsyncSource> Deliveries<S> {
             return 0;
         };
         let mark = self.source.wakeup().map_or(0, |wakeup| wakeup.mark());
-        let poll = self.books.config.poll_interval;
+        let poll = self.books.settings.poll_interval;
         let due = rounds.fired > 0
             || mark != rounds.mark
             || rounds.last.is_none_or(|t| t.elapsed() >= poll);
@@ -815,7 +746,7 @@ impl<S: AsyncSource> Deliveries<S> {
         (rounds.mark, rounds.last) = (mark, Some(Instant::now()));
         let firer = firer.clone();
         let books = &self.books;
-        let (limit, ttl) = (books.config.batch_size, books.config.lease_ttl);
+        let (limit, ttl) = (books.settings.batch_size, books.settings.lease_ttl);
         let now = books.clock.now();
         let taken = step("claim_timers", self.source.claim_timers(limit, ttl, now)).await;
         let mut fired = 0;
@@ -917,7 +848,7 @@ impl<S: AsyncSource> Deliveries<S> {
     async fn fail(&mut self, process: &tracing::Span, delivery: &Delivery, failure: Failure) {
         let settle = process.in_scope(|| telemetry::settle_span("fail", std::iter::once(delivery)));
         let books = &self.books;
-        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.config.policy);
+        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.settings.policy);
         let failing = self
             .source
             .fail(id, token, &failure, policy, books.clock.now());
@@ -939,7 +870,7 @@ impl<S: AsyncSource> Deliveries<S> {
     /// Nothing claimable and nothing in flight: waits for work committed in this process, the poll
     /// interval (for other processes' commits), or the stop.
     async fn idle(&self) {
-        let poll = self.books.config.poll_interval;
+        let poll = self.books.settings.poll_interval;
         ::tokio::select! {
             () = self.control.work.notified() => {}
             () = ::tokio::time::sleep(poll) => {}
@@ -949,7 +880,7 @@ impl<S: AsyncSource> Deliveries<S> {
     /// Waits for a delivery to finish, for new work when there is room for it, for the poll
     /// interval, or for the stop.
     async fn wait_for_a_delivery(&mut self, room: bool) {
-        let poll = self.books.config.poll_interval;
+        let poll = self.books.settings.poll_interval;
         ::tokio::select! {
             joined = self.in_flight.join_next() => {
                 if let Some(joined) = joined {
@@ -1281,6 +1212,78 @@ mod tests {
             let calls = source.extend_alls.lock().unwrap().clone();
             assert!(calls.contains(&3), "three leases in one call: {calls:?}");
         });
+    }
+
+    /// One value of settings configures either dispatcher: both use its observer and bounds (the
+    /// async one its name in the leases), both refuse a setting out of bounds naming it, and a
+    /// builder method after `settings` changes that one setting.
+    #[test]
+    fn one_settings_value_configures_both_dispatchers() {
+        let settled = Arc::new(AtomicU64::new(0));
+        let count = settled.clone();
+        let settings = DispatcherSettings::new()
+            .name("shared")
+            .on_settled(move |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+            });
+        let owners = |source: &Source| -> Vec<String> {
+            let rows = source
+                .store()
+                .commands(&WorkflowId::new("w").unwrap())
+                .unwrap();
+            rows.iter()
+                .map(|row| {
+                    row.lease
+                        .as_ref()
+                        .map_or("none".into(), |l| l.owner.clone())
+                })
+                .collect()
+        };
+
+        let sync = Source::with_commands(2);
+        let store = sync.store.clone();
+        let stats = Dispatcher::new(
+            move || Ok(store.lock().unwrap().clone()),
+            |_: &Delivery| Outcome::Done,
+        )
+        .settings(settings.clone())
+        .run_until_idle()
+        .unwrap();
+        assert_eq!(stats.completed, 2);
+        let refused = Dispatcher::new(|| Ok(MemoryStore::new()), |_: &Delivery| Outcome::Done)
+            .settings(settings.clone().lease_ttl(Duration::from_millis(1)))
+            .run_until_idle();
+        assert!(matches!(
+            refused,
+            Err(Error::InvalidInput {
+                field: "lease_ttl",
+                ..
+            })
+        ));
+
+        runtime().block_on(async {
+            let source = Source::with_commands(2);
+            let dispatcher = || {
+                AsyncDispatcher::new(source.clone(), |_: Delivery| async { Outcome::Done })
+                    .settings(settings.clone().batch_size(0))
+            };
+            let refused = dispatcher().run_until_idle().await;
+            assert!(matches!(
+                refused,
+                Err(Error::InvalidInput {
+                    field: "batch_size",
+                    ..
+                })
+            ));
+            let stats = dispatcher().batch_size(1).run_until_idle().await.unwrap();
+            assert_eq!(stats.completed, 2);
+            assert_eq!(owners(&source), ["shared", "shared"]);
+        });
+        assert_eq!(
+            settled.load(Ordering::SeqCst),
+            4,
+            "one observer for both dispatchers"
+        );
     }
 
     /// A store step that panics is a store error, counted, reported and returned by

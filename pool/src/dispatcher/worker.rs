@@ -8,11 +8,10 @@ use super::*;
 /// and reported, the notices, the backoff after a store error and when a worker of
 /// `run_until_idle` gives up are stated here once; nothing here calls a store.
 pub(super) struct Books {
+    /// The worker's name in its leases.
     pub(super) name: String,
-    pub(super) observer: Option<Arc<Observer>>,
-    pub(super) on_error: Option<Arc<ErrorHook>>,
+    pub(super) settings: DispatcherSettings,
     pub(super) clock: Arc<dyn Clock + Send + Sync>,
-    pub(super) config: Config,
     pub(super) stop: Arc<AtomicBool>,
     pub(super) held: Arc<HeldLeases>,
     pub(super) until_idle: bool,
@@ -29,6 +28,8 @@ pub(super) struct Worker<S> {
     pub(super) handler: Arc<dyn Handler>,
     pub(super) firer: Option<Arc<dyn Firer<S>>>,
     pub(super) idle: Option<Arc<dyn Wakeup>>,
+    /// How long the worker keeps acks to write them together ([`Dispatcher::ack_delay`]).
+    pub(super) ack_delay: Duration,
     /// Where the worker parks its kept acks while a handler runs, and the board of the flusher that
     /// writes them if they wait too long (none with an `ack_delay` of 0).
     pub(super) acks: Option<(Arc<Parked>, Arc<AckBoard>)>,
@@ -104,7 +105,7 @@ impl<S: Store> Worker<S> {
     /// the next batch, in one write.
     pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
         let books = &self.books;
-        let request = books.config.claim_request(books.name.clone());
+        let request = books.settings.claim_request(books.name.clone());
         let mut done: Vec<Done> = Vec::new();
         // The `receive` span of the batch `done` belongs to: its acks are settled inside it.
         let mut received = tracing::Span::none();
@@ -132,9 +133,9 @@ impl<S: Store> Worker<S> {
                 }
                 match (&self.idle, mark) {
                     (Some(idle), Some(mark)) => {
-                        idle.wait(mark, books.config.poll_interval, &books.stop)
+                        idle.wait(mark, books.settings.poll_interval, &books.stop)
                     }
-                    _ => sleep_unless(&books.stop, books.config.poll_interval),
+                    _ => sleep_unless(&books.stop, books.settings.poll_interval),
                 }
                 continue;
             }
@@ -176,7 +177,7 @@ impl<S: Store> Worker<S> {
     pub(super) fn fire_due_timers(&self, store: &mut S, tally: &mut Tally) -> usize {
         let Some(firer) = &self.firer else { return 0 };
         let books = &self.books;
-        let (limit, ttl) = (books.config.batch_size, books.config.lease_ttl);
+        let (limit, ttl) = (books.settings.batch_size, books.settings.lease_ttl);
         let taken = store.claim_timers(limit, ttl, books.clock.now());
         let mut fired = 0;
         for timer in &books.timers_taken(taken, tally) {
@@ -231,7 +232,7 @@ impl<S: Store> Worker<S> {
                     since_flush = Instant::now();
                 }
             }
-            if since_flush.elapsed() >= self.books.config.ack_delay {
+            if since_flush.elapsed() >= self.ack_delay {
                 self.flush(store, done, tally);
                 since_flush = Instant::now();
             }
@@ -303,7 +304,7 @@ impl<S: Store> Worker<S> {
         let settle = telemetry::settle_span("fail", std::iter::once(delivery));
         let _settle = settle.enter();
         let books = &self.books;
-        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.config.policy);
+        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.settings.policy);
         let result = store.fail(id, token, &failure, policy, books.clock.now());
         books.failed(&settle, delivery, failure, result, tally);
     }
@@ -332,7 +333,7 @@ impl Books {
     /// failure in a row, capped); `None` when halted.
     pub(super) fn error_pause(&self, tally: &Tally) -> Option<Duration> {
         (!self.halted(tally))
-            .then(|| error_backoff(self.config.poll_interval, tally.failures_in_a_row))
+            .then(|| error_backoff(self.settings.poll_interval, tally.failures_in_a_row))
     }
 
     /// A store operation failed: counts and reports it, and decides whether the worker stops on it
@@ -351,7 +352,7 @@ impl Books {
     }
 
     pub(super) fn report_error(&self, error: &Error) {
-        if let Some(hook) = &self.on_error {
+        if let Some(hook) = &self.settings.on_error {
             hook(error);
         }
     }
@@ -686,7 +687,7 @@ impl Books {
     pub(super) fn report(&self, delivery: &Delivery, settlement: Settlement, tally: &mut Tally) {
         record(
             &mut tally.stats,
-            self.observer.as_deref(),
+            self.settings.observer.as_deref(),
             delivery,
             settlement,
         );
