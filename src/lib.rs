@@ -92,8 +92,8 @@ pub use miniflow_core::*;
 
 /// The worker pool (`miniflow-pool`): the dispatcher over any store, its outcomes and reports.
 pub use miniflow_pool::{
-    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, OutboxGauges,
-    Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
+    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, DispatcherSettings,
+    Handler, OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
 };
 
 #[cfg(feature = "sqlite")]

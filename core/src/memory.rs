@@ -637,6 +637,18 @@ impl Outbox for MemoryStore {
     ) -> Result<Extended, Error> {
         self.update(command_id, now, |row| row.extend(token, ttl, now))
     }
+    /// Every lease by the core's rule, in one call that no other operation interleaves with.
+    fn extend_all(
+        &mut self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        Ok(leases
+            .iter()
+            .map(|(id, token)| self.update(id, now, |row| row.extend(*token, ttl, now)))
+            .collect())
+    }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row| row.release(token, now))
     }

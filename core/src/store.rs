@@ -231,6 +231,28 @@ pub trait Outbox {
         now: Timestamp,
     ) -> Result<Extended, Error>;
 
+    /// Extends many leases, each `(command_id, token)` as [`Outbox::extend`] extends one, to
+    /// `now + ttl` in one durable write: what a heartbeat does for all the leases of a worker. One
+    /// answer per lease, in order, each the one [`Outbox::extend`] gives for it: the new expiry
+    /// and whether the workflow cancelled the command, or why not ([`Error::StaleLease`] for a lost
+    /// lease, [`Error::UnknownCommand`]). A store should override this with a single transaction
+    /// that applies [`OutboxRow::extend`] to each row; the default extends them one by one.
+    ///
+    /// # Errors
+    ///
+    /// When the write failed as a whole (a storage error): no lease was extended then.
+    fn extend_all(
+        &mut self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        Ok(leases
+            .iter()
+            .map(|(command_id, token)| self.extend(command_id, *token, ttl, now))
+            .collect())
+    }
+
     /// Gives back a claimed command whose delivery was not started (see [`OutboxRow::release`]).
     ///
     /// # Errors

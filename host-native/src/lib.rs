@@ -50,8 +50,8 @@ pub use dispatcher::SqliteDispatcher;
 pub use idempotency::SqliteIdempotencyStore;
 /// The worker pool, re-exported: `Dispatcher::sqlite` comes from [`SqliteDispatcher`].
 pub use miniflow_pool::{
-    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, Handler, OutboxGauges,
-    Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
+    cancellation_requested, describe_metrics, new_trace_context, Dispatcher, DispatcherSettings,
+    Handler, OutboxGauges, Outcome, RunningDispatcher, Settlement, Shutdown, Stats, SystemClock,
 };
 /// The SQLite driver miniflow is built on, re-exported so that the caller's-transaction entry points
 /// (`SqliteStore::append_in`, `SqliteIdempotencyStore::finish_in`, …) take a transaction of the same

@@ -42,7 +42,7 @@ pub mod tokio;
 
 pub use clock::SystemClock;
 pub use dispatcher::{
-    cancellation_requested, Dispatcher, Handler, Outcome, RunningDispatcher, Settlement, Shutdown,
-    Stats, Wakeup,
+    cancellation_requested, Dispatcher, DispatcherSettings, Handler, Outcome, RunningDispatcher,
+    Settlement, Shutdown, Stats, Wakeup,
 };
 pub use telemetry::{describe_metrics, new_trace_context, OutboxGauges};

@@ -249,6 +249,37 @@ fn the_heartbeat_keeps_a_long_delivery_leased() {
     assert_eq!((stats.completed, stats.lost_leases), (1, 0));
 }
 
+/// The heartbeat extends every lease a worker holds in one store call a tick, not one call a
+/// lease: a batch whose first delivery is slow keeps all its leases through `extend_all`.
+#[test]
+fn the_heartbeat_extends_a_batchs_leases_in_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("flow.db");
+    seed(&path, &[("w", 4)]);
+    let faults = Arc::new(Faults::default());
+    let stats = Flaky::dispatcher(&path, &faults, |delivery: &Delivery| {
+        if delivery.command_id == cid("w:1:0") {
+            std::thread::sleep(Duration::from_millis(600));
+        }
+        Outcome::Done
+    })
+    .batch_size(4)
+    .lease_ttl(Duration::from_millis(200))
+    .run_until_idle()
+    .unwrap();
+    assert_eq!((stats.completed, stats.lost_leases), (4, 0), "{stats:?}");
+    assert_eq!(
+        faults.extends.load(Ordering::SeqCst),
+        0,
+        "no lease on its own"
+    );
+    let calls = faults.extend_alls.lock().unwrap().clone();
+    assert!(
+        calls.contains(&4),
+        "the batch's four leases in one call: {calls:?}"
+    );
+}
+
 #[test]
 fn shutdown_finishes_the_delivery_in_hand_and_gives_back_the_rest() {
     let dir = tempfile::tempdir().unwrap();
@@ -726,6 +757,10 @@ struct Faults {
     acks_complete_fails: AtomicBool,
     /// `complete_all` calls on the ack thread.
     acks_completes: AtomicU32,
+    /// `extend` calls (one lease each).
+    extends: AtomicU32,
+    /// How many leases each `extend_all` call extended.
+    extend_alls: Mutex<Vec<usize>>,
 }
 
 fn on_acks_thread() -> bool {
@@ -835,7 +870,17 @@ impl Outbox for Flaky {
         ttl: Duration,
         now: Timestamp,
     ) -> Result<Extended, Error> {
+        self.faults.extends.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(command_id, token, ttl, now)
+    }
+    fn extend_all(
+        &mut self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        self.faults.extend_alls.lock().unwrap().push(leases.len());
+        self.inner.extend_all(leases, ttl, now)
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.inner.release(command_id, token, now)

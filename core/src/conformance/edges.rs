@@ -125,6 +125,123 @@ pub fn extend_never_shortens_a_lease<H: Harness>(h: &mut H) {
     assert_eq!(until.expires_at, at(20_000));
 }
 
+/// A heartbeat's `extend_all` answers each lease, in order, as `extend` answers it alone: a live
+/// lease is extended (a longer one kept, never shortened), a cancelled command's holder is told, a
+/// lost lease (a token that is not the current one), an unknown command and a finished command are
+/// refused; the rows end as `extend` one by one leaves them, and a refused lease is not extended.
+pub fn extend_all_answers_each_lease_as_extend_does<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    // Two workflows alike: `a`'s leases are extended in one call, `b`'s one by one.
+    let kinds = ["short", "long", "lost", "done", "withdrawn"];
+    for w in ["a", "b"] {
+        let seq = append(&mut store, w, &kinds);
+        let claimed = claim(&mut store, "w1", 10, 1_000, T0);
+        let token = |index: u32| {
+            claimed
+                .iter()
+                .find(|d| d.command_id == cid(&format!("{w}:1:{index}")))
+                .map(|d| d.token)
+                .expect("claimed")
+        };
+        let long = store
+            .extend(
+                &cid(&format!("{w}:1:1")),
+                token(1),
+                Duration::from_millis(60_000),
+                T0,
+            )
+            .unwrap();
+        assert_eq!(long.expires_at, at(60_000));
+        store
+            .complete(&cid(&format!("{w}:1:3")), token(3), None, T0)
+            .unwrap();
+        // The workflow withdraws the last one while it is leased: its holder is to be told.
+        let withdraw = Decision::new().cancel_command(cid(&format!("{w}:1:4")));
+        let commit = Commit::new(wid(w), seq, Event::new("withdraw", json!({})), withdraw, T0);
+        store.append_with_commands(&commit.unwrap()).unwrap();
+    }
+    assert!(store
+        .extend_all(&[], Duration::from_millis(2_000), at(500))
+        .unwrap()
+        .is_empty());
+    let token = |id: &str| store.command(&cid(id)).unwrap().expect("row").token();
+    // Out of claim order, with one command twice, so that an answer in the wrong place shows.
+    let leases = |w: &str| {
+        let id = |index: u32| cid(&format!("{w}:1:{index}"));
+        vec![
+            (id(1), token(&format!("{w}:1:1"))),
+            (id(9), 1),
+            (id(0), token(&format!("{w}:1:0"))),
+            (id(2), token(&format!("{w}:1:2")) + 1),
+            (id(3), token(&format!("{w}:1:3"))),
+            (id(4), token(&format!("{w}:1:4"))),
+            (id(0), token(&format!("{w}:1:0"))),
+        ]
+    };
+    let (a, b) = (leases("a"), leases("b"));
+    let ttl = Duration::from_millis(2_000);
+    let answer = |result: Result<crate::Extended, Error>| match result {
+        Ok(extended) => Ok((extended.expires_at, extended.cancel_requested)),
+        Err(error) => Err(error.code()),
+    };
+    let together: Vec<_> = store
+        .extend_all(&a, ttl, at(500))
+        .expect("the write succeeds")
+        .into_iter()
+        .map(answer)
+        .collect();
+    let one_by_one: Vec<_> = b
+        .iter()
+        .map(|(id, token)| answer(store.extend(id, *token, ttl, at(500))))
+        .collect();
+    assert_eq!(together, one_by_one, "each answer as extend gives it");
+    assert_eq!(
+        together,
+        [
+            Ok((at(60_000), false)),
+            Err("NOT_FOUND"),
+            Ok((at(2_500), false)),
+            Err("STALE_LEASE"),
+            Err("STALE_LEASE"),
+            Ok((at(2_500), true)),
+            Ok((at(2_500), false)),
+        ]
+    );
+    let row = |id: &str| {
+        let row = store.command(&cid(id)).unwrap().expect("row");
+        let expires = row.lease.as_ref().map(|lease| lease.expires_at);
+        (
+            row.status,
+            row.token(),
+            row.attempts,
+            row.available_at,
+            expires,
+            row.cancel_requested,
+        )
+    };
+    for index in 0..5 {
+        let (in_a, in_b) = (format!("a:1:{index}"), format!("b:1:{index}"));
+        assert_eq!(row(&in_a), row(&in_b), "{in_a} as {in_b}");
+    }
+    assert_eq!(row("a:1:1").4, Some(at(60_000)), "the longer lease is kept");
+    assert_eq!(
+        row("a:1:2").4,
+        Some(at(1_000)),
+        "the lost lease is not extended"
+    );
+    assert_eq!(
+        row("a:1:3").0,
+        Status::Done,
+        "the finished command is left alone"
+    );
+    // Only the commands whose lease was not extended are free for another worker.
+    let rival: Vec<String> = claim(&mut store, "w2", 10, 1_000, at(2_499))
+        .iter()
+        .map(|d| d.command_id.to_string())
+        .collect();
+    assert_eq!(rival, ["a:1:2", "b:1:2"]);
+}
+
 /// A workflow that refuses a timer's event ends the timer `rejected` with the reason: it is not taken
 /// again, its event is not written, and the firer gets the rejection. A timer is not fired before its
 /// time.

@@ -404,6 +404,7 @@ macro_rules! store_conformance_tests {
             a_retry_withdraws_the_failure_not_yet_fed_back,
             payloads_over_the_limits_are_refused_naming_their_path,
             extend_never_shortens_a_lease,
+            extend_all_answers_each_lease_as_extend_does,
             rejected_timers_end_rejected_and_are_not_taken_again,
             completions_feed_results_back_exactly_once,
             cancelled_commands_are_never_delivered,

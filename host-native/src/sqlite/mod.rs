@@ -399,6 +399,21 @@ impl SqliteStore {
         Ok(Handled::of(&commit, 0))
     }
 
+    /// Extends each of `leases` inside the writer's transaction `tx`, as
+    /// [`Outbox::extend_all`] does: the async store's heartbeat, awaited on the writer.
+    ///
+    /// # Errors
+    ///
+    /// A storage error, which fails the whole write.
+    pub(crate) fn extend_all_in(
+        tx: &Transaction<'_>,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        extend_each(tx, leases, ttl, now)
+    }
+
     /// Remembers the row keys of `claimed`, and returns its deliveries.
     fn remember(&mut self, claimed: Vec<(i64, Delivery)>) -> Vec<Delivery> {
         if self.claimed.len() + claimed.len() > MAX_REMEMBERED {
@@ -537,6 +552,21 @@ impl Outbox for SqliteStore {
         now: Timestamp,
     ) -> Result<Extended, Error> {
         self.update(command_id, now, move |row| row.extend(token, ttl, now))
+    }
+    /// Every lease in one transaction, each by the core's rule: a heartbeat costs one write (and
+    /// one fsync, shared with whatever else the writer groups with it) however many leases it
+    /// extends.
+    fn extend_all(
+        &mut self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let leases = leases.to_vec();
+        self.write_checked(move |tx| extend_each(tx, &leases, ttl, now))
     }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.claimed.remove(command_id);
@@ -738,6 +768,59 @@ fn jitter() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A heartbeat's leases are extended in one durable write; one by one they take one each.
+    #[test]
+    fn extend_all_extends_every_lease_in_one_durable_write() {
+        use miniflow_core::{Command, Decision};
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = SqliteStore::open(dir.path().join("leases.db")).unwrap();
+        let now = Timestamp::from_millis(5);
+        let decision: Decision = (0..4)
+            .map(|n| Command::new(format!("k{n}"), serde_json::json!({})))
+            .collect::<Vec<_>>()
+            .into();
+        let event = Event::new("e", serde_json::json!({}));
+        let commit = Commit::new(
+            WorkflowId::new("w").unwrap(),
+            Seq::ZERO,
+            event,
+            decision,
+            now,
+        );
+        store.append_with_commands(&commit.unwrap()).unwrap();
+        let claimed = store.claim(&ClaimRequest::new("w").limit(4), now).unwrap();
+        let leases: Vec<_> = claimed
+            .iter()
+            .map(|d| (d.command_id.clone(), d.token))
+            .collect();
+        let writer = store.writer().cloned().unwrap();
+
+        let before = writer.wal_syncs();
+        let answers = store
+            .extend_all(&leases, Duration::from_secs(60), now)
+            .unwrap();
+        assert_eq!(writer.wal_syncs() - before, 1, "one write for four leases");
+        assert_eq!(answers.len(), 4);
+        for (answer, delivery) in answers.iter().zip(&claimed) {
+            let extended = answer.as_ref().unwrap();
+            assert_eq!(extended.expires_at, now + Duration::from_secs(60));
+            let row = store.command(&delivery.command_id).unwrap().unwrap();
+            assert_eq!(row.lease.unwrap().expires_at, extended.expires_at);
+        }
+        let before = writer.wal_syncs();
+        for (id, token) in &leases {
+            store
+                .extend(id, *token, Duration::from_secs(90), now)
+                .unwrap();
+        }
+        assert_eq!(writer.wal_syncs() - before, 4, "one write each");
+        assert!(store
+            .extend_all(&[], Duration::from_secs(1), now)
+            .unwrap()
+            .is_empty());
+        assert_eq!(writer.wal_syncs() - before, 4, "no write for no lease");
+    }
 
     /// An ack reaches its row by the key the claim remembered, and a key that names another row
     /// completes nothing of that row: the command ID is checked too.

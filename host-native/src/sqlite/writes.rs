@@ -121,6 +121,35 @@ pub(super) fn complete_each(
     Ok(results)
 }
 
+/// Extends each of `leases` inside `tx` by the core's rule ([`OutboxRow::extend`]): one answer per
+/// lease, in order. A lease the rule refuses (lost, or of an unknown command) is answered and
+/// written nothing; a storage error ends it, and the caller's transaction with it.
+pub(super) fn extend_each(
+    tx: &Connection,
+    leases: &[(CommandId, u64)],
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Vec<Result<Extended, Error>>, Error> {
+    let mut answers = Vec::with_capacity(leases.len());
+    for (id, token) in leases {
+        let changed = select_row(tx, id).and_then(|row| {
+            let row = row.ok_or_else(|| Error::UnknownCommand {
+                command_id: id.clone(),
+            })?;
+            row.into_change(now, |row| row.extend(*token, ttl, now))
+        });
+        answers.push(match changed {
+            Ok(changed) => {
+                write_change(tx, &changed)?;
+                Ok(changed.value)
+            }
+            Err(e @ (Error::Storage(_) | Error::Busy(_))) => return Err(e),
+            Err(refused) => Err(refused),
+        });
+    }
+    Ok(answers)
+}
+
 /// An acknowledgement. The fast path is one `UPDATE` guarded by the lease, for a command that feeds
 /// nothing back; on a miss, the row is read: a command that reports its completion is settled by the
 /// shared rule ([`OutboxRow::complete`]) with its feedback, and anything else is explained by

@@ -1,5 +1,6 @@
 //! [`AsyncStore`]: a SQLite store for async code, its writes run by the file's writer thread.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -9,7 +10,7 @@ use miniflow_core::backend::HistoryId;
 use miniflow_core::prelude::*;
 use miniflow_core::{
     Ack, ClaimRequest, Clock, CommandId, Delivery, Engine, Error, Event, Extended, Failure,
-    Handled, Handover, RetryPolicy, Settled, TimerRow, Workflow, WorkflowId,
+    Handled, Handover, RetryPolicy, Settled, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use rusqlite::Transaction;
 use serde_json::Value;
@@ -516,17 +517,93 @@ pub(crate) fn stopped() -> Error {
     Error::Storage("the writer thread of this file has stopped".into())
 }
 
-/// The worker pool's view of the store: [`crate::tokio::AsyncDispatcher`] runs its steps on the
-/// file's pooled synchronous stores and is woken by the file's writer.
+/// The worker pool's view of the store: [`crate::tokio::AsyncDispatcher`]'s steps are
+/// [`SqliteStore`]'s own operations on the file's pooled stores, on tokio's blocking threads (a
+/// claim first looks for due work on a connection of its own, so an idle poll takes no write
+/// lock), except the heartbeat's extensions, which are awaited on the writer without a blocking
+/// thread. Every write goes through the file's writer, and the writer wakes the
+/// dispatcher. `now` is the dispatcher's, read from this handle's clock.
+///
+/// A step whose future is dropped still runs to its end on its blocking thread or the writer: its
+/// write commits or fails whole, as a synchronous call whose caller went away.
 impl miniflow_pool::tokio::AsyncSource for AsyncStore {
-    type Store = SqliteStore;
-
-    fn take_store(&self) -> Result<SqliteStore, Error> {
-        self.shared.take_store()
+    fn complete_all_and_claim(
+        &self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Handover, Error>> + Send {
+        let request = request.clone();
+        self.with_store(move |store| store.complete_all_and_claim(acks, &request, now))
     }
 
-    fn put_store(&self, store: SqliteStore) {
-        self.shared.put_store(store);
+    fn complete_all(
+        &self,
+        acks: Vec<Ack>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Result<(), Error>>, Error>> + Send {
+        self.with_store(move |store| store.complete_all(acks, now))
+    }
+
+    fn fail(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Settled, Error>> + Send {
+        let (id, failure, policy) = (command_id.clone(), failure.clone(), policy.clone());
+        self.with_store(move |store| store.fail(&id, token, &failure, &policy, now))
+    }
+
+    fn extend_all(
+        &self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Result<Extended, Error>>, Error>> + Send {
+        let leases = leases.to_vec();
+        self.write(move |tx| SqliteStore::extend_all_in(tx, &leases, ttl, now))
+    }
+
+    fn release(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let id = command_id.clone();
+        self.with_store(move |store| store.release(&id, token, now))
+    }
+
+    fn claim_timers(
+        &self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<TimerRow>, Error>> + Send {
+        self.with_store(move |store| store.claim_timers(limit, lease_ttl, now))
+    }
+
+    /// [`Engine::fire`] itself, as [`AsyncStore::fire`] runs it: a panic of the workflow's code is
+    /// resumed in the dispatcher's task, which counts it.
+    fn fire<W>(
+        &self,
+        engine: &Arc<Engine<W>>,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<Handled>, Error>> + Send
+    where
+        W: Workflow + Send + Sync + 'static,
+        W::State: Send,
+    {
+        let (engine, timer) = (engine.clone(), timer.clone());
+        self.with_store(move |store| engine.fire(store, &timer, now))
+    }
+
+    fn any_timer_due(&self, now: Timestamp) -> impl Future<Output = Result<bool, Error>> + Send {
+        self.with_store(move |store| store.any_timer_due(now))
     }
 
     fn clock(&self) -> Arc<dyn Clock + Send + Sync> {

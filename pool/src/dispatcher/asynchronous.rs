@@ -3,11 +3,12 @@
 //!
 //! One task claims (and acknowledges what finished, in the same write) as many commands as there
 //! are free delivery slots, and runs each delivery as a task of its own; a heartbeat task extends
-//! the leases of long deliveries. The store work itself — claims with their acks, failures, due
-//! timers fired through [`Engine::fire`] — is the synchronous [`Worker`]'s own methods on a
-//! [`SqliteStore`] of the dispatcher's, run on a blocking thread: what an outcome means, how a
-//! settlement is counted, traced and reported, which settings are in bounds, how long to back off
-//! after a store error and when `run_until_idle` gives up are stated there once.
+//! the leases of long deliveries. Each store step — a claim with the acks before it, a failure, the
+//! heartbeat's extensions, a claim of timers and their firing — is an async method of the
+//! [`AsyncSource`], awaited; each answer goes to the [`Books`] the synchronous [`Worker`] keeps
+//! too: what an outcome means, how a settlement is counted, traced and reported, which settings
+//! are in bounds, how long to back off after a store error and when `run_until_idle` gives up are
+//! stated there once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,33 +18,114 @@ use ::tokio::sync::Notify;
 use ::tokio::task::JoinSet;
 use tracing::Instrument;
 
-use miniflow_core::prelude::Outbox;
-
 use super::*;
 use crate::telemetry;
 
-/// What an [`AsyncDispatcher`] needs of a store: synchronous stores to run its steps on (a claim
-/// with the acks before it, a failure, the firing of due timers, heartbeats) on tokio's blocking
-/// threads, the store's clock, and what wakes it when a commit made work. A store crate implements
-/// it for its async handle (`miniflow_native::tokio::AsyncStore`, and the like for PostgreSQL), so
-/// the dispatcher's code is the same whatever store is underneath.
+/// What an [`AsyncDispatcher`] needs of a store: each step it takes, as an async method; the
+/// store's clock; and what wakes it when a commit made work. A store crate implements it for its
+/// async handle (`miniflow_native::tokio::AsyncStore` on SQLite), so the dispatcher's code and books
+/// are the same whatever store is underneath.
+///
+/// # For store authors
+///
+/// Each step is one operation of the synchronous store traits ([`miniflow_core::Outbox`],
+/// [`miniflow_core::Timers`]) with the same meaning and the same answers: do what that operation
+/// documents, in one atomic write, changing rows by the core's rules ([`miniflow_core::OutboxRow`]'s
+/// methods) rather than a copy of them. `now` is the reading of [`AsyncSource::clock`] the
+/// dispatcher took for the step; a store that keeps leases by a clock of its own (a database's)
+/// uses that one instead, as its synchronous store does, and answers in the caller's clock.
+///
+/// A step must not block the runtime: await an async driver or a writer thread, or run a
+/// synchronous store on `tokio::task::spawn_blocking`. The delivery loop takes one step at a time,
+/// and the heartbeat's [`AsyncSource::extend_all`] runs beside it, so steps of one source overlap
+/// (and with the application's own calls on its clones): each gets a connection, a writer's
+/// turn or a lock of its own.
+///
+/// A step that fails returns the store's error: the dispatcher counts it, passes it to `on_error`
+/// and backs off ([`Stats::store_errors`]). A step that panics is reported the same way, as an
+/// [`Error::Storage`] saying so, except [`AsyncSource::fire`], whose panic is the workflow's
+/// ([`Stats::timer_panics`]).
+///
+/// ## A dropped future
+///
+/// The dispatcher awaits every step it starts; a step's future is dropped unfinished only with
+/// the dispatcher (its runtime shut down, a `run_until_idle` future abandoned by its caller). The
+/// step must then have written all of its write or nothing of it, and leave the store usable (a
+/// connection left inside a transaction is rolled back or discarded, never handed to the next
+/// step as it is). Either outcome is safe, because the dispatcher reported nothing of it: what each
+/// step may leave behind is said on the step.
+///
+/// # Example
+///
+/// A stand-in over the core's in-memory store, each step the synchronous method under a lock (a
+/// real store awaits its driver, or runs its synchronous store on a blocking thread):
 ///
 /// ```
-/// use std::sync::Arc;
-/// use miniflow_core::{Clock, Error, ManualClock, MemoryStore};
+/// use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+/// use std::time::Duration;
+/// use miniflow_core::prelude::*;
+/// use miniflow_core::{
+///     Ack, ClaimRequest, Clock, CommandId, Engine, Error, Extended, Failure, Handled, Handover,
+///     ManualClock, MemoryStore, RetryPolicy, Settled, TimerRow, Timestamp, Workflow,
+/// };
 /// use miniflow_pool::tokio::AsyncSource;
 /// use miniflow_pool::Wakeup;
 ///
-/// /// Each step on a copy of one in-memory store: enough to show the shape.
 /// #[derive(Clone)]
-/// struct Copies(MemoryStore, Arc<ManualClock>);
+/// struct Shared(Arc<Mutex<MemoryStore>>, Arc<ManualClock>);
 ///
-/// impl AsyncSource for Copies {
-///     type Store = MemoryStore;
-///     fn take_store(&self) -> Result<MemoryStore, Error> {
-///         Ok(self.0.clone())
+/// impl Shared {
+///     fn store(&self) -> MutexGuard<'_, MemoryStore> {
+///         self.0.lock().unwrap_or_else(PoisonError::into_inner)
 ///     }
-///     fn put_store(&self, _store: MemoryStore) {}
+/// }
+///
+/// impl AsyncSource for Shared {
+///     async fn complete_all_and_claim(
+///         &self,
+///         acks: Vec<Ack>,
+///         request: &ClaimRequest,
+///         now: Timestamp,
+///     ) -> Result<Handover, Error> {
+///         self.store().complete_all_and_claim(acks, request, now)
+///     }
+///     async fn complete_all(&self, acks: Vec<Ack>, now: Timestamp) -> Result<Vec<Result<(), Error>>, Error> {
+///         self.store().complete_all(acks, now)
+///     }
+///     async fn fail(
+///         &self,
+///         id: &CommandId,
+///         token: u64,
+///         failure: &Failure,
+///         policy: &RetryPolicy,
+///         now: Timestamp,
+///     ) -> Result<Settled, Error> {
+///         self.store().fail(id, token, failure, policy, now)
+///     }
+///     async fn extend_all(
+///         &self,
+///         leases: &[(CommandId, u64)],
+///         ttl: Duration,
+///         now: Timestamp,
+///     ) -> Result<Vec<Result<Extended, Error>>, Error> {
+///         self.store().extend_all(leases, ttl, now)
+///     }
+///     async fn release(&self, id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+///         self.store().release(id, token, now)
+///     }
+///     async fn claim_timers(&self, limit: usize, ttl: Duration, now: Timestamp) -> Result<Vec<TimerRow>, Error> {
+///         self.store().claim_timers(limit, ttl, now)
+///     }
+///     async fn fire<W>(&self, engine: &Arc<Engine<W>>, timer: &TimerRow, now: Timestamp) -> Result<Option<Handled>, Error>
+///     where
+///         W: Workflow + Send + Sync + 'static,
+///         W::State: Send,
+///     {
+///         engine.fire(&mut *self.store(), timer, now)
+///     }
+///     async fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+///         self.store().any_timer_due(now)
+///     }
 ///     fn clock(&self) -> Arc<dyn Clock + Send + Sync> {
 ///         self.1.clone()
 ///     }
@@ -51,22 +133,121 @@ use crate::telemetry;
 ///         None // idle dispatchers poll
 ///     }
 /// }
-/// # let _ = Copies(MemoryStore::new(), Arc::new(ManualClock::default())).take_store();
+/// # let shared = Shared(Arc::default(), Arc::new(ManualClock::default()));
+/// # let claimed = tokio::runtime::Builder::new_current_thread().build()?.block_on(
+/// #     shared.complete_all_and_claim(Vec::new(), &ClaimRequest::new("w"), Timestamp::EPOCH))?;
+/// # assert!(claimed.claimed?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub trait AsyncSource: Clone + Send + Sync + 'static {
-    /// The synchronous store the dispatcher's steps run on, one step at a time.
-    type Store: Store + Send + 'static;
-    /// A store for the next steps: from a pool of the source's, or newly opened. Called on a
-    /// blocking thread.
+    /// Acknowledges `acks` and claims the next batch by `request`, as
+    /// [`miniflow_core::Outbox::complete_all_and_claim`] does: one answer per ack, in order, and
+    /// the claimed deliveries or the claim's error (the acks' answers stand either way); in one
+    /// durable transaction where the store can; with no acks, only the claim.
     ///
-    /// # Errors
+    /// Dropped: the acks and the leases committed or not. Commands claimed by a dropped step are
+    /// delivered by nobody until their leases run out, then again with the same command ID; acks
+    /// not written are delivered again the same way (their receivers fold the repeat).
+    fn complete_all_and_claim(
+        &self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Handover, Error>> + Send;
+
+    /// Completes `acks` in one durable write, one answer per ack, in order, as
+    /// [`miniflow_core::Outbox::complete_all`] does: the acks of the deliveries that finished as
+    /// the dispatcher stops.
     ///
-    /// The store's error when it cannot be opened; the dispatcher reports it and backs off.
-    fn take_store(&self) -> Result<Self::Store, Error>;
-    /// Gives back a store [`AsyncSource::take_store`] gave, for later steps.
-    fn put_store(&self, store: Self::Store);
+    /// Dropped: as the acks of [`AsyncSource::complete_all_and_claim`].
+    fn complete_all(
+        &self,
+        acks: Vec<Ack>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Result<(), Error>>, Error>> + Send;
+
+    /// Settles a failed delivery under `token` by `policy`, as [`miniflow_core::Outbox::fail`]
+    /// does: pending again after its backoff, dead (with its `command_failed` feedback in the same
+    /// transaction) or cancelled; [`Error::StaleLease`] when the lease was taken over.
+    ///
+    /// Dropped unwritten: the command stays leased until its lease runs out, then is delivered
+    /// again, this attempt counted.
+    fn fail(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Settled, Error>> + Send;
+
+    /// The heartbeat: extends each of `leases` (`(command_id, token)`) to `now + ttl`, never
+    /// shortening one, as [`miniflow_core::Outbox::extend_all`] does, in one write where the store
+    /// can. One answer per lease, in order: the new expiry and whether the workflow cancelled the
+    /// command, or that lease's refusal ([`Error::StaleLease`] for a lost lease); the outer error
+    /// only when the write failed as a whole.
+    ///
+    /// Dropped unwritten: the leases may run out under live deliveries, whose results are then
+    /// dropped as a lost lease's, and the commands delivered again.
+    fn extend_all(
+        &self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Result<Extended, Error>>, Error>> + Send;
+
+    /// Gives back a claimed command whose delivery was not started, as
+    /// [`miniflow_core::Outbox::release`] does: what the dispatcher does with a batch whose claim
+    /// ended after it was told to stop.
+    ///
+    /// Dropped unwritten: the command waits for its lease to run out.
+    fn release(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Takes up to `limit` due timers for `lease_ttl`, as [`miniflow_core::Timers::claim_timers`]
+    /// does. The dispatcher calls it only when it fires timers ([`AsyncDispatcher::workflow`]).
+    ///
+    /// Dropped: timers it took wait until their take runs out, then are taken again.
+    fn claim_timers(
+        &self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<TimerRow>, Error>> + Send;
+
+    /// Fires `timer` (from [`AsyncSource::claim_timers`]) into its workflow through `engine`, as
+    /// [`Engine::fire`] does: replays the workflow, decides, and commits the event with its
+    /// commands and timers; `None` when the timer is no longer scheduled. A timer whose event the
+    /// workflow rejects is ended `rejected` with the reason, in the store, and answered
+    /// [`Error::Rejected`]. The source decides how: [`Engine::fire`] itself on a synchronous
+    /// store on a blocking thread, or the engine's commit written by an async driver. A panic of the
+    /// workflow's code may come out of the future: the dispatcher counts it in
+    /// [`Stats::timer_panics`].
+    ///
+    /// Dropped: the event is committed once or not at all; an unfired timer is fired once its take
+    /// runs out.
+    fn fire<W>(
+        &self,
+        engine: &Arc<Engine<W>>,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Option<Handled>, Error>> + Send
+    where
+        W: Workflow + Send + Sync + 'static,
+        W::State: Send;
+
+    /// Whether a timer is due at `now`, as [`miniflow_core::Timers::any_timer_due`] answers: a
+    /// read, which a dispatcher that fires no timers takes once to say that they wait. A store that
+    /// cannot tell cheaply answers `Ok(false)`.
+    fn any_timer_due(&self, now: Timestamp) -> impl Future<Output = Result<bool, Error>> + Send;
+
     /// The clock the dispatcher takes `now` from.
     fn clock(&self) -> Arc<dyn Clock + Send + Sync>;
+
     /// What tells the dispatcher that a commit made work, if anything does; without it, an idle
     /// dispatcher polls.
     fn wakeup(&self) -> Option<Arc<dyn Wakeup>>;
@@ -121,14 +302,22 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 /// use miniflow_core::{json, Command, Commit, Decision, Delivery, Event, MemoryStore, Seq, Timestamp, WorkflowId};
 /// use miniflow_pool::tokio::AsyncDispatcher;
 /// use miniflow_pool::Outcome;
-/// # use std::sync::Arc;
-/// # use miniflow_core::{Clock, Error, ManualClock};
+/// # use std::sync::{Arc, Mutex, PoisonError};
+/// # use miniflow_core::*;
 /// # #[derive(Clone)]
-/// # struct Copies(MemoryStore);
-/// # impl miniflow_pool::tokio::AsyncSource for Copies {
-/// #     type Store = MemoryStore;
-/// #     fn take_store(&self) -> Result<MemoryStore, Error> { Ok(self.0.clone()) }
-/// #     fn put_store(&self, _: MemoryStore) {}
+/// # struct Shared(Arc<Mutex<MemoryStore>>);
+/// # impl Shared {
+/// #     fn store(&self) -> std::sync::MutexGuard<'_, MemoryStore> { self.0.lock().unwrap_or_else(PoisonError::into_inner) }
+/// # }
+/// # impl miniflow_pool::tokio::AsyncSource for Shared {
+/// #     async fn complete_all_and_claim(&self, acks: Vec<Ack>, request: &ClaimRequest, now: Timestamp) -> Result<Handover, Error> { self.store().complete_all_and_claim(acks, request, now) }
+/// #     async fn complete_all(&self, acks: Vec<Ack>, now: Timestamp) -> Result<Vec<Result<(), Error>>, Error> { self.store().complete_all(acks, now) }
+/// #     async fn fail(&self, id: &CommandId, token: u64, failure: &Failure, policy: &RetryPolicy, now: Timestamp) -> Result<Settled, Error> { self.store().fail(id, token, failure, policy, now) }
+/// #     async fn extend_all(&self, leases: &[(CommandId, u64)], ttl: Duration, now: Timestamp) -> Result<Vec<Result<Extended, Error>>, Error> { self.store().extend_all(leases, ttl, now) }
+/// #     async fn release(&self, id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> { self.store().release(id, token, now) }
+/// #     async fn claim_timers(&self, limit: usize, ttl: Duration, now: Timestamp) -> Result<Vec<TimerRow>, Error> { self.store().claim_timers(limit, ttl, now) }
+/// #     async fn fire<W: Workflow + Send + Sync + 'static>(&self, engine: &Arc<Engine<W>>, timer: &TimerRow, now: Timestamp) -> Result<Option<Handled>, Error> where W::State: Send { engine.fire(&mut *self.store(), timer, now) }
+/// #     async fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> { self.store().any_timer_due(now) }
 /// #     fn clock(&self) -> Arc<dyn Clock + Send + Sync> { Arc::new(ManualClock::default()) }
 /// #     fn wakeup(&self) -> Option<Arc<dyn miniflow_pool::Wakeup>> { None }
 /// # }
@@ -143,13 +332,15 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 /// let decision = Decision::new().command(Command::new("lock_budget", json!({ "amount": 1200 })));
 /// let event = Event::new("trip_requested", json!({}));
 /// store.append_with_commands(&Commit::new(WorkflowId::new("trip-001")?, Seq::ZERO, event, decision, Timestamp::EPOCH)?)?;
+/// let shared = Shared(Arc::new(Mutex::new(store)));
 ///
-/// let stats = AsyncDispatcher::new(Copies(store), lock_budget)
+/// let stats = AsyncDispatcher::new(shared.clone(), lock_budget)
 ///     .concurrency(16)
 ///     .lease_ttl(Duration::from_secs(30))
 ///     .run_until_idle()
 ///     .await?;
 /// assert_eq!(stats.completed, 1);
+/// assert!(shared.store().pending(10)?.is_empty());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # })?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -157,10 +348,8 @@ pub(crate) fn requested_in_this_task() -> Option<bool> {
 pub struct AsyncDispatcher<S: AsyncSource> {
     store: S,
     handler: Arc<AsyncHandler>,
-    firer: Option<Arc<dyn Firer<S::Store>>>,
-    observer: Option<Arc<Observer>>,
-    on_error: Option<Arc<ErrorHook>>,
-    config: Config,
+    firer: Option<Arc<dyn AsyncFirer<S>>>,
+    settings: DispatcherSettings,
     concurrency: usize,
 }
 
@@ -180,21 +369,17 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
             store,
             handler: Arc::new(move |delivery| Box::pin(handler(delivery)) as BoxedOutcome),
             firer: None,
-            observer: None,
-            on_error: None,
-            config: Config {
-                name: format!("worker-{}", std::process::id()),
-                workers: 1,
-                batch_size: 64,
-                lease_ttl: Duration::from_secs(30),
-                policy: RetryPolicy::default(),
-                order: ClaimOrder::DueFirst,
-                poll_interval: Duration::from_millis(50),
-                ack_delay: Duration::ZERO,
-                stats_interval: None,
-            },
+            settings: DispatcherSettings::new(),
             concurrency: 1,
         }
+    }
+
+    dispatcher_settings!();
+
+    /// Applies `change` to the settings shared with the synchronous dispatcher.
+    fn configure(mut self, change: impl FnOnce(DispatcherSettings) -> DispatcherSettings) -> Self {
+        self.settings = change(self.settings);
+        self
     }
 
     /// Runs up to `deliveries` handler calls at once: 1 to 10,000.
@@ -205,7 +390,7 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
     }
 
     /// As [`Dispatcher::workflow`]: also fires due timers and failure feedback through `engine`
-    /// ([`Engine::fire`], on a blocking thread).
+    /// ([`AsyncSource::fire`]: [`Engine::fire`], as the store runs it).
     #[must_use]
     pub fn workflow<W>(mut self, engine: Arc<Engine<W>>) -> Self
     where
@@ -216,72 +401,10 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         self
     }
 
-    /// As [`Dispatcher::batch_size`]: claims up to `size` commands per write (1 to 1,000), never
-    /// more than there are free slots.
-    #[must_use]
-    pub fn batch_size(mut self, size: usize) -> Self {
-        self.config.batch_size = size;
-        self
-    }
-
-    /// As [`Dispatcher::lease_ttl`] (4 ms to 24 h).
-    #[must_use]
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl;
-        self
-    }
-
-    /// As [`Dispatcher::retry_policy`].
-    #[must_use]
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.policy = policy;
-        self
-    }
-
-    /// As [`Dispatcher::order`].
-    #[must_use]
-    pub fn order(mut self, order: ClaimOrder) -> Self {
-        self.config.order = order;
-        self
-    }
-
-    /// As [`Dispatcher::poll_interval`] (1 ms to 60 s): how often an idle dispatcher looks for work
-    /// committed by other processes, and the first pause after a failed store operation.
-    #[must_use]
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
-    /// Names the dispatcher in its leases (as [`Dispatcher::name`]).
-    #[must_use]
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.config.name = name.into();
-        self
-    }
-
-    /// As [`Dispatcher::on_settled`].
-    #[must_use]
-    pub fn on_settled(
-        mut self,
-        observer: impl Fn(&Delivery, &Settlement) + Send + Sync + 'static,
-    ) -> Self {
-        self.observer = Some(Arc::new(observer));
-        self
-    }
-
-    /// As [`Dispatcher::on_error`]: every failed store operation (counted in
-    /// [`Stats::store_errors`], then backed off from), rejected timer and panicking workflow.
-    #[must_use]
-    pub fn on_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(hook));
-        self
-    }
-
     /// Refuses settings out of bounds, naming the setting and its value.
     fn validate(&self) -> Result<(), Error> {
         within("concurrency", self.concurrency, 1..=MAX_CONCURRENCY)?;
-        self.config.validate()
+        self.settings.validate(self.settings.name.clone())
     }
 
     /// Delivers until nothing is claimable, in-flight deliveries finished and acknowledged, and no
@@ -339,39 +462,30 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         })
     }
 
-    /// The delivery loop, keeping its books with a synchronous [`Worker`].
+    /// The delivery loop, keeping its books with the synchronous worker's [`Books`].
     fn deliveries(
         &self,
         held: Arc<HeldLeases>,
         control: Arc<Control>,
         until_idle: bool,
     ) -> Deliveries<S> {
-        let store = self.store.clone();
-        let opener = self.store.clone();
-        let never: Arc<dyn Handler> =
-            Arc::new(|_: &Delivery| Outcome::retry("async deliveries run on the runtime"));
-        let books = Arc::new(Worker {
-            name: self.config.name.clone(),
-            open: Arc::new(move || opener.take_store()),
-            handler: never,
-            firer: self.firer.clone(),
-            observer: self.observer.clone(),
-            on_error: self.on_error.clone(),
+        let books = Books {
+            name: self.settings.name.clone(),
+            settings: self.settings.clone(),
             clock: self.store.clock(),
-            config: self.config.clone(),
             stop: control.stop.clone(),
             held,
-            idle: None,
             until_idle,
-            // Each ack is written as its handler returns.
-            acks: None,
+            fires_timers: self.firer.is_some(),
             notices: Arc::default(),
-        });
+        };
         Deliveries {
-            request: self.config.claim_request(self.config.name.clone()),
-            timers: self.firer.as_ref().map(|_| TimerRounds::default()),
-            async_store: store,
-            store: Mutex::new(None),
+            request: self.settings.claim_request(self.settings.name.clone()),
+            timers: self
+                .firer
+                .clone()
+                .map(|firer| (firer, TimerRounds::default())),
+            source: self.store.clone(),
             handler: self.handler.clone(),
             books,
             control,
@@ -383,35 +497,26 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
         }
     }
 
-    /// Every quarter lease TTL, extends the held leases past half their TTL (as the synchronous
-    /// heartbeat does); resolves with the number of store errors it met.
+    /// Every quarter lease TTL, extends the held leases past half their TTL in one
+    /// [`AsyncSource::extend_all`] (as the synchronous heartbeat does); resolves with the number of
+    /// store errors it met.
     fn heartbeat(
         &self,
         held: &Arc<HeldLeases>,
         control: &Arc<Control>,
     ) -> ::tokio::task::JoinHandle<u64> {
-        let (store, held, control) = (self.store.clone(), held.clone(), control.clone());
-        let (ttl, on_error) = (self.config.lease_ttl, self.on_error.clone());
+        let (source, held, control) = (self.store.clone(), held.clone(), control.clone());
+        let (ttl, on_error) = (self.settings.lease_ttl, self.settings.on_error.clone());
         ::tokio::spawn(async move {
             let mut errors = 0;
             while control.heartbeat_pause(ttl / 4).await {
-                let now = store.clock().now();
+                let now = source.clock().now();
                 let due = held.due_for_extension(now, ttl);
                 if due.is_empty() {
                     continue;
                 }
-                let (source, held_now) = (store.clone(), held.clone());
-                // The extensions run on a blocking thread, on a store of the source's.
-                let failed = ::tokio::task::spawn_blocking(move || {
-                    extend_all(&source, &held_now, due, ttl, now)
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    vec![Error::Storage(
-                        format!("the heartbeat's store call failed: {e}").into(),
-                    )]
-                });
-                for error in failed {
+                let answers = step("extend_all", source.extend_all(&due, ttl, now)).await;
+                for error in held.extended_all(&due, answers) {
                     errors += 1;
                     if let Some(hook) = &on_error {
                         hook(&error);
@@ -423,21 +528,43 @@ impl<S: AsyncSource> AsyncDispatcher<S> {
     }
 }
 
+/// Fires timers into workflows through an [`AsyncSource`]: an [`Engine`] with its workflow type
+/// erased.
+trait AsyncFirer<S>: Send + Sync {
+    fn fire<'a>(
+        &'a self,
+        source: &'a S,
+        timer: &'a TimerRow,
+        now: Timestamp,
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Handled>, Error>> + Send + 'a>>;
+}
+
 /// An engine that fires timers, with its workflow type erased.
 struct EngineFirer<W: Workflow>(Arc<Engine<W>>);
 
-impl<S: Store, W> Firer<S> for EngineFirer<W>
+impl<S: AsyncSource, W> AsyncFirer<S> for EngineFirer<W>
 where
-    W: Workflow + Send + Sync,
+    W: Workflow + Send + Sync + 'static,
     W::State: Send,
 {
-    fn fire(
-        &self,
-        store: &mut S,
-        timer: &TimerRow,
+    fn fire<'a>(
+        &'a self,
+        source: &'a S,
+        timer: &'a TimerRow,
         now: Timestamp,
-    ) -> Result<Option<Handled>, Error> {
-        self.0.fire(store, timer, now)
+    ) -> Pin<Box<dyn Future<Output = Result<Option<Handled>, Error>> + Send + 'a>> {
+        Box::pin(source.fire(&self.0, timer, now))
+    }
+}
+
+/// Awaits a store step of the source, `what`, turning a panic inside it into the store error
+/// that reports it.
+async fn step<T>(what: &str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    match CatchUnwind(std::pin::pin!(work)).await {
+        Ok(answer) => answer,
+        Err(panic) => Err(Error::Storage(
+            format!("the store's {what} panicked: {}", panic_message(&*panic)).into(),
+        )),
     }
 }
 
@@ -525,30 +652,6 @@ fn watch_for_work(
         .ok()
 }
 
-/// Extends the leases `due` on a store of `source`'s (as the synchronous heartbeat does); returns
-/// the errors it met.
-fn extend_all<S: AsyncSource>(
-    source: &S,
-    held: &HeldLeases,
-    due: Vec<(CommandId, u64)>,
-    ttl: Duration,
-    now: Timestamp,
-) -> Vec<Error> {
-    let mut store = match source.take_store() {
-        Ok(store) => store,
-        Err(error) => return vec![error],
-    };
-    let failed = due
-        .into_iter()
-        .filter_map(|(id, token)| {
-            let result = store.extend(&id, token, ttl, now);
-            held.extended(&id, token, result)
-        })
-        .collect();
-    source.put_store(store);
-    failed
-}
-
 /// When the loop last fired timers, and whether that round found any.
 #[derive(Default)]
 struct TimerRounds {
@@ -574,16 +677,13 @@ type Joined = (
 );
 
 struct Deliveries<S: AsyncSource> {
-    async_store: S,
-    /// The dispatcher's own store, for the [`Worker`]'s methods on a blocking thread (it remembers
-    /// the row keys of what it claimed, so acks reach their rows directly). Behind a lock only so
-    /// the loop may be shared between threads while it waits; `None` while a blocking call has it.
-    store: Mutex<Option<S::Store>>,
+    source: S,
     handler: Arc<AsyncHandler>,
-    books: Arc<Worker<S::Store>>,
+    books: Books,
     control: Arc<Control>,
     request: ClaimRequest,
-    timers: Option<TimerRounds>,
+    /// What fires timers and when it last did (none without a workflow).
+    timers: Option<(Arc<dyn AsyncFirer<S>>, TimerRounds)>,
     concurrency: usize,
     in_flight: JoinSet<Joined>,
     tally: Tally,
@@ -610,16 +710,13 @@ impl<S: AsyncSource> Deliveries<S> {
                     continue;
                 };
                 let claimed = !batch.is_empty();
-                self.start_all(batch);
+                self.start_all(batch).await;
                 // Acks and firings may have made work (feedback timers, new commands): look again.
                 if claimed || fired > 0 || acked {
                     continue;
                 }
                 if self.in_flight.is_empty() {
-                    if self.books.looks_for_unfired_timers() {
-                        self.on_store(|books, store, _, _| books.notice_unfired_timers(store))
-                            .await;
-                    }
+                    self.notice_unfired_timers().await;
                     if self.books.until_idle {
                         break;
                     }
@@ -632,62 +729,14 @@ impl<S: AsyncSource> Deliveries<S> {
         self.drain().await
     }
 
-    /// Runs `work` with the [`Worker`], the dispatcher's store (opened at first use), its acks in
-    /// waiting and its tally, on a blocking thread; `None` when the store could not be opened before
-    /// the dispatcher halted.
-    async fn on_store<R: Send + 'static>(
-        &mut self,
-        work: impl FnOnce(&Worker<S::Store>, &mut S::Store, &mut Vec<Done>, &mut Tally) -> R
-            + Send
-            + 'static,
-    ) -> Option<R> {
-        let store = self
-            .store
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let books = self.books.clone();
-        let (mut done, mut tally) = (
-            std::mem::take(&mut self.done),
-            std::mem::take(&mut self.tally),
-        );
-        let joined = ::tokio::task::spawn_blocking(move || {
-            let mut store = store.or_else(|| books.open_store(&mut tally));
-            let result = store
-                .as_mut()
-                .map(|store| work(&books, store, &mut done, &mut tally));
-            (store, done, tally, result)
-        })
-        .await;
-        match joined {
-            Ok((store, done, tally, result)) => {
-                *self.store.get_mut().unwrap_or_else(PoisonError::into_inner) = store;
-                (self.done, self.tally) = (done, tally);
-                result
-            }
-            Err(failed) => {
-                // The Worker's methods guard the workflow's and handler's code: this is a defect of
-                // ours. What was in waiting is lost to this loop; its leases run out.
-                self.books.store_failed(
-                    Error::Storage(
-                        format!("a store call of the dispatcher failed: {failed}").into(),
-                    ),
-                    &mut self.tally,
-                );
-                None
-            }
-        }
-    }
-
-    /// Fires due timers ([`Worker::fire_due_timers`]) when work was committed since the last round,
-    /// the last round fired something, or a poll interval passed; returns how many events it
-    /// committed.
+    /// Fires due timers when work was committed since the last round, the last round fired
+    /// something, or a poll interval passed; returns how many events it committed.
     async fn fire_timers(&mut self) -> usize {
-        let Some(rounds) = &mut self.timers else {
+        let Some((firer, rounds)) = &mut self.timers else {
             return 0;
         };
-        let mark = self.async_store.wakeup().map_or(0, |wakeup| wakeup.mark());
-        let poll = self.books.config.poll_interval;
+        let mark = self.source.wakeup().map_or(0, |wakeup| wakeup.mark());
+        let poll = self.books.settings.poll_interval;
         let due = rounds.fired > 0
             || mark != rounds.mark
             || rounds.last.is_none_or(|t| t.elapsed() >= poll);
@@ -695,38 +744,53 @@ impl<S: AsyncSource> Deliveries<S> {
             return 0;
         }
         (rounds.mark, rounds.last) = (mark, Some(Instant::now()));
-        let fired = self
-            .on_store(|books, store, _, tally| books.fire_due_timers(store, tally))
-            .await
-            .unwrap_or(0);
-        if let Some(rounds) = &mut self.timers {
+        let firer = firer.clone();
+        let books = &self.books;
+        let (limit, ttl) = (books.settings.batch_size, books.settings.lease_ttl);
+        let now = books.clock.now();
+        let taken = step("claim_timers", self.source.claim_timers(limit, ttl, now)).await;
+        let mut fired = 0;
+        for timer in &books.timers_taken(taken, &mut self.tally) {
+            if books.halted(&self.tally) {
+                break; // the rest are taken back when their take runs out
+            }
+            let firing = CatchUnwind(firer.fire(&self.source, timer, books.clock.now())).await;
+            if books.timer_fired(timer, firing, &mut self.tally) {
+                fired += 1;
+            }
+        }
+        if let Some((_, rounds)) = &mut self.timers {
             rounds.fired = fired;
         }
         fired
     }
 
     /// Acknowledges what finished and claims up to `room` commands, in one write
-    /// ([`Worker::settle_and_claim`]).
+    /// ([`AsyncSource::complete_all_and_claim`]); `None` when the store failed.
     async fn settle_and_claim(&mut self, room: usize) -> Option<Vec<Delivery>> {
         let request = self.request.clone().limit(room.min(self.request.limit));
-        let received = self.received.clone();
-        self.on_store(move |books, store, done, tally| {
-            books.settle_and_claim(store, &received, done, &request, tally)
-        })
-        .await
-        .flatten()
+        let settle = settle_span_of(&self.received, &self.done);
+        let acks = take_acks(&mut self.done);
+        let now = self.books.clock.now();
+        let claim = self.source.complete_all_and_claim(acks, &request, now);
+        let handover = step("complete_all_and_claim", claim)
+            .instrument(settle.clone())
+            .await;
+        let (done, tally) = (&mut self.done, &mut self.tally);
+        self.books.handed_over(&settle, done, handover, tally)
     }
 
     /// Runs each delivery as a task of its own, in its `process` span, its lease held for the
-    /// heartbeat.
-    fn start_all(&mut self, batch: Vec<Delivery>) {
+    /// heartbeat. A batch whose claim ended after the dispatcher was told to stop is given back
+    /// undelivered instead, as the synchronous worker gives back the rest of its batch.
+    async fn start_all(&mut self, batch: Vec<Delivery>) {
         if batch.is_empty() {
             return;
         }
-        self.tally.stats.claimed += batch.len() as u64;
-        self.books.held.hold(&batch);
-        let now = self.books.clock.now();
-        self.received = telemetry::received(&self.books.name, &batch, now);
+        self.received = self.books.claimed(&batch, &mut self.tally);
+        if self.books.halted(&self.tally) {
+            return self.release(batch).await;
+        }
         for delivery in batch {
             let process = self
                 .received
@@ -743,8 +807,23 @@ impl<S: AsyncSource> Deliveries<S> {
         }
     }
 
-    /// Settles a delivery whose handler returned ([`Worker::judge`]): an ack waits for the next
-    /// claim; a failure is settled now ([`Worker::fail`]).
+    /// Gives back the undelivered `batch` ([`AsyncSource::release`]).
+    async fn release(&mut self, batch: Vec<Delivery>) {
+        let settle = self
+            .received
+            .in_scope(|| telemetry::settle_span("release", batch.iter()));
+        for delivery in &batch {
+            let (id, token, now) = (&delivery.command_id, delivery.token, self.books.clock.now());
+            let result = step("release", self.source.release(id, token, now))
+                .instrument(settle.clone())
+                .await;
+            let _settle = settle.enter();
+            self.books.released(delivery, result, &mut self.tally);
+        }
+    }
+
+    /// Settles a delivery whose handler returned ([`Books::judge`]): an ack waits for the next
+    /// claim; a failure is settled now ([`AsyncSource::fail`]).
     async fn finished(&mut self, joined: Result<Joined, ::tokio::task::JoinError>) {
         let Ok((delivery, process, started, outcome)) = joined else {
             return; // aborted at the shutdown deadline: its lease runs out
@@ -760,20 +839,38 @@ impl<S: AsyncSource> Deliveries<S> {
             .judge(&process, &delivery, outcome, &mut self.tally)
         {
             Some(Verdict::Done(result)) => self.done.push((delivery, result)),
-            Some(Verdict::Failed(failure)) => {
-                self.on_store(move |books, store, _, tally| {
-                    books.fail(store, &delivery, failure, tally)
-                })
-                .await;
-            }
+            Some(Verdict::Failed(failure)) => self.fail(&process, &delivery, failure).await,
             None => {}
+        }
+    }
+
+    /// Settles a failed delivery, in a span inside its `process` span.
+    async fn fail(&mut self, process: &tracing::Span, delivery: &Delivery, failure: Failure) {
+        let settle = process.in_scope(|| telemetry::settle_span("fail", std::iter::once(delivery)));
+        let books = &self.books;
+        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.settings.policy);
+        let failing = self
+            .source
+            .fail(id, token, &failure, policy, books.clock.now());
+        let result = step("fail", failing).instrument(settle.clone()).await;
+        let _settle = settle.enter();
+        books.failed(&settle, delivery, failure, result, &mut self.tally);
+    }
+
+    /// Once per dispatcher that fires no timers, when it first finds nothing to do: looks whether
+    /// timers are due ([`Books::take_look_for_unfired_timers`]).
+    async fn notice_unfired_timers(&self) {
+        if self.books.take_look_for_unfired_timers() {
+            let now = self.books.clock.now();
+            let due = step("any_timer_due", self.source.any_timer_due(now)).await;
+            self.books.looked_for_unfired_timers(due);
         }
     }
 
     /// Nothing claimable and nothing in flight: waits for work committed in this process, the poll
     /// interval (for other processes' commits), or the stop.
     async fn idle(&self) {
-        let poll = self.books.config.poll_interval;
+        let poll = self.books.settings.poll_interval;
         ::tokio::select! {
             () = self.control.work.notified() => {}
             () = ::tokio::time::sleep(poll) => {}
@@ -783,7 +880,7 @@ impl<S: AsyncSource> Deliveries<S> {
     /// Waits for a delivery to finish, for new work when there is room for it, for the poll
     /// interval, or for the stop.
     async fn wait_for_a_delivery(&mut self, room: bool) {
-        let poll = self.books.config.poll_interval;
+        let poll = self.books.settings.poll_interval;
         ::tokio::select! {
             joined = self.in_flight.join_next() => {
                 if let Some(joined) = joined {
@@ -797,18 +894,13 @@ impl<S: AsyncSource> Deliveries<S> {
 
     /// Pauses after a failed store operation, longer with each failure in a row.
     async fn back_off(&self) {
-        if !self.books.halted(&self.tally) {
-            let pause = error_backoff(
-                self.books.config.poll_interval,
-                self.tally.failures_in_a_row,
-            );
+        if let Some(pause) = self.books.error_pause(&self.tally) {
             self.control.pause(pause).await;
         }
     }
 
     /// Stopping: lets the deliveries in flight finish (until the shutdown deadline, if any; the
-    /// rest are cut off and their leases run out), acknowledges them ([`Worker::flush`]), and
-    /// returns the books.
+    /// rest are cut off and their leases run out), acknowledges them, and returns the books.
     async fn drain(mut self) -> Finished {
         loop {
             while let Some(joined) = self.in_flight.try_join_next() {
@@ -831,37 +923,38 @@ impl<S: AsyncSource> Deliveries<S> {
         }
         let unfinished = self.in_flight.len();
         self.in_flight.abort_all();
-        if !self.done.is_empty() {
-            let received = self.received.clone();
-            self.on_store(move |books, store, done, tally| {
-                let _batch = received.enter();
-                books.flush(store, done, tally)
-            })
-            .await;
-        }
-        if let Some(store) = self
-            .store
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            self.async_store.put_store(store);
-        }
+        self.flush().await;
         Finished {
             tally: self.tally,
             unfinished,
         }
     }
+
+    /// Completes the acks in waiting in one durable write ([`AsyncSource::complete_all`]), then
+    /// reports them.
+    async fn flush(&mut self) {
+        if self.done.is_empty() {
+            return;
+        }
+        let settle = settle_span_of(&self.received, &self.done);
+        let acks = take_acks(&mut self.done);
+        let now = self.books.clock.now();
+        let results = step("complete_all", self.source.complete_all(acks, now))
+            .instrument(settle.clone())
+            .await;
+        let (done, tally) = (&mut self.done, &mut self.tally);
+        self.books.settled(&settle, done, results, tally);
+    }
 }
 
-/// A handler's future, with a panic caught as the synchronous dispatcher catches a handler's.
-struct CatchUnwind(BoxedOutcome);
+/// A future, with a panic inside it caught as the synchronous dispatcher catches a handler's.
+struct CatchUnwind<F>(F);
 
-impl Future for CatchUnwind {
-    type Output = std::thread::Result<Outcome>;
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let inner = self.0.as_mut();
+        let inner = Pin::new(&mut self.0);
         match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
             Ok(Poll::Pending) => Poll::Pending,
             Ok(Poll::Ready(outcome)) => Poll::Ready(Ok(outcome)),
@@ -922,5 +1015,300 @@ impl Drop for RunningAsyncDispatcher {
     fn drop(&mut self) {
         self.control.stop();
         self.control.stop_heartbeat();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::MutexGuard;
+
+    use miniflow_core::prelude::*;
+    use miniflow_core::{
+        json, Command, Commit, Decision, Event, MemoryStore, Seq, Status, WorkflowId,
+    };
+
+    use super::*;
+
+    /// A source over one in-memory store, which can be told to pause after a claim that took
+    /// something, or to panic in its claims; it counts the leases of each `extend_all`.
+    #[derive(Clone, Default)]
+    struct Source {
+        store: Arc<Mutex<MemoryStore>>,
+        pause_after_claim: Option<Duration>,
+        claimed_some: Arc<AtomicBool>,
+        claims_panic: bool,
+        extend_alls: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl Source {
+        /// With `n` commands due.
+        fn with_commands(n: usize) -> Self {
+            let mut store = MemoryStore::new();
+            let commands: Vec<Command> = (0..n).map(|_| Command::new("k", json!({}))).collect();
+            let event = Event::new("e", json!({}));
+            let id = WorkflowId::new("w").unwrap();
+            let commit = Commit::new(
+                id,
+                Seq::ZERO,
+                event,
+                Decision::from(commands),
+                Timestamp::EPOCH,
+            );
+            store.append_with_commands(&commit.unwrap()).unwrap();
+            Self {
+                store: Arc::new(Mutex::new(store)),
+                ..Self::default()
+            }
+        }
+
+        fn store(&self) -> MutexGuard<'_, MemoryStore> {
+            self.store.lock().unwrap_or_else(PoisonError::into_inner)
+        }
+    }
+
+    impl AsyncSource for Source {
+        async fn complete_all_and_claim(
+            &self,
+            acks: Vec<Ack>,
+            request: &ClaimRequest,
+            now: Timestamp,
+        ) -> Result<Handover, Error> {
+            assert!(!self.claims_panic, "the claim broke");
+            let handover = self.store().complete_all_and_claim(acks, request, now)?;
+            if handover
+                .claimed
+                .as_ref()
+                .is_ok_and(|batch| !batch.is_empty())
+            {
+                self.claimed_some.store(true, Ordering::SeqCst);
+                if let Some(pause) = self.pause_after_claim {
+                    ::tokio::time::sleep(pause).await;
+                }
+            }
+            Ok(handover)
+        }
+        async fn complete_all(
+            &self,
+            acks: Vec<Ack>,
+            now: Timestamp,
+        ) -> Result<Vec<Result<(), Error>>, Error> {
+            self.store().complete_all(acks, now)
+        }
+        async fn fail(
+            &self,
+            id: &CommandId,
+            token: u64,
+            failure: &Failure,
+            policy: &RetryPolicy,
+            now: Timestamp,
+        ) -> Result<Settled, Error> {
+            self.store().fail(id, token, failure, policy, now)
+        }
+        async fn extend_all(
+            &self,
+            leases: &[(CommandId, u64)],
+            ttl: Duration,
+            now: Timestamp,
+        ) -> Result<Vec<Result<Extended, Error>>, Error> {
+            self.extend_alls.lock().unwrap().push(leases.len());
+            self.store().extend_all(leases, ttl, now)
+        }
+        async fn release(&self, id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
+            self.store().release(id, token, now)
+        }
+        async fn claim_timers(
+            &self,
+            limit: usize,
+            ttl: Duration,
+            now: Timestamp,
+        ) -> Result<Vec<TimerRow>, Error> {
+            self.store().claim_timers(limit, ttl, now)
+        }
+        async fn fire<W>(
+            &self,
+            engine: &Arc<Engine<W>>,
+            timer: &TimerRow,
+            now: Timestamp,
+        ) -> Result<Option<Handled>, Error>
+        where
+            W: Workflow + Send + Sync + 'static,
+            W::State: Send,
+        {
+            engine.fire(&mut *self.store(), timer, now)
+        }
+        async fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+            self.store().any_timer_due(now)
+        }
+        fn clock(&self) -> Arc<dyn Clock + Send + Sync> {
+            Arc::new(SystemClock)
+        }
+        fn wakeup(&self) -> Option<Arc<dyn Wakeup>> {
+            None
+        }
+    }
+
+    fn runtime() -> ::tokio::runtime::Runtime {
+        ::tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A batch whose claim ends after the dispatcher was told to stop is given back, undelivered
+    /// and its attempts not counted, as the synchronous worker gives back the rest of its batch.
+    #[test]
+    fn a_batch_claimed_as_the_dispatcher_stops_is_given_back_undelivered() {
+        runtime().block_on(async {
+            let source = Source {
+                pause_after_claim: Some(Duration::from_millis(200)),
+                ..Source::with_commands(3)
+            };
+            let delivered = Arc::new(AtomicU64::new(0));
+            let handler = {
+                let delivered = delivered.clone();
+                move |_: Delivery| {
+                    delivered.fetch_add(1, Ordering::SeqCst);
+                    async { Outcome::Done }
+                }
+            };
+            let running = AsyncDispatcher::new(source.clone(), handler)
+                .concurrency(3)
+                .start()
+                .unwrap();
+            while !source.claimed_some.load(Ordering::SeqCst) {
+                ::tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let shutdown = running.shutdown(Duration::from_secs(5)).await;
+            assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
+            let stats = shutdown.stats;
+            assert_eq!(
+                (stats.claimed, stats.released, stats.completed),
+                (3, 3, 0),
+                "{stats:?}"
+            );
+            assert_eq!(delivered.load(Ordering::SeqCst), 0);
+            for row in source.store().pending(10).unwrap() {
+                assert_eq!((row.status, row.attempts), (Status::Pending, 0), "{row:?}");
+            }
+        });
+    }
+
+    /// The heartbeat extends all the leases in flight in one `extend_all` a tick.
+    #[test]
+    fn the_heartbeat_extends_the_leases_in_flight_in_one_call() {
+        runtime().block_on(async {
+            let source = Source::with_commands(3);
+            let stats = AsyncDispatcher::new(source.clone(), |_: Delivery| async {
+                ::tokio::time::sleep(Duration::from_millis(500)).await;
+                Outcome::Done
+            })
+            .concurrency(3)
+            .lease_ttl(Duration::from_millis(200))
+            .run_until_idle()
+            .await
+            .unwrap();
+            assert_eq!((stats.completed, stats.lost_leases), (3, 0), "{stats:?}");
+            let calls = source.extend_alls.lock().unwrap().clone();
+            assert!(calls.contains(&3), "three leases in one call: {calls:?}");
+        });
+    }
+
+    /// One value of settings configures either dispatcher: both use its observer and bounds (the
+    /// async one its name in the leases), both refuse a setting out of bounds naming it, and a
+    /// builder method after `settings` changes that one setting.
+    #[test]
+    fn one_settings_value_configures_both_dispatchers() {
+        let settled = Arc::new(AtomicU64::new(0));
+        let count = settled.clone();
+        let settings = DispatcherSettings::new()
+            .name("shared")
+            .on_settled(move |_, _| {
+                count.fetch_add(1, Ordering::SeqCst);
+            });
+        let owners = |source: &Source| -> Vec<String> {
+            let rows = source
+                .store()
+                .commands(&WorkflowId::new("w").unwrap())
+                .unwrap();
+            rows.iter()
+                .map(|row| {
+                    row.lease
+                        .as_ref()
+                        .map_or("none".into(), |l| l.owner.clone())
+                })
+                .collect()
+        };
+
+        let sync = Source::with_commands(2);
+        let store = sync.store.clone();
+        let stats = Dispatcher::new(
+            move || Ok(store.lock().unwrap().clone()),
+            |_: &Delivery| Outcome::Done,
+        )
+        .settings(settings.clone())
+        .run_until_idle()
+        .unwrap();
+        assert_eq!(stats.completed, 2);
+        let refused = Dispatcher::new(|| Ok(MemoryStore::new()), |_: &Delivery| Outcome::Done)
+            .settings(settings.clone().lease_ttl(Duration::from_millis(1)))
+            .run_until_idle();
+        assert!(matches!(
+            refused,
+            Err(Error::InvalidInput {
+                field: "lease_ttl",
+                ..
+            })
+        ));
+
+        runtime().block_on(async {
+            let source = Source::with_commands(2);
+            let dispatcher = || {
+                AsyncDispatcher::new(source.clone(), |_: Delivery| async { Outcome::Done })
+                    .settings(settings.clone().batch_size(0))
+            };
+            let refused = dispatcher().run_until_idle().await;
+            assert!(matches!(
+                refused,
+                Err(Error::InvalidInput {
+                    field: "batch_size",
+                    ..
+                })
+            ));
+            let stats = dispatcher().batch_size(1).run_until_idle().await.unwrap();
+            assert_eq!(stats.completed, 2);
+            assert_eq!(owners(&source), ["shared", "shared"]);
+        });
+        assert_eq!(
+            settled.load(Ordering::SeqCst),
+            4,
+            "one observer for both dispatchers"
+        );
+    }
+
+    /// A store step that panics is a store error, counted, reported and returned by
+    /// `run_until_idle`, naming the step.
+    #[test]
+    fn a_store_step_that_panics_is_reported_as_a_store_error() {
+        runtime().block_on(async {
+            let source = Source {
+                claims_panic: true,
+                ..Source::with_commands(1)
+            };
+            let reported = Arc::new(Mutex::new(Vec::new()));
+            let log = reported.clone();
+            let error = AsyncDispatcher::new(source, |_: Delivery| async { Outcome::Done })
+                .on_error(move |e| log.lock().unwrap().push(e.to_string()))
+                .run_until_idle()
+                .await
+                .unwrap_err();
+            let error = error.to_string();
+            assert!(
+                error.contains("complete_all_and_claim panicked")
+                    && error.contains("the claim broke"),
+                "{error}"
+            );
+            assert_eq!(*reported.lock().unwrap(), [error]);
+        });
     }
 }

@@ -82,6 +82,30 @@ impl HeldLeases {
         }
         None
     }
+
+    /// Records what a heartbeat's one call to extend the leases `due` gave
+    /// ([`miniflow_core::Outbox::extend_all`]): each answer as [`HeldLeases::extended`] records it.
+    /// Returns the errors to report: the call's when the store failed as a whole, each lease's that
+    /// the store failed on, and one for each lease the store gave no answer for (they stay held
+    /// until they expire: the next tick tries again).
+    pub(super) fn extended_all(
+        &self,
+        due: &[(CommandId, u64)],
+        answers: Result<Vec<Result<Extended, Error>>, Error>,
+    ) -> Vec<Error> {
+        let mut answers = match answers {
+            Ok(answers) => answers.into_iter(),
+            Err(error) => return vec![error],
+        };
+        due.iter()
+            .filter_map(|(id, token)| match answers.next() {
+                Some(answer) => self.extended(id, *token, answer),
+                None => Some(Error::Storage(
+                    format!("extend_all gave no answer for the lease of {id}").into(),
+                )),
+            })
+            .collect()
+    }
 }
 
 thread_local! {
@@ -153,7 +177,8 @@ pub(super) struct Heartbeat<S> {
 }
 
 impl<S: Store> Heartbeat<S> {
-    /// Every quarter TTL, extends the leases that are past half their TTL; a stale one is marked lost.
+    /// Every quarter TTL, extends the leases that are past half their TTL, all in one store call; a
+    /// stale one is marked lost.
     pub(super) fn run(self) {
         let tick = self.lease_ttl / 4;
         let Some(mut store) = self.open_store(tick) else {
@@ -162,11 +187,13 @@ impl<S: Store> Heartbeat<S> {
         while !self.stop.load(Ordering::SeqCst) {
             sleep_unless(&self.stop, tick);
             let now = self.clock.now();
-            for (id, token) in self.held.due_for_extension(now, self.lease_ttl) {
-                let result = store.extend(&id, token, self.lease_ttl, now);
-                if let Some(error) = self.held.extended(&id, token, result) {
-                    self.failed(&error);
-                }
+            let due = self.held.due_for_extension(now, self.lease_ttl);
+            if due.is_empty() {
+                continue;
+            }
+            let answers = store.extend_all(&due, self.lease_ttl, now);
+            for error in self.held.extended_all(&due, answers) {
+                self.failed(&error);
             }
         }
     }

@@ -29,6 +29,8 @@ use serde_json::Value;
 
 use crate::{telemetry, SystemClock};
 
+#[macro_use]
+mod settings;
 mod acks;
 #[cfg(feature = "tokio")]
 pub(crate) mod asynchronous;
@@ -40,6 +42,7 @@ use self::acks::*;
 pub use self::idle::Wakeup;
 pub use self::leases::cancellation_requested;
 use self::leases::*;
+pub use self::settings::DispatcherSettings;
 use self::worker::*;
 
 /// What a handler reports about one delivery.
@@ -288,54 +291,30 @@ pub struct Dispatcher<S> {
     open: Arc<Opener<S>>,
     handler: Arc<dyn Handler>,
     firer: Option<Arc<dyn Firer<S>>>,
-    observer: Option<Arc<Observer>>,
-    on_error: Option<Arc<ErrorHook>>,
     clock: Arc<dyn Clock + Send + Sync>,
     idle: Option<Arc<dyn Wakeup>>,
     config: Config,
 }
 
+/// The synchronous dispatcher's settings: those it shares with the async dispatcher, and its own.
 #[derive(Debug, Clone)]
 struct Config {
-    name: String,
+    settings: DispatcherSettings,
     workers: usize,
-    batch_size: usize,
-    lease_ttl: Duration,
-    policy: RetryPolicy,
-    order: ClaimOrder,
-    poll_interval: Duration,
     ack_delay: Duration,
     stats_interval: Option<Duration>,
 }
 
 impl Config {
-    /// The claim each worker makes, for the worker named `worker`.
-    fn claim_request(&self, worker: String) -> ClaimRequest {
-        ClaimRequest::new(worker)
-            .limit(self.batch_size)
-            .lease_ttl(self.lease_ttl)
-            .order(self.order)
-            .retry_policy(&self.policy)
-    }
-
     /// Refuses settings out of bounds, naming the setting and its value.
     fn validate(&self) -> Result<(), Error> {
         within("workers", self.workers, 1..=MAX_WORKERS)?;
-        within("batch_size", self.batch_size, 1..=ClaimRequest::MAX_LIMIT)?;
-        within(
-            "lease_ttl",
-            self.lease_ttl,
-            MIN_LEASE_TTL..=ClaimRequest::MAX_LEASE_TTL,
-        )?;
-        within("poll_interval", self.poll_interval, POLL_INTERVAL)?;
         within("ack_delay", self.ack_delay, Duration::ZERO..=MAX_ACK_DELAY)?;
         if let Some(interval) = self.stats_interval {
             within("report_stats", interval, STATS_INTERVAL)?;
         }
-        // The longest worker name, and every bound a store checks on a claim.
-        self.claim_request(format!("{}-{}", self.name, self.workers - 1))
-            .validate()?;
-        self.policy.validate()
+        let longest = format!("{}-{}", self.settings.name, self.workers - 1);
+        self.settings.validate(longest)
     }
 }
 
@@ -371,22 +350,23 @@ impl<S: Store + 'static> Dispatcher<S> {
             open: Arc::new(open),
             handler: Arc::new(handler),
             firer: None,
-            observer: None,
-            on_error: None,
             clock: Arc::new(SystemClock),
             idle: None,
             config: Config {
-                name: format!("worker-{}", std::process::id()),
+                settings: DispatcherSettings::new(),
                 workers: 1,
-                batch_size: 64,
-                lease_ttl: Duration::from_secs(30),
-                policy: RetryPolicy::default(),
-                order: ClaimOrder::DueFirst,
-                poll_interval: Duration::from_millis(50),
                 ack_delay: Duration::from_millis(10),
                 stats_interval: None,
             },
         }
+    }
+
+    dispatcher_settings!();
+
+    /// Applies `change` to the settings shared with the async dispatcher.
+    fn configure(mut self, change: impl FnOnce(DispatcherSettings) -> DispatcherSettings) -> Self {
+        self.config.settings = change(self.config.settings);
+        self
     }
 
     /// Also fires due timers and failure feedback (`command_failed`, `command_resolved`) into their
@@ -422,46 +402,6 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
-    /// Claims up to `size` commands per transaction: 1 to [`ClaimRequest::MAX_LIMIT`] (1,000).
-    #[must_use]
-    pub fn batch_size(mut self, size: usize) -> Self {
-        self.config.batch_size = size;
-        self
-    }
-
-    /// Leases each claimed command (and takes each due timer) for `ttl`: 4 ms to
-    /// [`ClaimRequest::MAX_LEASE_TTL`] (24 h). The heartbeat extends the lease every quarter TTL while
-    /// the delivery runs, so the TTL need not cover the slowest delivery; it is how long the commands
-    /// of a crashed worker wait before another worker takes them over.
-    #[must_use]
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.config.lease_ttl = ttl;
-        self
-    }
-
-    /// Retries failures by `policy`, which must pass [`RetryPolicy::validate`] (delays up to 30 days,
-    /// a finite multiplier of at least 1, a jitter from 0 to 1).
-    #[must_use]
-    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.policy = policy;
-        self
-    }
-
-    /// Claims in `order`; [`ClaimOrder::StrictPerWorkflow`] delivers a workflow's commands one by one.
-    #[must_use]
-    pub fn order(mut self, order: ClaimOrder) -> Self {
-        self.config.order = order;
-        self
-    }
-
-    /// How long an idle worker waits before it looks for due commands again: 1 ms to 60 s. It is
-    /// also the first pause after a failed store operation (see [`Dispatcher::on_error`]).
-    #[must_use]
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
     /// How long a worker keeps the acks of completed deliveries to write them together: 0 (each on
     /// its own) to 60 s. Larger values group more acks per transaction; a completion is only
     /// reported once durable.
@@ -489,50 +429,10 @@ impl<S: Store + 'static> Dispatcher<S> {
         self
     }
 
-    /// Names the workers `{name}-{n}` in their leases: each name must pass
-    /// [`ClaimRequest::validate`] (1 to 128 bytes, no control characters).
-    #[must_use]
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.config.name = name.into();
-        self
-    }
-
     /// Takes `now` from `clock` (a [`miniflow_core::ManualClock`] in tests).
     #[must_use]
     pub fn clock(mut self, clock: Arc<dyn Clock + Send + Sync>) -> Self {
         self.clock = clock;
-        self
-    }
-
-    /// Calls `observer` after each delivery is settled (durably, for completions).
-    #[must_use]
-    pub fn on_settled(
-        mut self,
-        observer: impl Fn(&Delivery, &Settlement) + Send + Sync + 'static,
-    ) -> Self {
-        self.observer = Some(Arc::new(observer));
-        self
-    }
-
-    /// Calls `hook` with each error a worker or the heartbeat meets:
-    ///
-    /// - a failed store operation (opening a store, claiming, settling, extending a lease, firing a
-    ///   timer), also counted in [`Stats::store_errors`];
-    /// - a timer whose event its workflow rejected ([`Error::Rejected`], [`Stats::timers_rejected`]);
-    /// - a timer during whose firing the workflow panicked, reported as an [`Error::Rejected`] whose
-    ///   reason says so ([`Stats::timer_panics`]).
-    /// - once per dispatcher, as an [`Error::InvalidInput`]: a handler's result for a command that
-    ///   did not ask for one (field `result`: kept on the command, its workflow not told), and
-    ///   feedback or timers due while this dispatcher fires none (field `workflow`, see
-    ///   [`Dispatcher::workflow`]).
-    ///
-    /// After a failed store operation the worker pauses before it tries again: the poll interval,
-    /// doubling with each failure in a row, up to 5 s (or the poll interval, if longer). It runs on
-    /// the worker's thread in the middle of its loop: keep it cheap (log, count, send on a channel)
-    /// and do not panic in it.
-    #[must_use]
-    pub fn on_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
-        self.on_error = Some(Arc::new(hook));
         self
     }
 
@@ -568,6 +468,7 @@ impl<S: Store + 'static> Dispatcher<S> {
 
     fn spawn(&self, until_idle: bool) -> Result<RunningDispatcher, Error> {
         self.config.validate()?;
+        let settings = &self.config.settings;
         // Open one store up front so a wrong path fails here, not in every thread.
         drop((self.open)()?);
         let mut running = RunningDispatcher {
@@ -588,73 +489,75 @@ impl<S: Store + 'static> Dispatcher<S> {
         // On an error the threads already started stop: dropping `running` sets `stop`.
         for n in 0..self.config.workers {
             let worker = Worker {
-                name: format!("{}-{n}", self.config.name),
+                books: Books {
+                    name: format!("{}-{n}", settings.name),
+                    settings: settings.clone(),
+                    clock: self.clock.clone(),
+                    stop: running.stop.clone(),
+                    held: held.clone(),
+                    until_idle,
+                    fires_timers: self.firer.is_some(),
+                    notices: notices.clone(),
+                },
                 open: self.open.clone(),
                 handler: self.handler.clone(),
                 firer: self.firer.clone(),
-                observer: self.observer.clone(),
-                on_error: self.on_error.clone(),
-                clock: self.clock.clone(),
-                config: self.config.clone(),
-                stop: running.stop.clone(),
-                held: held.clone(),
                 idle: self.idle.clone(),
-                until_idle,
+                ack_delay: self.config.ack_delay,
                 acks: board
                     .as_ref()
                     .map(|board| (board.parked[n].clone(), board.clone())),
-                notices: notices.clone(),
             };
+            let name = worker.books.name.clone();
             running
                 .workers
-                .push(spawn_named(worker.name.clone(), move || worker.run())?);
+                .push(spawn_named(name, move || worker.run())?);
         }
         let held_by_flusher = held.clone();
         let heartbeat = Heartbeat {
             open: self.open.clone(),
-            on_error: self.on_error.clone(),
+            on_error: settings.on_error.clone(),
             errors: running.heartbeat_errors.clone(),
             clock: self.clock.clone(),
-            lease_ttl: self.config.lease_ttl,
+            lease_ttl: settings.lease_ttl,
             held,
             stop: running.helpers_stop.clone(),
         };
         running.heartbeat = Some(spawn_named(
-            format!("{}-heartbeat", self.config.name),
+            format!("{}-heartbeat", settings.name),
             move || heartbeat.run(),
         )?);
         if let Some(board) = &board {
             running.acks = Some(AckReports {
                 board: board.clone(),
-                observer: self.observer.clone(),
-                on_error: self.on_error.clone(),
+                observer: settings.observer.clone(),
+                on_error: settings.on_error.clone(),
             });
             let flusher = Flusher {
                 open: self.open.clone(),
                 board: board.clone(),
                 held: held_by_flusher,
-                on_error: self.on_error.clone(),
+                on_error: settings.on_error.clone(),
                 errors: running.heartbeat_errors.clone(),
                 clock: self.clock.clone(),
                 delay: self.config.ack_delay,
                 stop: running.helpers_stop.clone(),
             };
-            running.flusher = Some(spawn_named(
-                format!("{}-acks", self.config.name),
-                move || flusher.run(),
-            )?);
+            running.flusher = Some(spawn_named(format!("{}-acks", settings.name), move || {
+                flusher.run()
+            })?);
         }
         if let Some(interval) = self.config.stats_interval {
             let reporter = StatsReporter {
                 open: self.open.clone(),
-                on_error: self.on_error.clone(),
+                on_error: settings.on_error.clone(),
                 errors: running.heartbeat_errors.clone(),
                 clock: self.clock.clone(),
                 interval,
                 stop: running.helpers_stop.clone(),
             };
             running.stats = Some(spawn_named(
-                format!("{}-stats", self.config.name),
+                format!("{}-stats", settings.name),
                 move || reporter.run(),
             )?);
         }
@@ -813,6 +716,63 @@ mod tests {
         let slow = Duration::from_secs(60);
         assert_eq!(error_backoff(slow, 1), slow, "never shorter than the poll");
         assert_eq!(error_backoff(slow, 30), slow);
+    }
+
+    #[test]
+    fn a_heartbeats_answers_are_recorded_lease_by_lease() {
+        let id = |n: u32| -> CommandId { format!("w:1:{n}").parse().unwrap() };
+        let at = Timestamp::from_millis;
+        let delivery = |n: u32| Delivery {
+            command_id: id(n),
+            kind: "k".into(),
+            payload: Value::Null,
+            attempt: 1,
+            token: 7,
+            lease_expires_at: at(100),
+            due_at: at(0),
+            trace_context: None,
+            reports_result: false,
+        };
+        let held = HeldLeases::default();
+        held.hold(&(0..5).map(delivery).collect::<Vec<_>>());
+        let due: Vec<_> = (0..5).map(|n| (id(n), 7)).collect();
+        let stale = Error::StaleLease {
+            command_id: id(1),
+            token: 7,
+            current: "leased by w2 with token 8".into(),
+        };
+        let answers = vec![
+            Ok(Extended {
+                expires_at: at(500),
+                cancel_requested: false,
+            }),
+            Err(stale),
+            Ok(Extended {
+                expires_at: at(500),
+                cancel_requested: true,
+            }),
+            Err(Error::Busy("locked".into())),
+        ];
+        let errors = held.extended_all(&due, Ok(answers));
+        let reported: Vec<_> = errors.iter().map(|e| e.to_string()).collect();
+        assert_eq!(reported.len(), 2, "{reported:?}");
+        assert!(reported[0].contains("locked"), "{reported:?}");
+        assert!(reported[1].contains("no answer") && reported[1].contains("w:1:4"));
+        let leases = held.lock().clone();
+        assert_eq!(leases[&id(0)].expires_at, at(500));
+        assert!(!leases[&id(0)].lost && !leases[&id(0)].cancel_requested);
+        assert!(leases[&id(1)].lost, "a stale answer is a lost lease");
+        assert!(leases[&id(2)].cancel_requested);
+        for n in [3, 4] {
+            let lease = leases[&id(n)];
+            assert_eq!(
+                (lease.expires_at, lease.lost),
+                (at(100), false),
+                "w:1:{n} held as it was"
+            );
+        }
+        let failed = held.extended_all(&due, Err(Error::Storage("disk I/O error".into())));
+        assert_eq!(failed.len(), 1, "a failed call is one error");
     }
 
     #[test]

@@ -2,24 +2,37 @@
 
 use super::*;
 
-pub(super) struct Worker<S> {
+/// What one worker knows and how it keeps its books, whichever dispatcher runs it: the synchronous
+/// [`Worker`] calls a store, the async dispatcher an [`super::asynchronous::AsyncSource`], and both
+/// hand each answer to these methods. What an outcome means, how a settlement is counted, traced
+/// and reported, the notices, the backoff after a store error and when a worker of
+/// `run_until_idle` gives up are stated here once; nothing here calls a store.
+pub(super) struct Books {
+    /// The worker's name in its leases.
     pub(super) name: String,
+    pub(super) settings: DispatcherSettings,
+    pub(super) clock: Arc<dyn Clock + Send + Sync>,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) held: Arc<HeldLeases>,
+    pub(super) until_idle: bool,
+    /// Whether the dispatcher fires timers (built with a workflow).
+    pub(super) fires_timers: bool,
+    /// What the dispatcher has told `on_error` once already.
+    pub(super) notices: Arc<Notices>,
+}
+
+/// A worker thread of the synchronous dispatcher: its books, and the store calls it makes.
+pub(super) struct Worker<S> {
+    pub(super) books: Books,
     pub(super) open: Arc<Opener<S>>,
     pub(super) handler: Arc<dyn Handler>,
     pub(super) firer: Option<Arc<dyn Firer<S>>>,
-    pub(super) observer: Option<Arc<Observer>>,
-    pub(super) on_error: Option<Arc<ErrorHook>>,
-    pub(super) clock: Arc<dyn Clock + Send + Sync>,
-    pub(super) config: Config,
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) held: Arc<HeldLeases>,
     pub(super) idle: Option<Arc<dyn Wakeup>>,
-    pub(super) until_idle: bool,
+    /// How long the worker keeps acks to write them together ([`Dispatcher::ack_delay`]).
+    pub(super) ack_delay: Duration,
     /// Where the worker parks its kept acks while a handler runs, and the board of the flusher that
     /// writes them if they wait too long (none with an `ack_delay` of 0).
     pub(super) acks: Option<(Arc<Parked>, Arc<AckBoard>)>,
-    /// What the dispatcher has told `on_error` once already.
-    pub(super) notices: Arc<Notices>,
 }
 
 /// Mistakes of configuration that lose nothing but leave work waiting, each reported once per
@@ -73,20 +86,15 @@ impl<S: Store> Worker<S> {
         }
     }
 
-    /// Whether the worker is to stop: at shutdown, or on a store error it gives up on.
-    pub(super) fn halted(&self, tally: &Tally) -> bool {
-        tally.fatal.is_some() || self.stop.load(Ordering::SeqCst)
-    }
-
     /// Opens the worker's store, backing off after each failure, until it opens or the worker halts.
     pub(super) fn open_store(&self, tally: &mut Tally) -> Option<S> {
-        while !self.halted(tally) {
+        while !self.books.halted(tally) {
             match (self.open)() {
                 Ok(store) => {
                     tally.store_answered();
                     return Some(store);
                 }
-                Err(error) => self.store_failed(error, tally),
+                Err(error) => self.books.store_failed(error, tally),
             }
             self.back_off(tally);
         }
@@ -96,13 +104,14 @@ impl<S: Store> Worker<S> {
     /// Claims and delivers until halted. The acks of a batch's last deliveries go with the claim of
     /// the next batch, in one write.
     pub(super) fn work(&self, store: &mut S, tally: &mut Tally) {
-        let request = self.config.claim_request(self.name.clone());
+        let books = &self.books;
+        let request = books.settings.claim_request(books.name.clone());
         let mut done: Vec<Done> = Vec::new();
         // The `receive` span of the batch `done` belongs to: its acks are settled inside it.
         let mut received = tracing::Span::none();
-        while !self.halted(tally) {
+        while !books.halted(tally) {
             let fired = self.fire_due_timers(store, tally);
-            if self.halted(tally) {
+            if books.halted(tally) {
                 break;
             }
             let mark = self.idle.as_ref().map(|idle| idle.mark());
@@ -119,20 +128,18 @@ impl<S: Store> Worker<S> {
             }
             if batch.is_empty() {
                 self.notice_unfired_timers(store);
-                if self.until_idle {
+                if books.until_idle {
                     break;
                 }
                 match (&self.idle, mark) {
                     (Some(idle), Some(mark)) => {
-                        idle.wait(mark, self.config.poll_interval, &self.stop)
+                        idle.wait(mark, books.settings.poll_interval, &books.stop)
                     }
-                    _ => sleep_unless(&self.stop, self.config.poll_interval),
+                    _ => sleep_unless(&books.stop, books.settings.poll_interval),
                 }
                 continue;
             }
-            tally.stats.claimed += batch.len() as u64;
-            self.held.hold(&batch);
-            received = telemetry::received(&self.name, &batch, self.clock.now());
+            received = books.claimed(&batch, tally);
             let _batch = received.enter();
             self.deliver(store, batch, &mut done, tally);
         }
@@ -150,17 +157,212 @@ impl<S: Store> Worker<S> {
         request: &ClaimRequest,
         tally: &mut Tally,
     ) -> Option<Vec<Delivery>> {
-        let settle = match done.is_empty() {
-            true => tracing::Span::none(),
-            false => received
-                .in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d))),
-        };
+        let settle = settle_span_of(received, done);
         let acks = take_acks(done);
         let handover = {
-            let _settle = (!acks.is_empty()).then(|| settle.enter());
-            store.complete_all_and_claim(acks, request, self.clock.now())
+            let _settle = settle.enter();
+            store.complete_all_and_claim(acks, request, self.books.clock.now())
         };
-        self.handed_over(&settle, done, handover, tally)
+        self.books.handed_over(&settle, done, handover, tally)
+    }
+
+    /// Pauses after a failed store operation, longer with each failure in a row.
+    pub(super) fn back_off(&self, tally: &Tally) {
+        if let Some(pause) = self.books.error_pause(tally) {
+            sleep_unless(&self.books.stop, pause);
+        }
+    }
+
+    /// Fires the due timers this worker can take; returns how many events it committed.
+    pub(super) fn fire_due_timers(&self, store: &mut S, tally: &mut Tally) -> usize {
+        let Some(firer) = &self.firer else { return 0 };
+        let books = &self.books;
+        let (limit, ttl) = (books.settings.batch_size, books.settings.lease_ttl);
+        let taken = store.claim_timers(limit, ttl, books.clock.now());
+        let mut fired = 0;
+        for timer in &books.timers_taken(taken, tally) {
+            if books.halted(tally) {
+                break; // the rest are taken back when their take runs out
+            }
+            let now = books.clock.now();
+            // A panic in `evolve` or `decide` comes before the commit: nothing was written.
+            let firing = catch_unwind(AssertUnwindSafe(|| firer.fire(store, timer, now)));
+            if books.timer_fired(timer, firing, tally) {
+                fired += 1;
+            }
+        }
+        fired
+    }
+
+    /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`; the
+    /// last ones are left in `done`, for the next claim to acknowledge. While a handler runs, the
+    /// acks kept before it are parked, so the flusher writes them once they have waited `ack_delay`
+    /// (see [`super::acks`]).
+    pub(super) fn deliver(
+        &self,
+        store: &mut S,
+        batch: Vec<Delivery>,
+        done: &mut Vec<Done>,
+        tally: &mut Tally,
+    ) {
+        if let Some((_, board)) = &self.acks {
+            board.begin_batch();
+        }
+        let mut since_flush = Instant::now();
+        let mut batch = batch.into_iter();
+        while let Some(delivery) = batch.next() {
+            if self.books.halted(tally) {
+                self.flush(store, done, tally);
+                let rest: Vec<Delivery> = std::iter::once(delivery).chain(batch).collect();
+                self.release(store, &rest, tally);
+                break;
+            }
+            let parked = match &self.acks {
+                Some((parked, _)) if !done.is_empty() => {
+                    parked.park(done, since_flush, &tracing::Span::current());
+                    Some(parked)
+                }
+                _ => None,
+            };
+            self.deliver_one(store, delivery, done, tally);
+            if let Some(parked) = parked {
+                for mut written in parked.unpark(done) {
+                    let books = &self.books;
+                    books.settled(&written.settle, &mut written.done, written.results, tally);
+                    since_flush = Instant::now();
+                }
+            }
+            if since_flush.elapsed() >= self.ack_delay {
+                self.flush(store, done, tally);
+                since_flush = Instant::now();
+            }
+        }
+        if let Some((_, board)) = &self.acks {
+            board.end_batch();
+        }
+    }
+
+    /// Runs the handler on one delivery inside its `process` span, then queues its ack or settles
+    /// its failure.
+    fn deliver_one(
+        &self,
+        store: &mut S,
+        delivery: Delivery,
+        done: &mut Vec<Done>,
+        tally: &mut Tally,
+    ) {
+        let process = telemetry::process_span(&delivery);
+        let _process = process.enter();
+        let started = Instant::now();
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let _current = CurrentDelivery::enter(&self.books.held, &delivery.command_id);
+            self.handler.handle(&delivery)
+        }));
+        telemetry::delivered(
+            &process,
+            &delivery,
+            outcome_name(&outcome),
+            started.elapsed(),
+        );
+        match self.books.judge(&process, &delivery, outcome, tally) {
+            Some(Verdict::Done(result)) => done.push((delivery, result)),
+            Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
+            None => {}
+        }
+    }
+
+    /// Once per dispatcher that fires no timers, when it first finds nothing to claim: looks
+    /// whether timers are due ([`Books::take_look_for_unfired_timers`]).
+    pub(super) fn notice_unfired_timers(&self, store: &mut S) {
+        if self.books.take_look_for_unfired_timers() {
+            let due = store.any_timer_due(self.books.clock.now());
+            self.books.looked_for_unfired_timers(due);
+        }
+    }
+
+    /// Completes `done` in one durable transaction, then reports them.
+    pub(super) fn flush(&self, store: &mut S, done: &mut Vec<Done>, tally: &mut Tally) {
+        if done.is_empty() {
+            return;
+        }
+        let settle = telemetry::settle_span("complete", done.iter().map(|(d, _)| d));
+        let acks = take_acks(done);
+        let results = {
+            let _settle = settle.enter();
+            store.complete_all(acks, self.books.clock.now())
+        };
+        self.books.settled(&settle, done, results, tally);
+    }
+
+    pub(super) fn fail(
+        &self,
+        store: &mut S,
+        delivery: &Delivery,
+        failure: Failure,
+        tally: &mut Tally,
+    ) {
+        let settle = telemetry::settle_span("fail", std::iter::once(delivery));
+        let _settle = settle.enter();
+        let books = &self.books;
+        let (id, token, policy) = (&delivery.command_id, delivery.token, &books.settings.policy);
+        let result = store.fail(id, token, &failure, policy, books.clock.now());
+        books.failed(&settle, delivery, failure, result, tally);
+    }
+
+    pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
+        if rest.is_empty() {
+            return;
+        }
+        let settle = telemetry::settle_span("release", rest.iter());
+        let _settle = settle.enter();
+        for delivery in rest {
+            let now = self.books.clock.now();
+            let result = store.release(&delivery.command_id, delivery.token, now);
+            self.books.released(delivery, result, tally);
+        }
+    }
+}
+
+impl Books {
+    /// Whether the worker is to stop: at shutdown, or on a store error it gives up on.
+    pub(super) fn halted(&self, tally: &Tally) -> bool {
+        tally.fatal.is_some() || self.stop.load(Ordering::SeqCst)
+    }
+
+    /// How long to pause after a failed store operation (the poll interval, doubling with each
+    /// failure in a row, capped); `None` when halted.
+    pub(super) fn error_pause(&self, tally: &Tally) -> Option<Duration> {
+        (!self.halted(tally))
+            .then(|| error_backoff(self.settings.poll_interval, tally.failures_in_a_row))
+    }
+
+    /// A store operation failed: counts and reports it, and decides whether the worker stops on it
+    /// (`run_until_idle` only; the other workers then stop too).
+    pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
+        tally.stats.store_errors += 1;
+        telemetry::store_failed(&error);
+        tally.failures_in_a_row += 1;
+        self.report_error(&error);
+        let give_up =
+            !is_transient(&error) || tally.failures_in_a_row >= TRANSIENT_ERRORS_TOLERATED;
+        if self.until_idle && give_up && tally.fatal.is_none() {
+            tally.fatal = Some(error);
+            self.stop.store(true, Ordering::SeqCst);
+        }
+    }
+
+    pub(super) fn report_error(&self, error: &Error) {
+        if let Some(hook) = &self.settings.on_error {
+            hook(error);
+        }
+    }
+
+    /// Counts a claimed `batch` and holds its leases for the heartbeat; returns its `receive` span,
+    /// the parent of its deliveries and their acks.
+    pub(super) fn claimed(&self, batch: &[Delivery], tally: &mut Tally) -> tracing::Span {
+        tally.stats.claimed += batch.len() as u64;
+        self.held.hold(batch);
+        telemetry::received(&self.name, batch, self.clock.now())
     }
 
     /// Reports the acks of `done` (in `settle`, their span) and returns the claimed batch as
@@ -197,43 +399,14 @@ impl<S: Store> Worker<S> {
         }
     }
 
-    /// Pauses after a failed store operation, longer with each failure in a row.
-    pub(super) fn back_off(&self, tally: &Tally) {
-        if !self.halted(tally) {
-            let pause = error_backoff(self.config.poll_interval, tally.failures_in_a_row);
-            sleep_unless(&self.stop, pause);
-        }
-    }
-
-    /// A store operation failed: counts and reports it, and decides whether the worker stops on it
-    /// (`run_until_idle` only; the other workers then stop too).
-    pub(super) fn store_failed(&self, error: Error, tally: &mut Tally) {
-        tally.stats.store_errors += 1;
-        telemetry::store_failed(&error);
-        tally.failures_in_a_row += 1;
-        self.report_error(&error);
-        let give_up =
-            !is_transient(&error) || tally.failures_in_a_row >= TRANSIENT_ERRORS_TOLERATED;
-        if self.until_idle && give_up && tally.fatal.is_none() {
-            tally.fatal = Some(error);
-            self.stop.store(true, Ordering::SeqCst);
-        }
-    }
-
-    pub(super) fn report_error(&self, error: &Error) {
-        if let Some(hook) = &self.on_error {
-            hook(error);
-        }
-    }
-
-    /// Fires the due timers this worker can take; returns how many events it committed.
-    pub(super) fn fire_due_timers(&self, store: &mut S, tally: &mut Tally) -> usize {
-        let Some(firer) = &self.firer else { return 0 };
-        let timers = match store.claim_timers(
-            self.config.batch_size,
-            self.config.lease_ttl,
-            self.clock.now(),
-        ) {
+    /// The due timers a claim of timers took, as `taken` says; none when the store failed
+    /// (reported).
+    pub(super) fn timers_taken(
+        &self,
+        taken: Result<Vec<TimerRow>, Error>,
+        tally: &mut Tally,
+    ) -> Vec<TimerRow> {
+        match taken {
             Ok(timers) => {
                 tally.store_answered();
                 telemetry::timers_due(timers.len());
@@ -241,32 +414,20 @@ impl<S: Store> Worker<S> {
             }
             Err(error) => {
                 self.store_failed(error, tally);
-                return 0;
-            }
-        };
-        let mut fired = 0;
-        for timer in &timers {
-            if self.halted(tally) {
-                break; // the rest are taken back when their take runs out
-            }
-            if self.fire(firer.as_ref(), store, timer, tally) {
-                fired += 1;
+                Vec::new()
             }
         }
-        fired
     }
 
-    /// Fires one timer, guarded against a workflow that panics; says whether its event was committed.
-    pub(super) fn fire(
+    /// Counts and reports how firing `timer` went (`firing`: the engine's answer, or the panic of
+    /// the workflow's code); says whether its event was committed.
+    pub(super) fn timer_fired(
         &self,
-        firer: &dyn Firer<S>,
-        store: &mut S,
         timer: &TimerRow,
+        firing: std::thread::Result<Result<Option<Handled>, Error>>,
         tally: &mut Tally,
     ) -> bool {
-        let now = self.clock.now();
-        // A panic in `evolve` or `decide` comes before the commit: nothing was written.
-        match catch_unwind(AssertUnwindSafe(|| firer.fire(store, timer, now))) {
+        match firing {
             Ok(Ok(Some(_))) => {
                 tally.store_answered();
                 tally.stats.timers_fired += 1;
@@ -295,7 +456,7 @@ impl<S: Store> Worker<S> {
     /// The one place a timer whose event its workflow rejected is handled: counted and reported.
     /// [`Engine::fire`] has already ended the timer `rejected` with the reason, in the store, so it is
     /// not offered again and operators see why (`Store::timers`).
-    pub(super) fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
+    fn timer_rejected(&self, timer: &TimerRow, reason: &str, tally: &mut Tally) {
         tally.stats.timers_rejected += 1;
         telemetry::timer_failed("rejected");
         self.report_error(&Error::Rejected {
@@ -306,12 +467,7 @@ impl<S: Store> Worker<S> {
 
     /// A timer during whose firing the workflow panicked: nothing was written, the timer stays
     /// scheduled and is offered again when its take runs out. Counted, and reported as a rejection.
-    pub(super) fn timer_panicked(
-        &self,
-        timer: &TimerRow,
-        panic: &(dyn Any + Send),
-        tally: &mut Tally,
-    ) {
+    fn timer_panicked(&self, timer: &TimerRow, panic: &(dyn Any + Send), tally: &mut Tally) {
         tally.stats.timer_panics += 1;
         telemetry::timer_failed("panic");
         self.report_error(&Error::Rejected {
@@ -322,82 +478,6 @@ impl<S: Store> Worker<S> {
                 panic_message(panic)
             ),
         });
-    }
-
-    /// Delivers a claimed batch: completions are grouped into one transaction per `ack_delay`; the
-    /// last ones are left in `done`, for the next claim to acknowledge. While a handler runs, the
-    /// acks kept before it are parked, so the flusher writes them once they have waited `ack_delay`
-    /// (see [`super::acks`]).
-    pub(super) fn deliver(
-        &self,
-        store: &mut S,
-        batch: Vec<Delivery>,
-        done: &mut Vec<Done>,
-        tally: &mut Tally,
-    ) {
-        if let Some((_, board)) = &self.acks {
-            board.begin_batch();
-        }
-        let mut since_flush = Instant::now();
-        let mut batch = batch.into_iter();
-        while let Some(delivery) = batch.next() {
-            if self.halted(tally) {
-                self.flush(store, done, tally);
-                let rest: Vec<Delivery> = std::iter::once(delivery).chain(batch).collect();
-                self.release(store, &rest, tally);
-                break;
-            }
-            let parked = match &self.acks {
-                Some((parked, _)) if !done.is_empty() => {
-                    parked.park(done, since_flush, &tracing::Span::current());
-                    Some(parked)
-                }
-                _ => None,
-            };
-            self.deliver_one(store, delivery, done, tally);
-            if let Some(parked) = parked {
-                for mut written in parked.unpark(done) {
-                    self.settled(&written.settle, &mut written.done, written.results, tally);
-                    since_flush = Instant::now();
-                }
-            }
-            if since_flush.elapsed() >= self.config.ack_delay {
-                self.flush(store, done, tally);
-                since_flush = Instant::now();
-            }
-        }
-        if let Some((_, board)) = &self.acks {
-            board.end_batch();
-        }
-    }
-
-    /// Runs the handler on one delivery inside its `process` span, then queues its ack or settles
-    /// its failure.
-    fn deliver_one(
-        &self,
-        store: &mut S,
-        delivery: Delivery,
-        done: &mut Vec<Done>,
-        tally: &mut Tally,
-    ) {
-        let process = telemetry::process_span(&delivery);
-        let _process = process.enter();
-        let started = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let _current = CurrentDelivery::enter(&self.held, &delivery.command_id);
-            self.handler.handle(&delivery)
-        }));
-        telemetry::delivered(
-            &process,
-            &delivery,
-            outcome_name(&outcome),
-            started.elapsed(),
-        );
-        match self.judge(&process, &delivery, outcome, tally) {
-            Some(Verdict::Done(result)) => done.push((delivery, result)),
-            Some(Verdict::Failed(failure)) => self.fail(store, &delivery, failure, tally),
-            None => {}
-        }
     }
 
     /// How to settle a delivery whose handler returned `outcome` (a panic is a retryable failure,
@@ -449,17 +529,12 @@ impl<S: Store> Worker<S> {
                     ),
                 ));
             }
-        } else if self.firer.is_none() && Notices::first(&self.notices.feedback_unfired) {
+        } else if !self.fires_timers && Notices::first(&self.notices.feedback_unfired) {
             self.report_error(&self.fires_none(&format!(
                 "the result of {} is fed back to its workflow as a command_completed event",
                 delivery.command_id
             )));
         }
-    }
-
-    /// Whether [`Worker::notice_unfired_timers`] still has its look to take.
-    pub(super) fn looks_for_unfired_timers(&self) -> bool {
-        self.firer.is_none() && !self.notices.timers_looked_at.load(Ordering::SeqCst)
     }
 
     /// The notice of a dispatcher built without a workflow, for `what` waiting on it.
@@ -474,16 +549,17 @@ impl<S: Store> Worker<S> {
         )
     }
 
-    /// Once per dispatcher that fires no timers, when it first finds nothing to claim: looks (a
-    /// read, [`miniflow_core::prelude::Timers::any_timer_due`]) whether timers or feedback are due,
-    /// and reports that they wait for another dispatcher.
-    pub(super) fn notice_unfired_timers(&self, store: &mut S) {
-        if !self.looks_for_unfired_timers() || !Notices::first(&self.notices.timers_looked_at) {
-            return;
-        }
-        if store.any_timer_due(self.clock.now()).unwrap_or(false)
-            && Notices::first(&self.notices.feedback_unfired)
-        {
+    /// Whether to look now, once per dispatcher that fires no timers, when it first finds nothing
+    /// to claim, whether timers or feedback are due (a read,
+    /// [`miniflow_core::prelude::Timers::any_timer_due`]); the look is taken when it says so.
+    pub(super) fn take_look_for_unfired_timers(&self) -> bool {
+        !self.fires_timers && Notices::first(&self.notices.timers_looked_at)
+    }
+
+    /// Reports, once per dispatcher, that timers are due to fire and wait for another dispatcher,
+    /// as the look for them found (`due`; a failed look says nothing).
+    pub(super) fn looked_for_unfired_timers(&self, due: Result<bool, Error>) {
+        if due.unwrap_or(false) && Notices::first(&self.notices.feedback_unfired) {
             self.report_error(&self.fires_none("timers are due to fire into their workflows"));
         }
     }
@@ -506,20 +582,6 @@ impl<S: Store> Worker<S> {
             ),
         ));
         None
-    }
-
-    /// Completes `done` in one durable transaction, then reports them.
-    pub(super) fn flush(&self, store: &mut S, done: &mut Vec<Done>, tally: &mut Tally) {
-        if done.is_empty() {
-            return;
-        }
-        let settle = telemetry::settle_span("complete", done.iter().map(|(d, _)| d));
-        let acks = take_acks(done);
-        let results = {
-            let _settle = settle.enter();
-            store.complete_all(acks, self.clock.now())
-        };
-        self.settled(&settle, done, results, tally);
     }
 
     /// Reports the acks of `done` as `results` says (in `settle`, their span), and stops tracking
@@ -571,26 +633,8 @@ impl<S: Store> Worker<S> {
         }
     }
 
-    pub(super) fn fail(
-        &self,
-        store: &mut S,
-        delivery: &Delivery,
-        failure: Failure,
-        tally: &mut Tally,
-    ) {
-        let settle = telemetry::settle_span("fail", std::iter::once(delivery));
-        let _settle = settle.enter();
-        let result = store.fail(
-            &delivery.command_id,
-            delivery.token,
-            &failure,
-            &self.config.policy,
-            self.clock.now(),
-        );
-        self.failed(&settle, delivery, failure, result, tally);
-    }
-
-    /// Reports how the store settled a failed delivery (in `settle`, its span).
+    /// Reports how the store settled a failed delivery (in `settle`, its span, which the caller
+    /// has entered).
     pub(super) fn failed(
         &self,
         settle: &tracing::Span,
@@ -625,18 +669,6 @@ impl<S: Store> Worker<S> {
         self.report(delivery, settlement, tally);
     }
 
-    pub(super) fn release(&self, store: &mut S, rest: &[Delivery], tally: &mut Tally) {
-        if rest.is_empty() {
-            return;
-        }
-        let settle = telemetry::settle_span("release", rest.iter());
-        let _settle = settle.enter();
-        for delivery in rest {
-            let result = store.release(&delivery.command_id, delivery.token, self.clock.now());
-            self.released(delivery, result, tally);
-        }
-    }
-
     /// Reports how the store took back an undelivered command.
     pub(super) fn released(
         &self,
@@ -655,11 +687,20 @@ impl<S: Store> Worker<S> {
     pub(super) fn report(&self, delivery: &Delivery, settlement: Settlement, tally: &mut Tally) {
         record(
             &mut tally.stats,
-            self.observer.as_deref(),
+            self.settings.observer.as_deref(),
             delivery,
             settlement,
         );
     }
+}
+
+/// The span the acks of `done` are settled in, inside `received` (the `receive` span of their
+/// batch); none without acks.
+pub(super) fn settle_span_of(received: &tracing::Span, done: &[Done]) -> tracing::Span {
+    if done.is_empty() {
+        return tracing::Span::none();
+    }
+    received.in_scope(|| telemetry::settle_span("complete", done.iter().map(|(d, _)| d)))
 }
 
 /// Counts a settled delivery in `stats`, records its metrics and tells `observer`.
