@@ -5,9 +5,10 @@
 //! the async store awaits them on one of its own.
 
 use miniflow_core::{
-    Ack, ClaimRequest, CommandId, Commit, Delivery, Error, OutboxRow, OutboxStats, TimerId,
-    TimerRow, Timestamp,
+    Ack, ClaimRequest, CommandId, Commit, Delivery, Error, Extended, OutboxRow, OutboxStats,
+    TimerId, TimerRow, Timestamp,
 };
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::acks::{complete_in, complete_plain_acks};
@@ -18,7 +19,10 @@ use crate::db::{savepoint, transaction, Exec, Isolation};
 use crate::errors::storage;
 use crate::options::PostgresOptions;
 use crate::queries::*;
-use crate::rows::{id_params, query_rows, query_timers, text, to_sql_time, write_change};
+use crate::rows::{
+    id_params, query_rows, query_timers, raw_command_id, read_outbox_row, text, to_sql_time,
+    write_change,
+};
 
 /// A commit on a connection of the store's: a plain commit on the caller's clock is one statement,
 /// any other one transaction. Returns whether it made work claimable; a lost race is the core's
@@ -108,6 +112,106 @@ where
         let work = fed_back || changed.row.status != before;
         Ok::<_, Error>((changed.value, clock, work))
     })
+}
+
+/// A heartbeat: every lease of `leases` extended by the core's rule ([`OutboxRow::extend`]) in one
+/// transaction of two statements (the rows read `FOR UPDATE` at once, the new expiries written at
+/// once), whatever their number. One answer per lease, in order, as `extend` one by one would give
+/// (a lease named twice is extended twice); expiries in the caller's clock.
+pub(crate) async fn extend_all(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    leases: &[(CommandId, u64)],
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<Vec<Result<Extended, Error>>, Error> {
+    if leases.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (answers, clock) = transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let keys = KeyColumns::of(leases.iter().map(|(id, _)| id));
+        let read = db
+            .query(
+                SELECT_MANY_FOR_UPDATE,
+                &[&keys.workflows, &keys.seqs, &keys.indexes],
+            )
+            .await
+            .map_err(storage)?;
+        // A row that cannot be read fails its own lease's answer, not the others'.
+        let mut rows: HashMap<String, Result<OutboxRow, String>> = read
+            .iter()
+            .map(|row| {
+                let id = raw_command_id(row);
+                let read = read_outbox_row(row).map_err(|why| format!("command {id}: {why}"));
+                (id, read)
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(leases.len());
+        let mut extended: Vec<&CommandId> = Vec::new();
+        for (id, token) in leases {
+            answers.push(match rows.get_mut(&id.to_string()) {
+                None => Err(Error::UnknownCommand {
+                    command_id: id.clone(),
+                }),
+                Some(Err(why)) => Err(Error::Corrupt(why.clone())),
+                Some(Ok(row)) => row.extend(*token, ttl, clock.now).inspect(|_| {
+                    if !extended.contains(&id) {
+                        extended.push(id);
+                    }
+                }),
+            });
+        }
+        if !extended.is_empty() {
+            let keys = KeyColumns::of(extended.iter().copied());
+            let mut expiries = Vec::with_capacity(extended.len());
+            for id in &extended {
+                if let Some(Ok(row)) = rows.get(&id.to_string()) {
+                    expiries.push(to_sql_time("lease_expires_at", row.available_at)?);
+                }
+            }
+            db.execute(
+                EXTEND_MANY,
+                &[&keys.workflows, &keys.seqs, &keys.indexes, &expiries],
+            )
+            .await
+            .map_err(storage)?;
+        }
+        Ok::<_, Error>((answers, clock))
+    })?;
+    Ok(answers
+        .into_iter()
+        .map(|answer| {
+            answer.map(|extended| Extended {
+                expires_at: clock.outward(extended.expires_at),
+                ..extended
+            })
+        })
+        .collect())
+}
+
+/// Command keys as the three arrays the statements unnest.
+struct KeyColumns {
+    workflows: Vec<String>,
+    seqs: Vec<i64>,
+    indexes: Vec<i64>,
+}
+
+impl KeyColumns {
+    fn of<'a>(ids: impl Iterator<Item = &'a CommandId>) -> Self {
+        let mut keys = Self {
+            workflows: Vec::new(),
+            seqs: Vec::new(),
+            indexes: Vec::new(),
+        };
+        for id in ids {
+            let (w, s, i) = id_params(id);
+            keys.workflows.push(w.to_owned());
+            keys.seqs.push(s);
+            keys.indexes.push(i);
+        }
+        keys
+    }
 }
 
 /// A claim in one transaction: the deliveries (their lease expiries in the caller's clock) and

@@ -11,6 +11,19 @@ pub(crate) const SELECT_ONE: &str =
     select_rows!("WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3");
 pub(crate) const SELECT_ONE_FOR_UPDATE: &str =
     select_rows!("WHERE workflow_id = $1 AND event_seq = $2 AND idx = $3 FOR UPDATE");
+/// The rows of many commands (`$1`, `$2`, `$3`: their keys as arrays), locked for a heartbeat.
+pub(crate) const SELECT_MANY_FOR_UPDATE: &str = select_rows!(
+    "WHERE (workflow_id, event_seq, idx) IN \
+         (SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])) \
+     ORDER BY workflow_id, event_seq, idx FOR UPDATE"
+);
+/// A heartbeat's new lease expiries (`$4`), one statement for all its leases: the columns
+/// [`miniflow_core::OutboxRow::extend`] changes.
+pub(crate) const EXTEND_MANY: &str = "UPDATE outbox o SET available_at = u.expires_at, \
+         lease_expires_at = u.expires_at \
+     FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) \
+         AS u (workflow_id, event_seq, idx, expires_at) \
+     WHERE (o.workflow_id, o.event_seq, o.idx) = (u.workflow_id, u.event_seq, u.idx)";
 /// Keyset pages of the unfinished rows, in command ID order.
 pub(crate) const SELECT_PENDING: &str = select_rows!(
     "WHERE processed_at IS NULL AND (workflow_id, event_seq, idx) > ($1, $2, $3) \

@@ -570,6 +570,22 @@ impl Outbox for PostgresStore {
             ..extended
         })
     }
+    /// One transaction of two statements for all the leases (see [`ops::extend_all`]).
+    fn extend_all(
+        &mut self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        let mut connection = self.shared.connection()?;
+        block(ops::extend_all(
+            &mut connection.db(),
+            &self.shared.options,
+            leases,
+            ttl,
+            now,
+        ))
+    }
     fn release(&mut self, command_id: &CommandId, token: u64, now: Timestamp) -> Result<(), Error> {
         self.update(command_id, now, |row, now| row.release(token, now))
             .map(|_| ())

@@ -1165,3 +1165,45 @@ fn the_store_waits_before_a_retry_longer_after_each_lost_race() {
         );
     }
 }
+
+/// Write transactions committed on `database` since `since` (a transaction ID read before), not
+/// counting the one that reads it.
+fn write_transactions_since(database: &TestDatabase, since: i64) -> i64 {
+    let now: i64 = database
+        .client()
+        .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
+        .unwrap()
+        .get(0);
+    now - since - 1
+}
+
+#[test]
+fn a_heartbeat_extends_all_of_a_workers_leases_in_one_transaction() {
+    let database = TestDatabase::new();
+    let mut store = PostgresStore::connect(&database.url()).unwrap();
+    append(&mut store, "w", 4, T0);
+    let claimed = store
+        .claim(&ClaimRequest::new("worker-1").limit(4), T0)
+        .unwrap();
+    assert_eq!(claimed.len(), 4);
+    let leases: Vec<(CommandId, u64)> = claimed
+        .iter()
+        .map(|d| (d.command_id.clone(), d.token))
+        .collect();
+    let before: i64 = database
+        .client()
+        .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
+        .unwrap()
+        .get(0);
+    let later = T0 + Duration::from_secs(10);
+    let answers = store
+        .extend_all(&leases, Duration::from_secs(60), later)
+        .unwrap();
+    assert_eq!(write_transactions_since(&database, before), 1);
+    for (answer, delivery) in answers.iter().zip(&claimed) {
+        let extended = answer.as_ref().unwrap();
+        assert_eq!(extended.expires_at, later + Duration::from_secs(60));
+        let row = store.command(&delivery.command_id).unwrap().unwrap();
+        assert_eq!(row.available_at, later + Duration::from_secs(60));
+    }
+}
