@@ -15,9 +15,9 @@ use crate::notifier::NOTIFY_CHANNEL;
 use crate::PostgresStore;
 
 /// How long the listener waits for a notification before it looks at whether to stop.
-const LISTEN_TICK: Duration = Duration::from_millis(100);
+pub(crate) const LISTEN_TICK: Duration = Duration::from_millis(100);
 /// The longest pause between two attempts to reconnect a lost listener.
-const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
+pub(crate) const MAX_RECONNECT_PAUSE: Duration = Duration::from_secs(5);
 
 /// A background thread holding one connection of its own that `LISTEN`s on `miniflow_outbox`
 /// (see [`crate::PostgresOptions::notify`]), counting what it hears. Stores woken by it
@@ -41,11 +41,12 @@ pub struct Wakeups {
     guard: Arc<Guard>,
 }
 
+/// What a listener (a thread here, a task of the async store's) counts, and its stop flag.
 #[derive(Debug, Default)]
-struct State {
-    generation: AtomicU64,
-    listening: AtomicBool,
-    stop: AtomicBool,
+pub(crate) struct State {
+    pub(crate) generation: AtomicU64,
+    pub(crate) listening: AtomicBool,
+    pub(crate) stop: AtomicBool,
 }
 
 /// Stops the listener when the last [`Wakeups`] goes.
@@ -84,6 +85,18 @@ impl Wakeups {
         })
     }
 
+    /// Wake-ups whose listener is not started yet (the async store's task): it counts into the
+    /// returned state and stops when it sees the state's stop flag.
+    pub(crate) fn unstarted() -> (Self, Arc<State>) {
+        let state = Arc::new(State::default());
+        let wakeups = Self {
+            guard: Arc::new(Guard {
+                state: state.clone(),
+            }),
+        };
+        (wakeups, state)
+    }
+
     /// How many notifications (and reconnections) the listener has heard so far.
     pub fn generation(&self) -> u64 {
         self.guard.state.generation.load(Ordering::SeqCst)
@@ -105,6 +118,23 @@ impl Wakeups {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return false;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(2)));
+        }
+    }
+}
+
+/// The dispatchers' wake-up: a notification (or a reconnection) since the mark.
+impl miniflow_pool::Wakeup for Wakeups {
+    fn mark(&self) -> u64 {
+        self.generation()
+    }
+    fn wait(&self, mark: u64, timeout: Duration, stop: &AtomicBool) {
+        let until = Instant::now() + timeout;
+        while self.generation() <= mark && !stop.load(Ordering::SeqCst) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
             }
             std::thread::sleep(left.min(Duration::from_millis(2)));
         }

@@ -11,6 +11,7 @@
 //! The names and shapes are the SQLite host's (`miniflow::tokio::AsyncStore`): a service moves from
 //! one to the other by how it opens the store.
 
+mod listen;
 mod pool;
 mod receiver;
 mod store;

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool::managed;
@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Config, NoTls, Socket, Transaction};
 
+use super::listen::listen_until_stopped;
 use super::pool::{connect, pool_error, AsyncConnection, Caller, Manager};
 use crate::acks::settled_outward;
 use crate::commit::LastEvent;
@@ -32,6 +33,7 @@ use crate::options::PostgresOptions;
 use crate::queries::*;
 use crate::rows::{id_params, load_events, load_events_after, query_rows, query_timers};
 use crate::telemetry::sending_async;
+use crate::wakeup::{State, Wakeups};
 
 /// The miniflow store on PostgreSQL for tokio services: the [`crate::PostgresStore`]'s operations
 /// (the same statements and rules, written once) on tokio-postgres connections from a pool of its
@@ -127,6 +129,10 @@ struct Shared {
     /// Wakes the task that sends the hint (`NOTIFY`): at once (`None`), or once the caller's
     /// transaction commits (`Some(xid)`). The task ends when the last clone goes.
     hint: mpsc::UnboundedSender<Option<i64>>,
+    /// The listener that wakes the store's dispatchers, started by the first one.
+    wakeups: OnceLock<Wakeups>,
+    /// Starts a listener counting into the state given, on a connection of its own.
+    listen: Box<dyn Fn(Arc<State>) + Send + Sync>,
 }
 
 /// A connection of the store's pool, for the caller's own statements and transactions
@@ -239,14 +245,21 @@ impl AsyncPostgresStore {
             check_schema(db, target).await?;
         }
         drop(checking);
-        let pool = managed::Pool::builder(Manager { config, tls })
-            .max_size(usize::try_from(options.pool_size).unwrap_or(usize::MAX))
-            .wait_timeout(Some(options.connect_timeout))
-            .create_timeout(Some(options.connect_timeout))
-            .runtime(deadpool::Runtime::Tokio1)
-            .build()
-            .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
-        let connections: Arc<dyn Connections> = Arc::new(pool);
+        let pool = managed::Pool::builder(Manager {
+            config,
+            tls: tls.clone(),
+        })
+        .max_size(usize::try_from(options.pool_size).unwrap_or(usize::MAX))
+        .wait_timeout(Some(options.connect_timeout))
+        .create_timeout(Some(options.connect_timeout))
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .map_err(|e| Error::Storage(format!("cannot build the connection pool: {e}").into()))?;
+        let connections: Arc<dyn Connections> = Arc::new(pool.clone());
+        let listening = pool.manager().config.clone();
+        let listen = Box::new(move |state: Arc<State>| {
+            tokio::spawn(listen_until_stopped(listening.clone(), tls.clone(), state));
+        });
         let (hint, hints) = mpsc::unbounded_channel();
         if options.notifies() && !options.read_only {
             tokio::spawn(send_hints(connections.clone(), hints));
@@ -257,6 +270,8 @@ impl AsyncPostgresStore {
                 options: options.clone(),
                 history: HistoryId::unique(),
                 hint,
+                wakeups: OnceLock::new(),
+                listen,
             }),
             clock: Arc::new(miniflow_pool::SystemClock),
         })
@@ -457,11 +472,18 @@ impl AsyncPostgresStore {
     ///
     /// As [`miniflow_core::Outbox::claim`].
     pub async fn claim(&self, request: ClaimRequest) -> Result<Vec<Delivery>, Error> {
+        self.claim_at(&request, self.clock.now()).await
+    }
+
+    async fn claim_at(
+        &self,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Vec<Delivery>, Error> {
         request.validate()?;
-        let now = self.clock.now();
         let mut connection = self.connection().await?;
         let (claimed, fed_back) =
-            ops::claim(&mut connection.db(), &self.shared.options, &request, now).await?;
+            ops::claim(&mut connection.db(), &self.shared.options, request, now).await?;
         self.hint(fed_back);
         Ok(claimed)
     }
@@ -476,14 +498,24 @@ impl AsyncPostgresStore {
         acks: Vec<Ack>,
         request: ClaimRequest,
     ) -> Result<Handover, Error> {
+        self.complete_all_and_claim_at(acks, &request, self.clock.now())
+            .await
+    }
+
+    async fn complete_all_and_claim_at(
+        &self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Handover, Error> {
         let completed = if acks.is_empty() {
             Vec::new()
         } else {
-            self.complete_all(acks).await?
+            self.complete_all_at(acks, now).await?
         };
         Ok(Handover {
             completed,
-            claimed: self.claim(request).await,
+            claimed: self.claim_at(request, now).await,
         })
     }
 
@@ -493,7 +525,14 @@ impl AsyncPostgresStore {
     ///
     /// As [`miniflow_core::Outbox::complete_all`].
     pub async fn complete_all(&self, acks: Vec<Ack>) -> Result<Vec<Result<(), Error>>, Error> {
-        let now = self.clock.now();
+        self.complete_all_at(acks, self.clock.now()).await
+    }
+
+    async fn complete_all_at(
+        &self,
+        acks: Vec<Ack>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
         let mut connection = self.connection().await?;
         let (results, work) =
             ops::complete_all(&mut connection.db(), &self.shared.options, &acks, now).await?;
@@ -540,7 +579,7 @@ impl AsyncPostgresStore {
         policy: RetryPolicy,
     ) -> Result<Settled, Error> {
         let (settled, clock) = self
-            .update(command_id, move |row, now| {
+            .update(command_id, self.clock.now(), move |row, now| {
                 row.fail(token, &failure, &policy, now)
             })
             .await?;
@@ -559,12 +598,51 @@ impl AsyncPostgresStore {
         ttl: Duration,
     ) -> Result<Extended, Error> {
         let (extended, clock) = self
-            .update(command_id, move |row, now| row.extend(token, ttl, now))
+            .update(command_id, self.clock.now(), move |row, now| {
+                row.extend(token, ttl, now)
+            })
             .await?;
         Ok(Extended {
             expires_at: clock.outward(extended.expires_at),
             ..extended
         })
+    }
+
+    /// Extends many leases in one transaction of two statements (as
+    /// [`miniflow_core::Outbox::extend_all`]): a worker's heartbeat.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::extend_all`].
+    pub async fn extend_all(
+        &self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        self.extend_all_at(leases, ttl, self.clock.now()).await
+    }
+
+    async fn extend_all_at(
+        &self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        let mut connection = self.connection().await?;
+        ops::extend_all(&mut connection.db(), &self.shared.options, leases, ttl, now).await
+    }
+
+    /// The listener that wakes the store's dispatchers: one per store, started at first use on
+    /// the current tokio runtime, on a connection of its own.
+    pub fn wakeups(&self) -> Wakeups {
+        self.shared
+            .wakeups
+            .get_or_init(|| {
+                let (wakeups, state) = Wakeups::unstarted();
+                (self.shared.listen)(state);
+                wakeups
+            })
+            .clone()
     }
 
     /// Gives a lease back (as [`miniflow_core::Outbox::release`]).
@@ -573,17 +651,19 @@ impl AsyncPostgresStore {
     ///
     /// As [`miniflow_core::Outbox::release`].
     pub async fn release(&self, command_id: &CommandId, token: u64) -> Result<(), Error> {
-        self.update(command_id, move |row, now| row.release(token, now))
-            .await
-            .map(|_| ())
+        self.update(command_id, self.clock.now(), move |row, now| {
+            row.release(token, now)
+        })
+        .await
+        .map(|_| ())
     }
 
     async fn update<T: Send>(
         &self,
         command_id: &CommandId,
+        now: Timestamp,
         change: impl FnOnce(&mut OutboxRow, Timestamp) -> Result<T, Error> + Send,
     ) -> Result<(T, crate::clock::Clock), Error> {
-        let now = self.clock.now();
         let mut connection = self.connection().await?;
         let (value, clock, work) = ops::update(
             &mut connection.db(),
@@ -607,10 +687,19 @@ impl AsyncPostgresStore {
         limit: usize,
         lease_ttl: Duration,
     ) -> Result<Vec<TimerRow>, Error> {
+        self.claim_timers_at(limit, lease_ttl, self.clock.now())
+            .await
+    }
+
+    async fn claim_timers_at(
+        &self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let now = self.clock.now();
         let mut connection = self.connection().await?;
         ops::claim_timers(
             &mut connection.db(),
@@ -628,7 +717,10 @@ impl AsyncPostgresStore {
     ///
     /// [`Error::Storage`] when the database cannot be read.
     pub async fn any_timer_due(&self) -> Result<bool, Error> {
-        let now = self.clock.now();
+        self.any_timer_due_at(self.clock.now()).await
+    }
+
+    async fn any_timer_due_at(&self, now: Timestamp) -> Result<bool, Error> {
         let mut connection = self.connection().await?;
         Ok(
             ops::due(&mut connection.db(), &self.shared.options, TIMERS_DUE, now)
@@ -643,7 +735,16 @@ impl AsyncPostgresStore {
     ///
     /// As [`miniflow_core::Timers::reject_timer`].
     pub async fn reject_timer(&self, timer_id: &TimerId, reason: &str) -> Result<(), Error> {
-        let now = self.clock.now();
+        self.reject_timer_at(timer_id, reason, self.clock.now())
+            .await
+    }
+
+    async fn reject_timer_at(
+        &self,
+        timer_id: &TimerId,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
         let mut connection = self.connection().await?;
         ops::reject_timer(
             &mut connection.db(),
@@ -780,9 +881,9 @@ impl AsyncEventLog for Log<'_> {
         &mut self,
         timer_id: &TimerId,
         reason: &str,
-        _: Timestamp,
+        now: Timestamp,
     ) -> Result<(), Error> {
-        self.0.reject_timer(timer_id, reason).await
+        self.0.reject_timer_at(timer_id, reason, now).await
     }
 }
 
@@ -836,5 +937,98 @@ async fn send_hints(
         if now {
             let _ = db.execute(SEND_HINT, &[&NOTIFY_CHANNEL]).await;
         }
+    }
+}
+
+/// The async dispatcher's steps on the store: each one of its operations, awaited.
+impl miniflow_pool::tokio::AsyncSource for AsyncPostgresStore {
+    async fn complete_all_and_claim(
+        &self,
+        acks: Vec<Ack>,
+        request: &ClaimRequest,
+        now: Timestamp,
+    ) -> Result<Handover, Error> {
+        self.complete_all_and_claim_at(acks, request, now).await
+    }
+
+    async fn complete_all(
+        &self,
+        acks: Vec<Ack>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        self.complete_all_at(acks, now).await
+    }
+
+    async fn fail(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        failure: &Failure,
+        policy: &RetryPolicy,
+        now: Timestamp,
+    ) -> Result<Settled, Error> {
+        let (settled, clock) = self
+            .update(command_id, now, |row, now| {
+                row.fail(token, failure, policy, now)
+            })
+            .await?;
+        Ok(settled_outward(settled, &clock))
+    }
+
+    async fn extend_all(
+        &self,
+        leases: &[(CommandId, u64)],
+        ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Extended, Error>>, Error> {
+        self.extend_all_at(leases, ttl, now).await
+    }
+
+    async fn release(
+        &self,
+        command_id: &CommandId,
+        token: u64,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.update(command_id, now, |row, now| row.release(token, now))
+            .await
+            .map(|_| ())
+    }
+
+    async fn claim_timers(
+        &self,
+        limit: usize,
+        lease_ttl: Duration,
+        now: Timestamp,
+    ) -> Result<Vec<TimerRow>, Error> {
+        self.claim_timers_at(limit, lease_ttl, now).await
+    }
+
+    async fn fire<W>(
+        &self,
+        engine: &Arc<Engine<W>>,
+        timer: &TimerRow,
+        now: Timestamp,
+    ) -> Result<Option<Handled>, Error>
+    where
+        W: Workflow + Send + Sync + 'static,
+        W::State: Send,
+    {
+        engine.fire_on(&mut Log(self), timer, now).await
+    }
+
+    async fn any_timer_due(&self, now: Timestamp) -> Result<bool, Error> {
+        self.any_timer_due_at(now).await
+    }
+
+    fn clock(&self) -> Arc<dyn Clock + Send + Sync> {
+        self.clock.clone()
+    }
+
+    fn wakeup(&self) -> Option<Arc<dyn miniflow_pool::Wakeup>> {
+        if !self.shared.options.notifies() {
+            return None;
+        }
+        Some(Arc::new(self.wakeups()))
     }
 }

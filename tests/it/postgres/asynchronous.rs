@@ -661,3 +661,60 @@ fn the_async_store_hints_after_the_callers_transaction_commits_too() {
         notified_by(&mut listening, Duration::from_secs(5)).expect("a hint after the commit");
     assert_ne!(sender, caller);
 }
+
+#[test]
+fn the_async_dispatcher_delivers_on_postgres_woken_by_a_notification() {
+    use miniflow::tokio::AsyncDispatcher;
+    use miniflow::{Delivery, Outcome};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let store = AsyncPostgresStore::connect(&database.url()).await.unwrap();
+        let engine = Arc::new(Engine::new(Orders));
+        let delivered = Arc::new(AtomicUsize::new(0));
+        let seen = delivered.clone();
+        let handler = move |_: Delivery| {
+            let seen = seen.clone();
+            async move {
+                seen.fetch_add(1, Ordering::SeqCst);
+                Outcome::Done
+            }
+        };
+        // An idle dispatcher with a long poll: only the notification can wake it in time.
+        let running = AsyncDispatcher::new(store.clone(), handler)
+            .workflow(engine.clone())
+            .concurrency(4)
+            .poll_interval(Duration::from_secs(30))
+            .start()
+            .unwrap();
+        let wakeups = store.wakeups();
+        let listening = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !wakeups.is_listening() && tokio::time::Instant::now() < listening {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(wakeups.is_listening());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for n in 0..5 {
+            store
+                .start(&engine, &wid(&format!("order-{n}")), Event::new("placed", json!({})))
+                .await
+                .unwrap();
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while delivered.load(Ordering::SeqCst) < 5 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(delivered.load(Ordering::SeqCst), 5, "woken well before the 30 s poll");
+        let shutdown = running.shutdown(Duration::from_secs(5)).await;
+        assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
+        for n in 0..5 {
+            let row = store
+                .command(&format!("order-{n}:1:0").parse().unwrap())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(row.status, Status::Done);
+        }
+    });
+}
