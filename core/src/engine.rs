@@ -370,14 +370,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        log::now(self.commit_event(
-            &mut Blocking::new(store),
-            workflow_id,
-            event,
-            now,
-            None,
-            None,
-        ))
+        self.commit_sync(store, workflow_id, event, now, None, None)
     }
 
     /// As [`Engine::handle`], storing `context` (the W3C trace context of the caller's span, e.g.
@@ -396,14 +389,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        log::now(self.commit_event(
-            &mut Blocking::new(store),
-            workflow_id,
-            event,
-            now,
-            None,
-            Some(context),
-        ))
+        self.commit_sync(store, workflow_id, event, now, None, Some(context))
     }
 
     /// Starts `workflow_id` with `event` as its first event and the commands the workflow decides for
@@ -455,7 +441,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        log::now(self.start_event(&mut Blocking::new(store), workflow_id, event, now, None))
+        self.start_sync(store, workflow_id, event, now, None)
     }
 
     /// As [`Engine::start`], storing `context` with every command decided, as
@@ -473,13 +459,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        log::now(self.start_event(
-            &mut Blocking::new(store),
-            workflow_id,
-            event,
-            now,
-            Some(context),
-        ))
+        self.start_sync(store, workflow_id, event, now, Some(context))
     }
 
     /// Replays `events` (the workflow's whole history, in seq order), decides on `event`, and returns
@@ -578,7 +558,7 @@ impl<W: Workflow> Engine<W> {
         timer: &TimerRow,
         now: Timestamp,
     ) -> Result<Option<Handled>, Error> {
-        log::now(self.fire_on(&mut Blocking::with_timers(store), timer, now))
+        self.fire_sync(store, timer, now)
     }
 
     /// [`Engine::handle`] on an async store's log: the same loop (its reads, its decision, its
@@ -597,7 +577,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.commit_event(log, workflow_id, event, now, None, context)
+        self.commit_async(log, workflow_id, event, now, None, context)
             .await
     }
 
@@ -615,7 +595,7 @@ impl<W: Workflow> Engine<W> {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let event = self.callers(event)?;
-        self.start_event(log, workflow_id, event, now, context)
+        self.start_async(log, workflow_id, event, now, context)
             .await
     }
 
@@ -630,50 +610,7 @@ impl<W: Workflow> Engine<W> {
         timer: &TimerRow,
         now: Timestamp,
     ) -> Result<Option<Handled>, Error> {
-        if timer.fire_at > now {
-            return Err(Error::invalid(
-                "timer",
-                &timer.timer_id,
-                format!("is due at {}, not yet at {now}", timer.fire_at),
-            ));
-        }
-        let (event, firing) = Firing::of(timer, now)?;
-        let workflow_id = timer.timer_id.workflow_id();
-        let committed = self
-            .commit_event(log, workflow_id, event, now, Some(&firing), None)
-            .await;
-        match committed {
-            Ok(handled) => Ok(Some(handled)),
-            Err(Error::TimerNotScheduled { .. }) => Ok(None),
-            Err(Error::Rejected {
-                workflow_id,
-                reason,
-            }) => match log.reject_timer(&timer.timer_id, &reason, now).await {
-                Ok(()) | Err(Error::TimerNotScheduled { .. }) => Err(Error::Rejected {
-                    workflow_id,
-                    reason,
-                }),
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn start_event<L: AsyncEventLog + ?Sized>(
-        &self,
-        store: &mut L,
-        workflow_id: &WorkflowId,
-        event: Event,
-        now: Timestamp,
-        context: Option<&TraceContext>,
-    ) -> Result<Handled, Error> {
-        // No history: the store's check of the expected seq (0) refuses it if the workflow has events.
-        let mut commit = self.plan(&[], workflow_id, event, now)?;
-        if let Some(context) = context {
-            commit = commit.traced(context.clone());
-        }
-        store.append_with_commands(&commit).await?;
-        Ok(Handled::of(&commit, 0))
+        self.fire_async(log, timer, now).await
     }
 
     /// The commit of `event` decided on `entry`'s state, as the next event after its last one.
@@ -695,99 +632,13 @@ impl<W: Workflow> Engine<W> {
         )?;
         finish(commit, fires, context)
     }
-
-    async fn commit_event<L: AsyncEventLog + ?Sized>(
-        &self,
-        store: &mut L,
-        workflow_id: &WorkflowId,
-        event: Event,
-        now: Timestamp,
-        fires: Option<&Firing>,
-        context: Option<&TraceContext>,
-    ) -> Result<Handled, Error> {
-        // Checked before the event is copied for each try: a payload past the limits may nest deeper
-        // than a recursive copy survives.
-        let event = self.checked(event)?;
-        let mut conflicts = 0;
-        match self
-            .commit_on_cached(store, workflow_id, &event, now, fires, context)
-            .await?
-        {
-            OnCached::Committed(handled) => return Ok(handled),
-            OnCached::Conflict(e) if self.max_conflict_retries == 0 => return Err(e),
-            // The cached state was out of date (another engine wrote since): the next try reads
-            // the workflow, and there is no race to wait out.
-            OnCached::Conflict(_) => conflicts += 1,
-            OnCached::NotTried => {}
-        }
-        // Races lost on states just read: the store may wait before each new try.
-        let mut raced = 0;
-        loop {
-            let history = store.history_id();
-            let (planned, folded) = self
-                .plan_cached(history, workflow_id, event.clone(), now, store)
-                .await?;
-            let commit = match planned.and_then(|commit| finish(commit, fires, context)) {
-                Ok(commit) => commit,
-                Err(e) => {
-                    self.keep(folded);
-                    return Err(e);
-                }
-            };
-            match self
-                .append(store, history, folded.last.as_ref(), &commit)
-                .await
-            {
-                Ok(()) => {
-                    self.keep_through(folded, &commit, history);
-                    return Ok(Handled::of(&commit, conflicts));
-                }
-                Err(Error::Conflict { .. }) if conflicts < self.max_conflict_retries => {
-                    self.keep(folded);
-                    conflicts += 1;
-                    raced += 1;
-                    store.before_retry(raced).await;
-                }
-                Err(e) => {
-                    self.keep(folded);
-                    return Err(e);
-                }
-            }
-        }
-    }
-
-    /// Writes `commit`, decided on a state folded up to `last` (none for a new workflow). While it is
-    /// not known whether the store of `history` checks the last event itself, through
-    /// [`EventLog::append_after`], whose answer tells (then later calls commit on their cached
-    /// states without reading); else as a plain commit, whose seq check is all a state just read
-    /// needs.
-    async fn append<L: AsyncEventLog + ?Sized>(
-        &self,
-        store: &mut L,
-        history: Option<HistoryId>,
-        last: Option<&EventRecord>,
-        commit: &Commit,
-    ) -> Result<(), Error> {
-        let unknown =
-            history.filter(|h| self.states.capacity() > 0 && self.states.checks_last(*h).is_none());
-        let (Some(history), Some(last)) = (unknown, last) else {
-            return store.append_with_commands(commit).await;
-        };
-        let answer = store.append_after(last, commit).await;
-        let checks = !matches!(answer, Ok(AppendedAfter::Unchecked));
-        self.states.learn_checks_last(history, checks);
-        match answer {
-            Ok(AppendedAfter::Unchecked) => store.append_with_commands(commit).await,
-            answer => answer.map(|_| ()),
-        }
-    }
 }
 
 mod cached;
 mod log;
+mod looped;
 
 pub use log::AsyncEventLog;
-use log::Blocking;
 
 #[cfg(test)]
 mod tests {

@@ -160,7 +160,7 @@ impl Error {
     /// An [`Error::InvalidInput`] naming `field`, its `value` (cut to a bounded length, see
     /// [`Error::InvalidInput`]: a rejected megabyte makes a short message) and the `reason`.
     pub fn invalid(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
-        InvalidInput::new(field, value, reason).into()
+        InvalidInput::of(field, &value, reason.into()).into()
     }
 
     /// A stable, machine-readable name of the kind (`"CONFLICT"`, `"STALE_LEASE"`, …), the same on every

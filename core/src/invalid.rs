@@ -35,10 +35,16 @@ impl InvalidInput {
     /// `field` refused: its `value`, cut to a bounded length (a rejected megabyte makes a short
     /// message), and the `reason`.
     pub fn new(field: &'static str, value: impl Display, reason: impl Into<String>) -> Self {
+        Self::of(field, &value, reason.into())
+    }
+
+    /// [`InvalidInput::new`] past its conversions: one body for every type of value (the checks
+    /// refuse many, and a body each would weigh on the WebAssembly build).
+    pub(crate) fn of(field: &'static str, value: &dyn Display, reason: String) -> Self {
         Self {
             field,
             value: cut(value.to_string(), SHOWN_BYTES),
-            reason: reason.into(),
+            reason,
         }
     }
 

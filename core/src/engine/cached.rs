@@ -3,8 +3,29 @@
 //! event is found again unchanged (`EventLog::append_after`), and kept only once the events it
 //! came from are committed (`remember`), or forgotten when the transaction fails (`forget`).
 
-use super::log::{self, AsyncEventLog};
+use std::cell::RefCell;
+
 use super::*;
+
+/// The events a host reads inside its own transaction, given as a function (for
+/// [`Engine::plan_in`]): a log that only reads.
+struct Reader<F>(RefCell<F>);
+
+impl<F: FnMut(Seq) -> Result<Vec<EventRecord>, Error>> EventLog for &Reader<F> {
+    fn load(&self, _: &WorkflowId) -> Result<Vec<EventRecord>, Error> {
+        (self.0.borrow_mut())(Seq::ZERO)
+    }
+    fn load_after(&self, _: &WorkflowId, after: Seq) -> Result<Vec<EventRecord>, Error> {
+        (self.0.borrow_mut())(after)
+    }
+    fn append_with_commands(&mut self, commit: &Commit) -> Result<(), Error> {
+        Err(Error::invalid(
+            "commit",
+            commit.workflow_id(),
+            "cannot be written by a log that only reads",
+        ))
+    }
+}
 
 impl<W: Workflow> Engine<W> {
     /// [`Engine::plan`] with the state cache, for a host that writes the commit inside a transaction
@@ -31,13 +52,9 @@ impl<W: Workflow> Engine<W> {
         load_after: impl FnMut(Seq) -> Result<Vec<EventRecord>, Error>,
     ) -> Result<Planned<W::State>, Error> {
         let event = self.callers(event)?;
-        let (commit, folded) = log::now(self.plan_cached(
-            Some(history),
-            workflow_id,
-            event,
-            now,
-            &mut log::Reader(load_after),
-        ))?;
+        let reader = Reader(RefCell::new(load_after));
+        let (commit, folded) =
+            self.plan_sync(Some(history), workflow_id, event, now, &mut &reader)?;
         Ok(Planned {
             commit: commit?,
             folded: folded.into_entry(),
@@ -58,131 +75,6 @@ impl<W: Workflow> Engine<W> {
     /// state folded in a transaction that then failed.
     pub fn forget(&self, history: HistoryId, workflow_id: &WorkflowId) {
         drop(self.states.take(&(history, workflow_id.clone())));
-    }
-
-    /// Folds the workflow (from its cached state when there is a usable one), decides on `event`, and
-    /// returns the commit (or why there is none) beside the folded state.
-    #[allow(clippy::type_complexity)]
-    pub(super) async fn plan_cached<L: AsyncEventLog + ?Sized>(
-        &self,
-        history: Option<HistoryId>,
-        workflow_id: &WorkflowId,
-        event: Event,
-        now: Timestamp,
-        log: &mut L,
-    ) -> Result<(Result<Commit, Error>, Folded<W::State>), Error> {
-        let event = self.checked(event)?;
-        let folded = self.fold_cached(history, workflow_id, log).await?;
-        let commit = self.decide_commit(&folded.state, folded.last_seq, workflow_id, event, now);
-        Ok((commit, folded))
-    }
-
-    /// The state of `workflow_id`: its cached state with the newer events folded in, when the store
-    /// still holds the cached state's last event unchanged; else replayed from the first event.
-    pub(super) async fn fold_cached<L: AsyncEventLog + ?Sized>(
-        &self,
-        history: Option<HistoryId>,
-        workflow_id: &WorkflowId,
-        log: &mut L,
-    ) -> Result<Folded<W::State>, Error> {
-        let key = history
-            .filter(|_| self.states.capacity() > 0)
-            .map(|history| (history, workflow_id.clone()));
-        if let Some(key) = &key {
-            let cached = self.states.take(key).map(|entry| self.catch_up(entry));
-            if let Some(entry) = cached {
-                let entry = entry?;
-                // Read from the cached last event on, to find it again as it was.
-                let events = log
-                    .load_after(workflow_id, Seq::new(entry.last.seq.get() - 1)?)
-                    .await?;
-                let found = events.first() == Some(&entry.last);
-                self.states.count(Some(found));
-                if found {
-                    let mut state = entry.state;
-                    let last_seq = fold(&self.workflow, &mut state, entry.last.seq, &events[1..])?;
-                    return Ok(Folded {
-                        state,
-                        last_seq,
-                        key: Some(key.clone()),
-                        last: events.into_iter().last(),
-                    });
-                }
-            } else {
-                self.states.count(None);
-            }
-        }
-        let events = log.load_after(workflow_id, Seq::ZERO).await?;
-        let replayed = replay(&self.workflow, &events)?;
-        Ok(Folded {
-            state: replayed.state,
-            last_seq: replayed.last_seq,
-            key,
-            last: events.into_iter().last(),
-        })
-    }
-
-    /// The commit of `event` decided on the cached state of `workflow_id`, without reading the
-    /// workflow first: the store checks in its commit that the cached state's last event is still
-    /// the workflow's last ([`EventLog::append_after`]). On success the state is kept with the new
-    /// event, folded when the state is next used (the workflow's code runs before a commit, never
-    /// after it). Tried only with a cached state and a store known to check (a commit through the
-    /// reading path finds that out); a conflict leaves the cached state to the reading path, which
-    /// folds what came after it.
-    pub(super) async fn commit_on_cached<L: AsyncEventLog + ?Sized>(
-        &self,
-        store: &mut L,
-        workflow_id: &WorkflowId,
-        event: &Event,
-        now: Timestamp,
-        fires: Option<&Firing>,
-        context: Option<&TraceContext>,
-    ) -> Result<OnCached, Error> {
-        let Some(history) = store.history_id() else {
-            return Ok(OnCached::NotTried);
-        };
-        if self.states.capacity() == 0 || self.states.checks_last(history) != Some(true) {
-            return Ok(OnCached::NotTried);
-        }
-        let key = (history, workflow_id.clone());
-        let Some(entry) = self.states.take(&key) else {
-            return Ok(OnCached::NotTried);
-        };
-        let entry = self.catch_up(entry)?;
-        let planned = self.plan_on(&entry, workflow_id, event, now, fires, context);
-        let commit = match planned {
-            Ok(commit) => commit,
-            Err(e) => {
-                self.states.put(key, entry);
-                return Err(e);
-            }
-        };
-        match store.append_after(&entry.last, &commit).await {
-            Ok(AppendedAfter::Written) => {
-                self.states.count(Some(true));
-                let handled = Handled::of(&commit, 0);
-                self.states.put(
-                    key,
-                    Entry {
-                        unfolded: commit.into_rows().1,
-                        ..entry
-                    },
-                );
-                Ok(OnCached::Committed(handled))
-            }
-            Err(e @ Error::Conflict { .. }) => {
-                self.states.put(key, entry);
-                Ok(OnCached::Conflict(e))
-            }
-            Err(e) => {
-                self.states.put(key, entry);
-                Err(e)
-            }
-            Ok(AppendedAfter::Unchecked) => {
-                self.states.put(key, entry);
-                Ok(OnCached::NotTried)
-            }
-        }
     }
 
     /// Keeps a state folded from committed events (the store's reads are committed:

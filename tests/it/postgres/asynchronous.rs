@@ -697,7 +697,11 @@ fn the_async_dispatcher_delivers_on_postgres_woken_by_a_notification() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         for n in 0..5 {
             store
-                .start(&engine, &wid(&format!("order-{n}")), Event::new("placed", json!({})))
+                .start(
+                    &engine,
+                    &wid(&format!("order-{n}")),
+                    Event::new("placed", json!({})),
+                )
                 .await
                 .unwrap();
         }
@@ -705,7 +709,11 @@ fn the_async_dispatcher_delivers_on_postgres_woken_by_a_notification() {
         while delivered.load(Ordering::SeqCst) < 5 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert_eq!(delivered.load(Ordering::SeqCst), 5, "woken well before the 30 s poll");
+        assert_eq!(
+            delivered.load(Ordering::SeqCst),
+            5,
+            "woken well before the 30 s poll"
+        );
         let shutdown = running.shutdown(Duration::from_secs(5)).await;
         assert!(shutdown.errors.is_empty(), "{:?}", shutdown.errors);
         for n in 0..5 {
