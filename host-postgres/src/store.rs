@@ -274,6 +274,28 @@ impl PostgresStore {
         Ok(Handled::of(&commit, 0))
     }
 
+    /// [`Engine::start`] inside the caller's own transaction `tx`: the workflow's first event and
+    /// its commands, decided on the initial state with nothing read first (a new order placed with
+    /// its order row). A workflow that has events already is an [`Error::Conflict`]; `tx` is left
+    /// usable.
+    ///
+    /// # Errors
+    ///
+    /// As [`Engine::start`].
+    pub fn start_in<W: Workflow>(
+        &self,
+        tx: &mut Transaction<'_>,
+        engine: &Engine<W>,
+        workflow_id: &WorkflowId,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Handled, Error> {
+        let commit = engine.plan(&[], workflow_id, event, now)?;
+        let mut statements = Statements::default();
+        self.append_in_db(&mut Db::new(tx, &mut statements, None), &commit)?;
+        Ok(Handled::of(&commit, 0))
+    }
+
     /// The store's `now` for an operation the caller made at `now` (see
     /// [`PostgresOptions::database_clock`]).
     pub(crate) fn clock(&self, db: &mut impl Exec, now: Timestamp) -> Result<Clock, Error> {
@@ -570,7 +592,7 @@ impl Outbox for PostgresStore {
             ..extended
         })
     }
-    /// One transaction of two statements for all the leases (see [`ops::extend_all`]).
+    /// One transaction of two statements for all the leases.
     fn extend_all(
         &mut self,
         leases: &[(CommandId, u64)],

@@ -726,3 +726,39 @@ fn the_async_dispatcher_delivers_on_postgres_woken_by_a_notification() {
         }
     });
 }
+
+#[test]
+fn the_synchronous_store_starts_a_workflow_in_the_callers_transaction_without_reading_it() {
+    let database = TestDatabase::new();
+    let store = miniflow::PostgresStore::connect(&database.url()).unwrap();
+    let engine = Engine::new(Orders);
+    let mut client = store.client().unwrap();
+    let mut tx = client.transaction().unwrap();
+    let started = store
+        .start_in(
+            &mut tx,
+            &engine,
+            &wid("order-1"),
+            Event::new("placed", json!({})),
+            T0,
+        )
+        .unwrap();
+    assert_eq!(started.command_ids[0].to_string(), "order-1:1:0");
+    let again = store.start_in(
+        &mut tx,
+        &engine,
+        &wid("order-1"),
+        Event::new("placed", json!({})),
+        T0,
+    );
+    assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
+    let one: i32 = tx.query_one("SELECT 1", &[]).unwrap().get(0);
+    assert_eq!(one, 1, "the transaction is still usable");
+    tx.commit().unwrap();
+    assert_eq!(
+        miniflow::EventLog::load(&store, &wid("order-1"))
+            .unwrap()
+            .len(),
+        1
+    );
+}
