@@ -110,6 +110,7 @@ pub use miniflow_native::{
 /// |---|---|
 /// | `AsyncStore`, `Tx`, `AsyncIdempotencyStore` | SQLite (feature `sqlite`): writes run by the file's writer thread, awaited |
 /// | `AsyncPostgresStore`, `AsyncPostgresIdempotencyStore`, `PooledAsyncClient` | PostgreSQL (feature `postgres`): tokio-postgres connections of a pool of its own |
+/// | `CallerTransaction` | PostgreSQL: the service's open transaction (tokio-postgres's, or sqlx's with feature `sqlx`) that `append_in`, `handle_in`, `start_in`, `begin_in` and `finish_in` join |
 /// | `AsyncDispatcher`, `RunningAsyncDispatcher`, `cancellation_requested` | any store |
 #[cfg(feature = "tokio")]
 pub mod tokio {
@@ -118,9 +119,12 @@ pub mod tokio {
     pub use miniflow_pool::tokio::{
         cancellation_requested, AsyncDispatcher, AsyncSource, RunningAsyncDispatcher,
     };
+    #[cfg(feature = "sqlx")]
+    pub use miniflow_postgres::tokio::sqlx;
     #[cfg(feature = "postgres")]
     pub use miniflow_postgres::tokio::{
-        tokio_postgres, AsyncPostgresIdempotencyStore, AsyncPostgresStore, PooledAsyncClient,
+        tokio_postgres, AsyncPostgresIdempotencyStore, AsyncPostgresStore, CallerTransaction,
+        PooledAsyncClient,
     };
 }
 

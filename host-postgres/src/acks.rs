@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use miniflow_core::{canonical_json, Ack, CommandId, Error, Settled, Timestamp};
 
 use crate::clock::Clock;
-use crate::db::Exec;
+use crate::db::Own;
 use crate::errors::storage;
 use crate::queries::*;
 use crate::rows::write_change;
@@ -19,7 +19,7 @@ use crate::rows::{id_params, query_rows, to_sql_time, token_param};
 /// that reports its completion is settled by the shared rule ([`OutboxRow::complete`]) with its
 /// feedback, and anything else is explained by [`OutboxRow::check_lease`].
 pub(crate) async fn complete_in(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     id: &CommandId,
     token: u64,
     result: Option<&serde_json::Value>,
@@ -108,7 +108,7 @@ pub(crate) type AckResult = Option<Result<(), Error>>;
 /// `None` for the rest (to settle one by one), and whether a settled command unblocks a later one of
 /// its workflow.
 pub(crate) async fn complete_plain_acks(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     acks: &[Ack],
     now: Timestamp,
 ) -> Result<(Vec<AckResult>, bool), Error> {

@@ -8,7 +8,7 @@ use miniflow_core::backend::{
 use miniflow_core::{ClaimRequest, Delivery, Error, OutboxRow, TimerRow, Timestamp};
 use postgres::Row;
 
-use crate::db::Exec;
+use crate::db::Own;
 use crate::errors::storage;
 use crate::queries::{sql_limit, CLAIM_DUE_FIRST, CLAIM_STRICT, CLAIM_TIMERS, NEXT_PRIORITY};
 use crate::rows::write_change;
@@ -49,7 +49,7 @@ impl Candidate {
 /// operators' controls leave out excluded), one priority at a time; each page's leases written in
 /// one statement. Returns the deliveries and whether the claim scheduled feedback.
 pub(crate) async fn claim_in(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     request: &ClaimRequest,
     now: Timestamp,
 ) -> Result<(Vec<Delivery>, bool), Error> {
@@ -120,7 +120,7 @@ pub(crate) async fn claim_in(
 }
 
 /// The highest priority of an unfinished command below `below`, if any.
-async fn next_priority(db: &mut impl Exec, below: i64) -> Result<Option<i64>, Error> {
+async fn next_priority(db: &mut impl Own, below: i64) -> Result<Option<i64>, Error> {
     db.query_opt(NEXT_PRIORITY, &[&below])
         .await
         .map_err(storage)?
@@ -131,7 +131,7 @@ async fn next_priority(db: &mut impl Exec, below: i64) -> Result<Option<i64>, Er
 /// Writes the columns a claim changed in the leased rows of `deliveries`, in one statement: the hot
 /// path of [`Outbox::claim`].
 async fn write_leases(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     request: &ClaimRequest,
     deliveries: &[Delivery],
 ) -> Result<(), Error> {
@@ -177,7 +177,7 @@ async fn write_leases(
 /// retries that could not be read may name a failure already reported). Says whether it scheduled
 /// feedback.
 async fn bury_unreadable(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     (workflow_id, event_seq, idx): &(String, i64, i64),
     burial: Burial,
 ) -> Result<bool, Error> {
@@ -208,7 +208,7 @@ async fn bury_unreadable(
 /// other (DESIGN rule 13): it ends `rejected` as the claim says, where operators see it, and is not
 /// taken again.
 pub(crate) async fn claim_timers_in(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     limit: usize,
     lease_ttl: std::time::Duration,
     now: Timestamp,

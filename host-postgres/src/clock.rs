@@ -2,7 +2,7 @@
 
 use miniflow_core::{Error, Timestamp};
 
-use crate::db::Exec;
+use crate::db::{Columns, Exec};
 use crate::errors::storage;
 use crate::options::PostgresOptions;
 
@@ -14,7 +14,7 @@ pub(crate) async fn database_now(db: &mut impl Exec) -> Result<Timestamp, Error>
             &[],
         )
         .await
-        .and_then(|row| row.try_get(0))
+        .and_then(|row| Columns::try_get(&row, 0))
         .map_err(storage)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)

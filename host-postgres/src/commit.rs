@@ -7,7 +7,7 @@ use miniflow_core::{
 };
 
 use crate::clock::Clock;
-use crate::db::Exec;
+use crate::db::{Columns, Exec};
 use crate::errors::{is_unique_violation, storage};
 use crate::queries::*;
 use crate::rows::{insert_timer, query_rows, query_timers, to_sql_time, write_row};

@@ -5,7 +5,7 @@ use miniflow_core::{Error, KindChange, KindControl, OutboxRow, OutboxStats, Stat
 use postgres::Row;
 
 use crate::clock::Clock;
-use crate::db::Exec;
+use crate::db::Own;
 use crate::errors::storage;
 use crate::rows::{col, read_outbox_row, Column};
 
@@ -26,7 +26,7 @@ fn count(row: &Row, column: usize) -> Result<u64, Error> {
 }
 
 /// The stats at `clock.now` ([`miniflow_core::Operations::stats`]), times in the caller's clock.
-pub(crate) async fn outbox_stats(db: &mut impl Exec, clock: Clock) -> Result<OutboxStats, Error> {
+pub(crate) async fn outbox_stats(db: &mut impl Own, clock: Clock) -> Result<OutboxStats, Error> {
     let now = crate::rows::to_sql_time("now", clock.now)?;
     let mut stats = OutboxStats::new(clock.outward(clock.now));
     for row in db.query(STATS_UNFINISHED, &[&now]).await.map_err(storage)? {
@@ -49,7 +49,7 @@ pub(crate) async fn outbox_stats(db: &mut impl Exec, clock: Clock) -> Result<Out
 
 /// The controls `sql` selects, their times in the caller's clock.
 pub(crate) async fn read_controls(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     sql: &'static str,
     clock: Clock,
 ) -> Result<Vec<KindControl>, Error> {
@@ -106,7 +106,7 @@ const SELECT_DEAD_OF_KIND_FOR_UPDATE: &str = crate::rows::select_rows!(
 /// (`FOR UPDATE SKIP LOCKED`) has its limit less its unexpired leases, counted after the lock, so
 /// that claims in several processes never lease more than the limit between them; a limited kind
 /// another claim holds is left alone by this one.
-pub(crate) async fn admission(db: &mut impl Exec, now: Timestamp) -> Result<Admission, Error> {
+pub(crate) async fn admission(db: &mut impl Own, now: Timestamp) -> Result<Admission, Error> {
     let controls = read_controls(db, SELECT_ACTIVE_CONTROLS, Clock::caller(now)).await?;
     let mut admission = Admission::new(&controls);
     let limited: Vec<String> = admission.limited_kinds().map(str::to_owned).collect();
@@ -144,7 +144,7 @@ pub(crate) async fn admission(db: &mut impl Exec, now: Timestamp) -> Result<Admi
 /// Changes the controls of `kind` inside a transaction ([`miniflow_core::Operations::control_kind`]),
 /// at `clock.now`; returns them in the caller's clock.
 pub(crate) async fn control_kind_in(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     kind: &str,
     change: KindChange,
     by: &str,
@@ -183,7 +183,7 @@ pub(crate) async fn control_kind_in(
 /// Up to `limit` readable dead rows of `kind`, in command ID order (`FOR UPDATE` when `lock`); rows
 /// that cannot be read are skipped (DESIGN rule 13), so a bulk action goes on past them.
 pub(crate) async fn dead_of_kind(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     kind: &str,
     limit: usize,
     lock: bool,

@@ -7,10 +7,10 @@ use std::ops::DerefMut;
 use std::task::{Context, Poll, Waker};
 
 use postgres::error::SqlState;
-use postgres::types::ToSql;
+use postgres::types::{FromSql, ToSql};
 use postgres::{Client, GenericClient, Row, Statement};
 
-use crate::errors::storage;
+use crate::errors::{storage, DbError};
 use miniflow_core::Error;
 
 /// A connection of the pool: the client and the statements prepared on it.
@@ -113,31 +113,25 @@ impl<'a, C: GenericClient> Db<'a, C> {
         Ok(statement)
     }
 
-    fn checked<T>(&mut self, result: Result<T, postgres::Error>) -> Result<T, postgres::Error> {
+    fn checked<T>(&mut self, result: Result<T, postgres::Error>) -> Result<T, DbError> {
         if let Err(e) = &result {
             self.statements.forget_after(e);
         }
-        result
+        result.map_err(DbError::from)
     }
 }
 
 impl<C: GenericClient + Send> Exec for Db<'_, C> {
-    async fn query(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Vec<Row>, postgres::Error> {
+    type Row = Row;
+
+    async fn query(&mut self, sql: &'static str, params: &Params<'_>) -> Result<Vec<Row>, DbError> {
         let result = self
             .statement(sql)
             .and_then(|statement| self.client.query(&statement, params));
         self.checked(result)
     }
 
-    async fn query_one(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Row, postgres::Error> {
+    async fn query_one(&mut self, sql: &'static str, params: &Params<'_>) -> Result<Row, DbError> {
         let result = self
             .statement(sql)
             .and_then(|statement| self.client.query_one(&statement, params));
@@ -148,26 +142,22 @@ impl<C: GenericClient + Send> Exec for Db<'_, C> {
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> Result<Option<Row>, postgres::Error> {
+    ) -> Result<Option<Row>, DbError> {
         let result = self
             .statement(sql)
             .and_then(|statement| self.client.query_opt(&statement, params));
         self.checked(result)
     }
 
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<u64, postgres::Error> {
+    async fn execute(&mut self, sql: &'static str, params: &Params<'_>) -> Result<u64, DbError> {
         let result = self
             .statement(sql)
             .and_then(|statement| self.client.execute(&statement, params));
         self.checked(result)
     }
 
-    async fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.client.batch_execute(sql)
+    async fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).map_err(DbError::from)
     }
 
     fn set_in_transaction(&mut self, open: bool) -> bool {
@@ -182,26 +172,29 @@ impl<C: GenericClient + Send> Exec for Db<'_, C> {
 }
 
 /// A client the store's operations run their statements on: a connection of the synchronous
-/// store's pool ([`Db`]), of the async store's, or the caller's own transaction. The SQL and the
-/// rules are the operations'; a client only runs statements, each prepared once per connection
-/// where it can cache them.
+/// store's pool ([`Db`]), of the async store's, or the caller's own transaction (tokio-postgres's
+/// or sqlx's). The SQL and the rules are the operations'; a client only runs statements, each
+/// prepared once per connection where it can cache them.
 pub(crate) trait Exec: Send {
+    /// A row it returns.
+    type Row: Columns + Send + Sync;
+
     /// The rows `sql` returns with `params`.
     fn query(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> impl Future<Output = Result<Vec<Row>, postgres::Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<Self::Row>, DbError>> + Send;
 
     /// How many rows `sql` changed with `params`.
     fn execute(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> impl Future<Output = Result<u64, postgres::Error>> + Send;
+    ) -> impl Future<Output = Result<u64, DbError>> + Send;
 
     /// Statements without parameters, in one round trip (`BEGIN`, `SAVEPOINT`, migrations).
-    fn batch(&mut self, sql: &str) -> impl Future<Output = Result<(), postgres::Error>> + Send;
+    fn batch(&mut self, sql: &str) -> impl Future<Output = Result<(), DbError>> + Send;
 
     /// Marks whether a transaction the store began is open on this client's connection; `false`
     /// when the client is not one of the store's connections (a caller's transaction).
@@ -212,14 +205,81 @@ pub(crate) trait Exec: Send {
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> impl Future<Output = Result<Row, postgres::Error>> + Send;
+    ) -> impl Future<Output = Result<Self::Row, DbError>> + Send {
+        async move {
+            let mut rows = self.query(sql, params).await?;
+            match rows.len() {
+                1 => Ok(rows.remove(0)),
+                n => Err(DbError::Value(format!("expected one row, got {n}"))),
+            }
+        }
+    }
 
     /// The row `sql` returns, if any (an error for more than one).
     fn query_opt(
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> impl Future<Output = Result<Option<Row>, postgres::Error>> + Send;
+    ) -> impl Future<Output = Result<Option<Self::Row>, DbError>> + Send {
+        async move {
+            let mut rows = self.query(sql, params).await?;
+            match rows.len() {
+                0 => Ok(None),
+                1 => Ok(rows.pop()),
+                n => Err(DbError::Value(format!("expected at most one row, got {n}"))),
+            }
+        }
+    }
+}
+
+/// A client of the store's own (a connection of its pools), whose rows are tokio-postgres's.
+pub(crate) trait Own: Exec<Row = Row> {}
+
+impl<E: Exec<Row = Row>> Own for E {}
+
+/// The columns of a row, read by position or by name as the type the caller asks for.
+pub(crate) trait Columns {
+    /// The value of column `index` as a `T`.
+    fn try_get<'a, I: ColumnIndex, T: FromSql<'a>>(&'a self, index: I) -> Result<T, DbError>;
+
+    /// The name of column `at`, if there is one.
+    fn column_name(&self, at: usize) -> Option<&str>;
+}
+
+impl Columns for Row {
+    fn try_get<'a, I: ColumnIndex, T: FromSql<'a>>(&'a self, index: I) -> Result<T, DbError> {
+        index.get(self).map_err(DbError::from)
+    }
+
+    fn column_name(&self, at: usize) -> Option<&str> {
+        self.columns().get(at).map(postgres::Column::name)
+    }
+}
+
+/// A column's position or name.
+pub(crate) trait ColumnIndex: Copy + std::fmt::Display {
+    /// The value at this index of a tokio-postgres row.
+    fn get<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error>;
+    /// The position of this index among the columns named `names`.
+    fn position<'n>(self, names: impl Iterator<Item = &'n str>) -> Option<usize>;
+}
+
+impl ColumnIndex for usize {
+    fn get<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+        row.try_get(self)
+    }
+    fn position<'n>(self, mut names: impl Iterator<Item = &'n str>) -> Option<usize> {
+        names.nth(self).map(|_| self)
+    }
+}
+
+impl ColumnIndex for &str {
+    fn get<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+        row.try_get(self)
+    }
+    fn position<'n>(self, mut names: impl Iterator<Item = &'n str>) -> Option<usize> {
+        names.position(|name| name == self)
+    }
 }
 
 /// How a transaction of the store's begins.

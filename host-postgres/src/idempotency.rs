@@ -9,8 +9,8 @@ use postgres::Transaction;
 
 use crate::clock::Clock;
 use crate::connect::Shared;
-use crate::db::{block, savepoint, transaction, Db, Exec, Isolation, Statements};
-use crate::errors::storage;
+use crate::db::{block, savepoint, transaction, Columns, Db, Exec, Isolation, Own, Statements};
+use crate::errors::{storage, DbError};
 use crate::migrations::KEY_LOCK_CLASS;
 use crate::options::PostgresOptions;
 use crate::rows::to_sql_time;
@@ -296,7 +296,7 @@ async fn reserve(
 
 /// [`IdempotencyStore::begin`] in one transaction of the store's holding the key's advisory lock.
 pub(crate) async fn begin_on(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     policy: &IdempotencyPolicy,
     key: &IdempotencyKey,
@@ -312,7 +312,7 @@ pub(crate) async fn begin_on(
 
 /// [`IdempotencyStore::finish`] in one transaction of the store's holding the key's advisory lock.
 pub(crate) async fn finish_locked(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     key: &IdempotencyKey,
     token: u64,
@@ -328,7 +328,7 @@ pub(crate) async fn finish_locked(
 
 /// [`IdempotencyStore::abandon`] in one transaction of the store's holding the key's advisory lock.
 pub(crate) async fn abandon_locked(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     key: &IdempotencyKey,
     token: u64,
 ) -> Result<(), Error> {
@@ -369,7 +369,7 @@ pub(crate) async fn select(
         return Ok(None);
     };
     let corrupt = |what: String| Error::Corrupt(format!("idempotency key {key}: {what}"));
-    let column = |e: postgres::Error| corrupt(e.to_string());
+    let column = |e: DbError| corrupt(e.to_string());
     let time = |millis: i64| {
         u64::try_from(millis)
             .map(Timestamp::from_millis)

@@ -10,7 +10,7 @@ use miniflow_core::{purge_cutoff, Error, EventRecord, Seq, Timestamp, WorkflowId
 use postgres::types::Type;
 use postgres::Row;
 
-use crate::db::{block, Exec};
+use crate::db::{block, Columns, Exec};
 use crate::errors::storage;
 use crate::rows::{get, time, Unreadable};
 use crate::store::PostgresStore;
@@ -112,7 +112,7 @@ impl PostgresStore {
         // A cutoff past what a bigint holds (the year 292 million) reaches every stored time.
         let cutoff = i64::try_from(cutoff.as_millis()).unwrap_or(i64::MAX);
         let count: i64 = block(db.query_one(COUNT_PURGEABLE, &[&cutoff]))
-            .and_then(|row| row.try_get(0))
+            .and_then(|row| Columns::try_get(&row, 0))
             .map_err(storage)?;
         Ok(usize::try_from(count).unwrap_or(0))
     }

@@ -3,7 +3,7 @@
 
 use miniflow_core::Error;
 
-use crate::db::{begin, end, Exec, Isolation};
+use crate::db::{begin, end, Columns, Isolation, Own};
 use crate::errors::storage;
 
 /// The schema migrations, applied in order; the count is the schema version in `miniflow_schema`.
@@ -28,7 +28,7 @@ pub(crate) const KEY_LOCK_CLASS: i32 = LOCK_CLASS + 1;
 /// Refuses a database whose schema is not this version's, changing nothing: none or an older one is
 /// [`Error::InvalidInput`] naming `target`, a newer one [`Error::UnsupportedSchema`].
 pub(crate) async fn check_schema(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     (field, value): (&'static str, String),
 ) -> Result<(), Error> {
     match schema_version(db).await? {
@@ -58,12 +58,12 @@ pub(crate) async fn check_schema(
 
 /// Refuses a server that may lose a commit that returned (see
 /// [`PostgresOptions::require_durable_commits`]).
-pub(crate) async fn check_durability(db: &mut impl Exec) -> Result<(), Error> {
+pub(crate) async fn check_durability(db: &mut impl Own) -> Result<(), Error> {
     for (setting, weak) in [("fsync", "off"), ("synchronous_commit", "off")] {
         let value: String = db
             .query_one("SELECT current_setting($1)", &[&setting])
             .await
-            .and_then(|row| row.try_get(0))
+            .and_then(|row| Columns::try_get(&row, 0))
             .map_err(storage)?;
         if value == weak {
             return Err(Error::Storage(
@@ -80,23 +80,23 @@ pub(crate) async fn check_durability(db: &mut impl Exec) -> Result<(), Error> {
 }
 
 /// The schema version of the database `db` is on: 0 without miniflow's schema.
-pub(crate) async fn schema_version(db: &mut impl Exec) -> Result<i64, Error> {
+pub(crate) async fn schema_version(db: &mut impl Own) -> Result<i64, Error> {
     let exists: bool = db
         .query_one("SELECT to_regclass('miniflow_schema') IS NOT NULL", &[])
         .await
-        .and_then(|row| row.try_get(0))
+        .and_then(|row| Columns::try_get(&row, 0))
         .map_err(storage)?;
     if !exists {
         return Ok(0);
     }
     db.query_one("SELECT COALESCE(MAX(version), 0) FROM miniflow_schema", &[])
         .await
-        .and_then(|row| row.try_get(0))
+        .and_then(|row| Columns::try_get(&row, 0))
         .map_err(storage)
 }
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under the migrations' advisory lock.
-pub(crate) async fn migrate(db: &mut impl Exec) -> Result<(), Error> {
+pub(crate) async fn migrate(db: &mut impl Own) -> Result<(), Error> {
     let unsupported = |found| Error::UnsupportedSchema {
         found,
         supported: SCHEMA_VERSION,
@@ -111,7 +111,7 @@ pub(crate) async fn migrate(db: &mut impl Exec) -> Result<(), Error> {
     end(db, out).await
 }
 
-async fn migrate_locked(db: &mut impl Exec) -> Result<(), Error> {
+async fn migrate_locked(db: &mut impl Own) -> Result<(), Error> {
     db.execute(
         "SELECT pg_advisory_xact_lock($1, $2)",
         &[&LOCK_CLASS, &MIGRATION_LOCK],

@@ -15,7 +15,7 @@ use crate::acks::{complete_in, complete_plain_acks};
 use crate::claim::{claim_in, claim_timers_in};
 use crate::clock::Clock;
 use crate::commit::{is_plain, last_seq, write_commit, CommitError, LastEvent};
-use crate::db::{savepoint, transaction, Exec, Isolation};
+use crate::db::{savepoint, transaction, Columns, Exec, Isolation, Own};
 use crate::errors::storage;
 use crate::options::PostgresOptions;
 use crate::queries::*;
@@ -28,7 +28,7 @@ use crate::rows::{
 /// any other one transaction. Returns whether it made work claimable; a lost race is the core's
 /// [`Error::Conflict`], with the workflow's last seq read afresh.
 pub(crate) async fn append(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     commit: &Commit,
     last: Option<&LastEvent>,
@@ -70,7 +70,7 @@ pub(crate) async fn append_in(
         let xid: i64 = db
             .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
             .await
-            .and_then(|row| row.try_get(0))
+            .and_then(|row| Columns::try_get(&row, 0))
             .map_err(storage)?;
         Ok::<_, CommitError>(Some(xid))
     });
@@ -88,7 +88,7 @@ pub(crate) async fn append_in(
 /// back. The rules themselves live in [`OutboxRow`]'s methods, shared with every store. Returns
 /// what `change` returned, the operation's clock and whether it made work claimable.
 pub(crate) async fn update<T>(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     command_id: &CommandId,
     now: Timestamp,
@@ -119,7 +119,7 @@ where
 /// once), whatever their number. One answer per lease, in order, as `extend` one by one would give
 /// (a lease named twice is extended twice); expiries in the caller's clock.
 pub(crate) async fn extend_all(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     leases: &[(CommandId, u64)],
     ttl: Duration,
@@ -217,7 +217,7 @@ impl KeyColumns {
 /// A claim in one transaction: the deliveries (their lease expiries in the caller's clock) and
 /// whether burying unreadable rows fed anything back.
 pub(crate) async fn claim(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     request: &ClaimRequest,
     now: Timestamp,
@@ -237,7 +237,7 @@ pub(crate) async fn claim(
 /// time something is due after it, in the store's clock: one query, outside any transaction, so
 /// idle workers take no lock.
 pub(crate) async fn due(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     due_sql: &'static str,
     now: Timestamp,
@@ -261,7 +261,7 @@ pub(crate) async fn due(
 
 /// One acknowledgement in its own transaction; whether it made work claimable.
 pub(crate) async fn complete(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     command_id: &CommandId,
     token: u64,
@@ -277,7 +277,7 @@ pub(crate) async fn complete(
 /// All `acks` in one transaction: one commit for the batch, the results returned only after it,
 /// so a reported completion is durable. Also whether they made work claimable.
 pub(crate) async fn complete_all(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     acks: &[Ack],
     now: Timestamp,
@@ -319,7 +319,7 @@ pub(crate) async fn complete_all(
 
 /// A timer claim in one transaction, its times in the caller's clock.
 pub(crate) async fn claim_timers(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     limit: usize,
     lease_ttl: Duration,
@@ -340,7 +340,7 @@ pub(crate) async fn claim_timers(
 
 /// Rejects a scheduled timer by the core's rule ([`TimerRow::reject`]).
 pub(crate) async fn reject_timer(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     timer_id: &TimerId,
     reason: &str,
@@ -374,7 +374,7 @@ pub(crate) async fn reject_timer(
 
 /// The outbox's stats from one snapshot (see [`crate::PostgresStore`]'s `stats`).
 pub(crate) async fn stats(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     options: &PostgresOptions,
     now: Timestamp,
 ) -> Result<OutboxStats, Error> {
@@ -387,7 +387,7 @@ pub(crate) async fn stats(
 /// Up to `limit` readable rows of `sql` (a keyset query taking the last key as `$1, $2, $3` and a
 /// page size as `$4`), skipping rows that cannot be read (DESIGN rule 13).
 pub(crate) async fn read_readable(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     sql: &'static str,
     limit: usize,
 ) -> Result<Vec<OutboxRow>, Error> {

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use miniflow_core::{Error, Timestamp, WorkflowId};
 
-use crate::db::{begin, block, end, Exec, Isolation};
+use crate::db::{begin, block, end, Exec, Isolation, Own};
 use crate::errors::storage;
 use crate::queries::{sql_limit, SELECT_WORKFLOW, SELECT_WORKFLOW_TIMERS};
 use crate::rows::{query_rows, query_timers, to_sql_time};
@@ -44,7 +44,7 @@ const LOCK_LAST_EVENT: &str = "SELECT seq FROM events WHERE workflow_id = $1 \
 
 /// Up to `limit` workflow IDs that may be retired with `cutoff`, after `after`.
 async fn retirable_after(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     cutoff: Timestamp,
     after: &str,
     limit: usize,
@@ -63,7 +63,7 @@ async fn retirable_after(
 /// timers and events and records it as retired. Says whether it did. A workflow with a row that
 /// cannot be read is not known to be finished, and stays.
 async fn retire_in(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     workflow_id: &WorkflowId,
     older_than: Duration,
     now: Timestamp,
@@ -120,7 +120,7 @@ async fn retire_in(
 /// Retires those of `workflows` still finished, in the caller's transaction, counting them in
 /// `retirements`; none while a first commit holds that row (a later run retires them).
 async fn retire_all(
-    db: &mut impl Exec,
+    db: &mut impl Own,
     workflows: &[WorkflowId],
     older_than: Duration,
     now: Timestamp,

@@ -7,11 +7,10 @@ use miniflow_core::{
     TimerRow, Timestamp, TraceContext, WorkflowId,
 };
 use postgres::types::FromSql;
-use postgres::Row;
 
-use crate::db::Exec;
 pub(crate) use crate::db::Params;
-use crate::errors::storage;
+use crate::db::{Columns, Exec};
+use crate::errors::{storage, DbError};
 
 /// The columns of an [`OutboxRow`], as [`read_outbox_row`] reads them.
 macro_rules! row_columns {
@@ -51,14 +50,14 @@ pub(crate) use {row_columns, select_rows, select_timers};
 /// position in [`row_columns!`], which skips looking the name up in each row.
 pub(crate) trait Column: Copy {
     fn name(self) -> &'static str;
-    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error>;
+    fn read<'a, T: FromSql<'a>, R: Columns>(self, row: &'a R) -> Result<T, DbError>;
 }
 
 impl Column for &'static str {
     fn name(self) -> &'static str {
         self
     }
-    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+    fn read<'a, T: FromSql<'a>, R: Columns>(self, row: &'a R) -> Result<T, DbError> {
         row.try_get(self)
     }
 }
@@ -71,9 +70,9 @@ impl Column for Col {
     fn name(self) -> &'static str {
         self.1
     }
-    fn read<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error> {
+    fn read<'a, T: FromSql<'a>, R: Columns>(self, row: &'a R) -> Result<T, DbError> {
         debug_assert_eq!(
-            row.columns().get(self.0).map(postgres::Column::name),
+            row.column_name(self.0),
             Some(self.1),
             "outbox rows are selected with row_columns!()"
         );
@@ -129,45 +128,54 @@ fn unreadable(column: &'static str, reason: impl std::fmt::Display) -> Unreadabl
     }
 }
 
-pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, column: impl Column) -> Result<T, Unreadable> {
+pub(crate) fn get<'a, T: FromSql<'a>>(
+    row: &'a impl Columns,
+    column: impl Column,
+) -> Result<T, Unreadable> {
     column
         .read(row)
         .map_err(|e| unreadable(column.name(), format!("cannot be read: {e}")))
 }
 
-pub(crate) fn time(row: &Row, column: impl Column) -> Result<Timestamp, Unreadable> {
+pub(crate) fn time<R: Columns>(row: &R, column: impl Column) -> Result<Timestamp, Unreadable> {
     let millis: i64 = get(row, column)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)
         .map_err(|_| unreadable(column.name(), format!("holds the negative time {millis}")))
 }
 
-fn optional_time(row: &Row, column: impl Column) -> Result<Option<Timestamp>, Unreadable> {
+fn optional_time<R: Columns>(
+    row: &R,
+    column: impl Column,
+) -> Result<Option<Timestamp>, Unreadable> {
     match get::<Option<i64>>(row, column)? {
         Some(_) => time(row, column).map(Some),
         None => Ok(None),
     }
 }
 
-fn json(row: &Row, column: impl Column) -> Result<serde_json::Value, Unreadable> {
+fn json<R: Columns>(row: &R, column: impl Column) -> Result<serde_json::Value, Unreadable> {
     let text: &str = get(row, column)?;
     serde_json::from_str(text)
         .map_err(|e| unreadable(column.name(), format!("cannot be read as JSON: {e}")))
 }
 
-fn optional_json(row: &Row, column: impl Column) -> Result<Option<serde_json::Value>, Unreadable> {
+fn optional_json<R: Columns>(
+    row: &R,
+    column: impl Column,
+) -> Result<Option<serde_json::Value>, Unreadable> {
     match get::<Option<&str>>(row, column)? {
         Some(_) => json(row, column).map(Some),
         None => Ok(None),
     }
 }
 
-fn count(row: &Row, column: impl Column) -> Result<u32, Unreadable> {
+fn count<R: Columns>(row: &R, column: impl Column) -> Result<u32, Unreadable> {
     let n: i64 = get(row, column)?;
     u32::try_from(n).map_err(|_| unreadable(column.name(), format!("holds {n}, out of range")))
 }
 
-pub(crate) fn command_id(row: &Row) -> Result<CommandId, Unreadable> {
+pub(crate) fn command_id<R: Columns>(row: &R) -> Result<CommandId, Unreadable> {
     let workflow_id = WorkflowId::new(get::<String>(row, col::WORKFLOW_ID)?)
         .map_err(|e| unreadable("workflow_id", e))?;
     let seq: i64 = get(row, col::EVENT_SEQ)?;
@@ -182,14 +190,14 @@ pub(crate) fn command_id(row: &Row) -> Result<CommandId, Unreadable> {
 }
 
 /// The command ID an outbox row's key columns spell, whatever they hold.
-pub(crate) fn raw_command_id(row: &Row) -> String {
+pub(crate) fn raw_command_id<R: Columns>(row: &R) -> String {
     let workflow_id: String = col::WORKFLOW_ID.read(row).unwrap_or_else(|_| "?".into());
     let seq: i64 = col::EVENT_SEQ.read(row).unwrap_or_default();
     let idx: i64 = col::IDX.read(row).unwrap_or_default();
     format!("{workflow_id}:{seq}:{idx}")
 }
 
-pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
+pub(crate) fn read_outbox_row<R: Columns>(row: &R) -> Result<OutboxRow, Unreadable> {
     let lease = match get::<Option<String>>(row, col::LEASE_OWNER)? {
         Some(owner) => Some(Lease {
             owner,
@@ -223,7 +231,7 @@ pub(crate) fn read_outbox_row(row: &Row) -> Result<OutboxRow, Unreadable> {
 }
 
 /// The stored trace context; one that does not parse is ignored: a trace is not worth a delivery.
-fn trace_context(row: &Row) -> Option<TraceContext> {
+fn trace_context<R: Columns>(row: &R) -> Option<TraceContext> {
     let traceparent: &str = get::<Option<&str>>(row, col::TRACEPARENT).ok()??;
     let tracestate: Option<&str> = get(row, col::TRACESTATE).ok()?;
     TraceContext::parse(traceparent, tracestate).ok()
@@ -232,7 +240,7 @@ fn trace_context(row: &Row) -> Option<TraceContext> {
 /// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
 /// that read, a null payload, and empty values for the others; `None` when its key columns do not
 /// spell a command ID (then there is no workflow to tell).
-pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
+pub(crate) fn salvage<R: Columns>(row: &R) -> Option<OutboxRow> {
     Some(OutboxRow {
         command_id: command_id(row).ok()?,
         kind: get(row, col::KIND).unwrap_or_default(),
@@ -257,7 +265,7 @@ pub(crate) fn salvage(row: &Row) -> Option<OutboxRow> {
     })
 }
 
-pub(crate) fn read_timer(row: &Row) -> Result<TimerRow, Unreadable> {
+pub(crate) fn read_timer<R: Columns>(row: &R) -> Result<TimerRow, Unreadable> {
     Ok(TimerRow {
         timer_id: get::<&str>(row, "timer_id")?
             .parse()
@@ -469,7 +477,7 @@ pub(crate) async fn timer_exists(db: &mut impl Exec, timer_id: &TimerId) -> Resu
         &[&timer_id.to_string()],
     )
     .await
-    .and_then(|row| row.try_get(0))
+    .and_then(|row| Columns::try_get(&row, 0))
     .map_err(storage)
 }
 

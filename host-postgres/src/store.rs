@@ -17,7 +17,7 @@ use crate::acks::settled_outward;
 use crate::clock::Clock;
 use crate::commit::LastEvent;
 use crate::connect::Shared;
-use crate::db::{begin, block, end, Db, Exec, Isolation, Statements};
+use crate::db::{begin, block, end, Db, Exec, Isolation, Own, Statements};
 use crate::errors::storage;
 use crate::ops;
 use crate::options::PostgresOptions;
@@ -237,7 +237,7 @@ impl PostgresStore {
     }
 
     /// [`PostgresStore::append_in`] on the caller's transaction as a client of the operations.
-    fn append_in_db(&self, db: &mut impl Exec, commit: &Commit) -> Result<(), Error> {
+    fn append_in_db(&self, db: &mut impl Own, commit: &Commit) -> Result<(), Error> {
         crate::telemetry::sending(commit, || {
             let xid = block(ops::append_in(db, &self.shared.options, commit))?;
             if let Some(xid) = xid {
@@ -298,7 +298,7 @@ impl PostgresStore {
 
     /// The store's `now` for an operation the caller made at `now` (see
     /// [`PostgresOptions::database_clock`]).
-    pub(crate) fn clock(&self, db: &mut impl Exec, now: Timestamp) -> Result<Clock, Error> {
+    pub(crate) fn clock(&self, db: &mut impl Own, now: Timestamp) -> Result<Clock, Error> {
         block(Clock::read(&self.shared.options, db, now))
     }
 

@@ -12,6 +12,7 @@ mod inspect;
 mod restart;
 mod retention;
 mod store;
+mod throwaway;
 
 use miniflow::conformance::{Harness, IdempotencyHarness};
 use miniflow::{IdempotencyPolicy, IdempotencyStore, PostgresIdempotencyStore, PostgresStore};

@@ -11,7 +11,7 @@ use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{Client, Config, Socket};
 
 use crate::db::{Exec, Params, Statements};
-use crate::errors::storage;
+use crate::errors::{storage, DbError};
 
 /// How long a pooled connection may have been idle and still be handed out untested (as the
 /// synchronous pool's).
@@ -140,23 +140,18 @@ impl AsyncDb<'_> {
         Ok(statement)
     }
 
-    fn checked<T>(
-        &mut self,
-        result: Result<T, tokio_postgres::Error>,
-    ) -> Result<T, tokio_postgres::Error> {
+    fn checked<T>(&mut self, result: Result<T, tokio_postgres::Error>) -> Result<T, DbError> {
         if let Err(e) = &result {
             self.statements.forget_after(e);
         }
-        result
+        result.map_err(DbError::from)
     }
 }
 
 impl Exec for AsyncDb<'_> {
-    async fn query(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Vec<Row>, postgres::Error> {
+    type Row = Row;
+
+    async fn query(&mut self, sql: &'static str, params: &Params<'_>) -> Result<Vec<Row>, DbError> {
         let result = match self.statement(sql).await {
             Ok(statement) => self.client.query(&statement, params).await,
             Err(e) => Err(e),
@@ -164,11 +159,7 @@ impl Exec for AsyncDb<'_> {
         self.checked(result)
     }
 
-    async fn query_one(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Row, postgres::Error> {
+    async fn query_one(&mut self, sql: &'static str, params: &Params<'_>) -> Result<Row, DbError> {
         let result = match self.statement(sql).await {
             Ok(statement) => self.client.query_one(&statement, params).await,
             Err(e) => Err(e),
@@ -180,7 +171,7 @@ impl Exec for AsyncDb<'_> {
         &mut self,
         sql: &'static str,
         params: &Params<'_>,
-    ) -> Result<Option<Row>, postgres::Error> {
+    ) -> Result<Option<Row>, DbError> {
         let result = match self.statement(sql).await {
             Ok(statement) => self.client.query_opt(&statement, params).await,
             Err(e) => Err(e),
@@ -188,11 +179,7 @@ impl Exec for AsyncDb<'_> {
         self.checked(result)
     }
 
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<u64, postgres::Error> {
+    async fn execute(&mut self, sql: &'static str, params: &Params<'_>) -> Result<u64, DbError> {
         let result = match self.statement(sql).await {
             Ok(statement) => self.client.execute(&statement, params).await,
             Err(e) => Err(e),
@@ -200,59 +187,13 @@ impl Exec for AsyncDb<'_> {
         self.checked(result)
     }
 
-    async fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.client.batch_execute(sql).await
+    async fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        self.client.batch_execute(sql).await.map_err(DbError::from)
     }
 
     fn set_in_transaction(&mut self, open: bool) -> bool {
         *self.in_transaction = open;
         true
-    }
-}
-
-/// The caller's own transaction: miniflow's statements run in it, each prepared for the call (the
-/// connection is not one of the store's), and it never commits or rolls it back.
-pub(crate) struct Caller<'a, 't>(pub(crate) &'a tokio_postgres::Transaction<'t>);
-
-impl Exec for Caller<'_, '_> {
-    async fn query(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Vec<Row>, postgres::Error> {
-        self.0.query(sql, params).await
-    }
-
-    async fn query_one(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Row, postgres::Error> {
-        self.0.query_one(sql, params).await
-    }
-
-    async fn query_opt(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<Option<Row>, postgres::Error> {
-        self.0.query_opt(sql, params).await
-    }
-
-    async fn execute(
-        &mut self,
-        sql: &'static str,
-        params: &Params<'_>,
-    ) -> Result<u64, postgres::Error> {
-        self.0.execute(sql, params).await
-    }
-
-    async fn batch(&mut self, sql: &str) -> Result<(), postgres::Error> {
-        self.0.batch_execute(sql).await
-    }
-
-    fn set_in_transaction(&mut self, _: bool) -> bool {
-        false
     }
 }
 

@@ -5,7 +5,7 @@ use miniflow_core::{Begin, Digest, Error, IdempotencyKey, IdempotencyPolicy};
 use serde_json::Value;
 use tokio_postgres::Transaction;
 
-use super::pool::Caller;
+use super::caller::CallerTransaction;
 use super::AsyncPostgresStore;
 use crate::errors::storage;
 use crate::idempotency::{
@@ -119,14 +119,14 @@ impl AsyncPostgresIdempotencyStore {
     /// As [`miniflow_core::IdempotencyStore::finish`].
     pub async fn finish_in(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl Into<CallerTransaction<'_>>,
         key: &IdempotencyKey,
         token: u64,
         result: &Value,
     ) -> Result<(), Error> {
         let now = self.store.clock().now();
         finish_in(
-            &mut Caller(tx),
+            &mut tx.into(),
             self.store.options(),
             key,
             token,
@@ -145,13 +145,13 @@ impl AsyncPostgresIdempotencyStore {
     /// As [`miniflow_core::IdempotencyStore::begin`].
     pub async fn begin_in(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl Into<CallerTransaction<'_>>,
         key: &IdempotencyKey,
         digest: Digest,
     ) -> Result<Begin, Error> {
         let now = self.store.clock().now();
         begin_in(
-            &mut Caller(tx),
+            &mut tx.into(),
             self.store.options(),
             &self.policy,
             key,

@@ -16,10 +16,11 @@ use miniflow_core::{
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{Config, NoTls, Socket, Transaction};
+use tokio_postgres::{Config, NoTls, Socket};
 
+use super::caller::CallerTransaction;
 use super::listen::listen_until_stopped;
-use super::pool::{connect, pool_error, AsyncConnection, Caller, Manager};
+use super::pool::{connect, pool_error, AsyncConnection, Manager};
 use crate::acks::settled_outward;
 use crate::commit::LastEvent;
 use crate::connect::{redact_password, startup_options, Connecting};
@@ -407,9 +408,21 @@ impl AsyncPostgresStore {
     /// # Errors
     ///
     /// As [`crate::PostgresStore::append_in`].
-    pub async fn append_in(&self, tx: &Transaction<'_>, commit: &Commit) -> Result<(), Error> {
+    pub async fn append_in(
+        &self,
+        tx: impl Into<CallerTransaction<'_>>,
+        commit: &Commit,
+    ) -> Result<(), Error> {
+        self.append_caller(&mut tx.into(), commit).await
+    }
+
+    async fn append_caller(
+        &self,
+        tx: &mut CallerTransaction<'_>,
+        commit: &Commit,
+    ) -> Result<(), Error> {
         sending_async(commit, async {
-            let xid = ops::append_in(&mut Caller(tx), &self.shared.options, commit).await?;
+            let xid = ops::append_in(tx, &self.shared.options, commit).await?;
             if let Some(xid) = xid {
                 let _ = self.shared.hint.send(Some(xid));
             }
@@ -427,14 +440,15 @@ impl AsyncPostgresStore {
     /// As [`Engine::handle`].
     pub async fn handle_in<W: Workflow>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl Into<CallerTransaction<'_>>,
         engine: &Engine<W>,
         workflow_id: &WorkflowId,
         event: Event,
     ) -> Result<Handled, Error> {
-        let events = load_events(&mut Caller(tx), workflow_id).await?;
+        let mut tx = tx.into();
+        let events = load_events(&mut tx, workflow_id).await?;
         let commit = engine.plan(&events, workflow_id, event, self.clock.now())?;
-        self.append_in(tx, &commit).await?;
+        self.append_caller(&mut tx, &commit).await?;
         Ok(Handled::of(&commit, 0))
     }
 
@@ -446,13 +460,13 @@ impl AsyncPostgresStore {
     /// As [`Engine::start`].
     pub async fn start_in<W: Workflow>(
         &self,
-        tx: &Transaction<'_>,
+        tx: impl Into<CallerTransaction<'_>>,
         engine: &Engine<W>,
         workflow_id: &WorkflowId,
         event: Event,
     ) -> Result<Handled, Error> {
         let commit = engine.plan(&[], workflow_id, event, self.clock.now())?;
-        self.append_in(tx, &commit).await?;
+        self.append_caller(&mut tx.into(), &commit).await?;
         Ok(Handled::of(&commit, 0))
     }
 
