@@ -53,11 +53,13 @@ pub(crate) struct Statements {
 
 impl Statements {
     /// The statement prepared for `sql`, if it was.
+    #[cfg(feature = "tokio")]
     pub(crate) fn get(&self, sql: &'static str) -> Option<Statement> {
         self.prepared.get(sql).cloned()
     }
 
     /// Keeps `statement`, prepared for `sql`.
+    #[cfg(feature = "tokio")]
     pub(crate) fn insert(&mut self, sql: &'static str, statement: Statement) {
         self.prepared.insert(sql, statement);
     }
@@ -260,7 +262,8 @@ impl Columns for Row {
 pub(crate) trait ColumnIndex: Copy + std::fmt::Display {
     /// The value at this index of a tokio-postgres row.
     fn get<'a, T: FromSql<'a>>(self, row: &'a Row) -> Result<T, postgres::Error>;
-    /// The position of this index among the columns named `names`.
+    /// The position of this index among the columns named `names` (a caller's sqlx rows).
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
     fn position<'n>(self, names: impl Iterator<Item = &'n str>) -> Option<usize>;
 }
 

@@ -87,6 +87,7 @@ impl Wakeups {
 
     /// Wake-ups whose listener is not started yet (the async store's task): it counts into the
     /// returned state and stops when it sees the state's stop flag.
+    #[cfg(feature = "tokio")]
     pub(crate) fn unstarted() -> (Self, Arc<State>) {
         let state = Arc::new(State::default());
         let wakeups = Self {

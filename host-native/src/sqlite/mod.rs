@@ -405,6 +405,7 @@ impl SqliteStore {
     /// # Errors
     ///
     /// A storage error, which fails the whole write.
+    #[cfg(feature = "tokio")]
     pub(crate) fn extend_all_in(
         tx: &Transaction<'_>,
         leases: &[(CommandId, u64)],
