@@ -58,7 +58,7 @@ impl DbError {
 impl std::fmt::Display for DbError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Postgres(e) => DriverError(e).fmt(f),
+            Self::Postgres(e) => with_cause(e, f),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(e) => e.fmt(f),
             Self::Value(message) => f.write_str(message),
@@ -81,21 +81,24 @@ impl std::error::Error for DbError {
 /// "error connecting to server"; this one adds what the server or the system said. The driver's
 /// error stays its source.
 #[derive(Debug)]
-pub(crate) struct DriverError<E = postgres::Error>(pub(crate) E);
+pub(crate) struct DriverError(pub(crate) postgres::Error);
 
-impl<E: std::error::Error> std::fmt::Display for DriverError<E> {
+impl std::fmt::Display for DriverError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        match std::error::Error::source(&self.0) {
-            Some(cause) if !self.0.to_string().ends_with(&cause.to_string()) => {
-                write!(f, ": {cause}")
-            }
-            _ => Ok(()),
-        }
+        with_cause(&self.0, f)
     }
 }
 
-impl<E: std::error::Error + 'static> std::error::Error for DriverError<E> {
+/// Writes `e` and, unless its message ends with it already, what caused it.
+fn with_cause(e: &postgres::Error, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    write!(f, "{e}")?;
+    match std::error::Error::source(e) {
+        Some(cause) if !e.to_string().ends_with(&cause.to_string()) => write!(f, ": {cause}"),
+        _ => Ok(()),
+    }
+}
+
+impl std::error::Error for DriverError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(&self.0)
     }

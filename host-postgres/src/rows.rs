@@ -137,31 +137,28 @@ pub(crate) fn get<'a, T: FromSql<'a>>(
         .map_err(|e| unreadable(column.name(), format!("cannot be read: {e}")))
 }
 
-pub(crate) fn time<R: Columns>(row: &R, column: impl Column) -> Result<Timestamp, Unreadable> {
+pub(crate) fn time(row: &impl Columns, column: impl Column) -> Result<Timestamp, Unreadable> {
     let millis: i64 = get(row, column)?;
     u64::try_from(millis)
         .map(Timestamp::from_millis)
         .map_err(|_| unreadable(column.name(), format!("holds the negative time {millis}")))
 }
 
-fn optional_time<R: Columns>(
-    row: &R,
-    column: impl Column,
-) -> Result<Option<Timestamp>, Unreadable> {
+fn optional_time(row: &impl Columns, column: impl Column) -> Result<Option<Timestamp>, Unreadable> {
     match get::<Option<i64>>(row, column)? {
         Some(_) => time(row, column).map(Some),
         None => Ok(None),
     }
 }
 
-fn json<R: Columns>(row: &R, column: impl Column) -> Result<serde_json::Value, Unreadable> {
+fn json(row: &impl Columns, column: impl Column) -> Result<serde_json::Value, Unreadable> {
     let text: &str = get(row, column)?;
     serde_json::from_str(text)
         .map_err(|e| unreadable(column.name(), format!("cannot be read as JSON: {e}")))
 }
 
-fn optional_json<R: Columns>(
-    row: &R,
+fn optional_json(
+    row: &impl Columns,
     column: impl Column,
 ) -> Result<Option<serde_json::Value>, Unreadable> {
     match get::<Option<&str>>(row, column)? {
@@ -170,12 +167,12 @@ fn optional_json<R: Columns>(
     }
 }
 
-fn count<R: Columns>(row: &R, column: impl Column) -> Result<u32, Unreadable> {
+fn count(row: &impl Columns, column: impl Column) -> Result<u32, Unreadable> {
     let n: i64 = get(row, column)?;
     u32::try_from(n).map_err(|_| unreadable(column.name(), format!("holds {n}, out of range")))
 }
 
-pub(crate) fn command_id<R: Columns>(row: &R) -> Result<CommandId, Unreadable> {
+pub(crate) fn command_id(row: &impl Columns) -> Result<CommandId, Unreadable> {
     let workflow_id = WorkflowId::new(get::<String>(row, col::WORKFLOW_ID)?)
         .map_err(|e| unreadable("workflow_id", e))?;
     let seq: i64 = get(row, col::EVENT_SEQ)?;
@@ -190,14 +187,14 @@ pub(crate) fn command_id<R: Columns>(row: &R) -> Result<CommandId, Unreadable> {
 }
 
 /// The command ID an outbox row's key columns spell, whatever they hold.
-pub(crate) fn raw_command_id<R: Columns>(row: &R) -> String {
+pub(crate) fn raw_command_id(row: &impl Columns) -> String {
     let workflow_id: String = col::WORKFLOW_ID.read(row).unwrap_or_else(|_| "?".into());
     let seq: i64 = col::EVENT_SEQ.read(row).unwrap_or_default();
     let idx: i64 = col::IDX.read(row).unwrap_or_default();
     format!("{workflow_id}:{seq}:{idx}")
 }
 
-pub(crate) fn read_outbox_row<R: Columns>(row: &R) -> Result<OutboxRow, Unreadable> {
+pub(crate) fn read_outbox_row(row: &impl Columns) -> Result<OutboxRow, Unreadable> {
     let lease = match get::<Option<String>>(row, col::LEASE_OWNER)? {
         Some(owner) => Some(Lease {
             owner,
@@ -231,7 +228,7 @@ pub(crate) fn read_outbox_row<R: Columns>(row: &R) -> Result<OutboxRow, Unreadab
 }
 
 /// The stored trace context; one that does not parse is ignored: a trace is not worth a delivery.
-fn trace_context<R: Columns>(row: &R) -> Option<TraceContext> {
+fn trace_context(row: &impl Columns) -> Option<TraceContext> {
     let traceparent: &str = get::<Option<&str>>(row, col::TRACEPARENT).ok()??;
     let tracestate: Option<&str> = get(row, col::TRACESTATE).ok()?;
     TraceContext::parse(traceparent, tracestate).ok()
@@ -240,7 +237,7 @@ fn trace_context<R: Columns>(row: &R) -> Option<TraceContext> {
 /// What can be read of an outbox row that cannot be read whole, for its failure feedback: the columns
 /// that read, a null payload, and empty values for the others; `None` when its key columns do not
 /// spell a command ID (then there is no workflow to tell).
-pub(crate) fn salvage<R: Columns>(row: &R) -> Option<OutboxRow> {
+pub(crate) fn salvage(row: &impl Columns) -> Option<OutboxRow> {
     Some(OutboxRow {
         command_id: command_id(row).ok()?,
         kind: get(row, col::KIND).unwrap_or_default(),
@@ -265,7 +262,7 @@ pub(crate) fn salvage<R: Columns>(row: &R) -> Option<OutboxRow> {
     })
 }
 
-pub(crate) fn read_timer<R: Columns>(row: &R) -> Result<TimerRow, Unreadable> {
+pub(crate) fn read_timer(row: &impl Columns) -> Result<TimerRow, Unreadable> {
     Ok(TimerRow {
         timer_id: get::<&str>(row, "timer_id")?
             .parse()

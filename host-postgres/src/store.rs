@@ -291,8 +291,7 @@ impl PostgresStore {
         now: Timestamp,
     ) -> Result<Handled, Error> {
         let commit = engine.plan(&[], workflow_id, event, now)?;
-        let mut statements = Statements::default();
-        self.append_in_db(&mut Db::new(tx, &mut statements, None), &commit)?;
+        self.append_in(tx, &commit)?;
         Ok(Handled::of(&commit, 0))
     }
 

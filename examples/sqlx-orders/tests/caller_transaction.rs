@@ -10,9 +10,9 @@ mod cluster;
 use std::time::Duration;
 
 use cluster::TestDatabase;
-use miniflow::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore};
-use miniflow::{json, Error, Event, IdempotencyPolicy, Status, WorkflowId};
-use miniflow_example_sqlx::{Answer, Placed, Shop, Warehouse};
+use miniflow::tokio::{AsyncPostgresIdempotencyStore, AsyncPostgresStore, CallerTransaction};
+use miniflow::{json, Engine, Error, Event, Handled, IdempotencyPolicy, Status, WorkflowId};
+use miniflow_example_sqlx::{Answer, OrderFlow, Placed, Shop, Warehouse};
 use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 
@@ -36,6 +36,18 @@ async fn open(database: &TestDatabase) -> (PgPool, AsyncPostgresStore) {
         .await
         .unwrap();
     (pool, store)
+}
+
+/// Starts order `id`'s workflow inside the caller's transaction `tx`, nothing read first.
+async fn start<'a>(
+    store: &AsyncPostgresStore,
+    tx: impl Into<CallerTransaction<'a>>,
+    id: &str,
+) -> Result<Handled, Error> {
+    let event = Event::new("order_placed", json!({}));
+    store
+        .start_in(tx, &Engine::new(OrderFlow), &wid(id), event)
+        .await
 }
 
 async fn count(pool: &PgPool, sql: &'static str) -> i64 {
@@ -80,21 +92,13 @@ fn a_rolled_back_sqlx_transaction_takes_miniflows_rows_with_it() {
     let database = TestDatabase::new();
     runtime().block_on(async {
         let (pool, store) = open(&database).await;
-        let shop = Shop::new(pool.clone(), store.clone()).await.unwrap();
+        Shop::new(pool.clone(), store.clone()).await.unwrap(); // its orders table
         let mut tx = pool.begin().await.unwrap();
         sqlx::query("INSERT INTO orders VALUES ('order-1', 'sku-7', 2)")
             .execute(&mut *tx)
             .await
             .unwrap();
-        store
-            .start_in(
-                &mut *tx,
-                shop.engine(),
-                &wid("order-1"),
-                Event::new("order_placed", json!({})),
-            )
-            .await
-            .unwrap();
+        start(&store, &mut *tx, "order-1").await.unwrap();
         tx.rollback().await.unwrap();
         assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 0);
         assert!(store.load(&wid("order-1")).await.unwrap().is_empty());
@@ -103,15 +107,7 @@ fn a_rolled_back_sqlx_transaction_takes_miniflows_rows_with_it() {
         // Dropped without a commit, as an early `?` in a handler does: the same.
         {
             let mut tx = pool.begin().await.unwrap();
-            store
-                .start_in(
-                    &mut tx,
-                    shop.engine(),
-                    &wid("order-2"),
-                    Event::new("order_placed", json!({})),
-                )
-                .await
-                .unwrap();
+            start(&store, &mut tx, "order-2").await.unwrap();
         }
         assert!(store.load(&wid("order-2")).await.unwrap().is_empty());
     });
@@ -135,14 +131,7 @@ fn a_lost_race_on_the_workflow_is_a_conflict_that_leaves_the_sqlx_transaction_us
             .execute(&mut *tx)
             .await
             .unwrap();
-        let again = store
-            .start_in(
-                &mut *tx,
-                shop.engine(),
-                &wid("order-1"),
-                Event::new("order_placed", json!({})),
-            )
-            .await;
+        let again = start(&store, &mut *tx, "order-1").await;
         assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
         let still: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
             .fetch_one(&mut *tx)
@@ -155,18 +144,11 @@ fn a_lost_race_on_the_workflow_is_a_conflict_that_leaves_the_sqlx_transaction_us
 
         // Two transactions racing on one new workflow: one commit, one Conflict.
         let (mut first, mut second) = (pool.begin().await.unwrap(), pool.begin().await.unwrap());
-        let event = || Event::new("order_placed", json!({}));
-        store
-            .start_in(&mut *first, shop.engine(), &wid("order-2"), event())
-            .await
-            .unwrap();
+        start(&store, &mut *first, "order-2").await.unwrap();
         let racing = {
             let store = store.clone();
-            let engine = miniflow::Engine::new(miniflow_example_sqlx::OrderFlow);
             tokio::spawn(async move {
-                let out = store
-                    .start_in(&mut *second, &engine, &wid("order-2"), event())
-                    .await;
+                let out = start(&store, &mut *second, "order-2").await;
                 let usable = sqlx::query("SELECT 1").execute(&mut *second).await.is_ok();
                 (out, usable)
             })
@@ -307,7 +289,7 @@ fn the_wake_up_reaches_listeners_only_after_the_sqlx_transaction_commits() {
     let database = TestDatabase::new();
     runtime().block_on(async {
         let (pool, store) = open(&database).await;
-        let shop = Shop::new(pool.clone(), store.clone()).await.unwrap();
+        Shop::new(pool.clone(), store.clone()).await.unwrap(); // its orders table
         let mut listener = PgListener::connect(&database.url()).await.unwrap();
         listener.listen("miniflow_outbox").await.unwrap();
 
@@ -316,15 +298,7 @@ fn the_wake_up_reaches_listeners_only_after_the_sqlx_transaction_commits() {
             .fetch_one(&mut *tx)
             .await
             .unwrap();
-        store
-            .start_in(
-                &mut *tx,
-                shop.engine(),
-                &wid("order-1"),
-                Event::new("order_placed", json!({})),
-            )
-            .await
-            .unwrap();
+        start(&store, &mut *tx, "order-1").await.unwrap();
         let early = tokio::time::timeout(Duration::from_millis(300), listener.recv()).await;
         assert!(early.is_err(), "no hint before the commit: {early:?}");
         tx.commit().await.unwrap();
@@ -345,16 +319,9 @@ fn a_sqlx_connection_outside_a_transaction_is_refused_saying_so() {
     let database = TestDatabase::new();
     runtime().block_on(async {
         let (pool, store) = open(&database).await;
-        let shop = Shop::new(pool.clone(), store.clone()).await.unwrap();
+        Shop::new(pool.clone(), store.clone()).await.unwrap(); // its orders table
         let mut connection = pool.acquire().await.unwrap();
-        let refused = store
-            .start_in(
-                &mut *connection,
-                shop.engine(),
-                &wid("order-1"),
-                Event::new("order_placed", json!({})),
-            )
-            .await;
+        let refused = start(&store, &mut *connection, "order-1").await;
         let Err(Error::Storage(e)) = &refused else {
             panic!("{refused:?}")
         };
