@@ -518,15 +518,34 @@ impl IdempotencyStore for PostgresIdempotencyStore {
     }
 
     fn purge(&mut self, now: Timestamp, batch: usize) -> Result<usize, Error> {
-        miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
-        let mut db = connection.db();
-        let clock = block(Clock::read(&self.shared.options, &mut db, now))?;
-        // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
-        let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, self.policy.retention) else {
-            return Ok(0);
-        };
-        let deleted = block(db.execute(
+        block(purge(
+            &mut connection.db(),
+            &self.shared.options,
+            &self.policy,
+            now,
+            batch,
+        ))
+    }
+}
+
+/// Deletes up to `batch` records settled at least the policy's retention before `now`, oldest
+/// first, skipping keys another transaction holds; returns how many.
+pub(crate) async fn purge(
+    db: &mut impl Own,
+    options: &PostgresOptions,
+    policy: &IdempotencyPolicy,
+    now: Timestamp,
+    batch: usize,
+) -> Result<usize, Error> {
+    miniflow_core::backend::check_purge_batch(batch)?;
+    let clock = Clock::read(options, db, now).await?;
+    // A record expires when settled_at + retention <= now, i.e. settled_at <= now - retention.
+    let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, policy.retention) else {
+        return Ok(0);
+    };
+    let deleted = db
+        .execute(
             "DELETE FROM idempotency WHERE key IN \
                  (SELECT key FROM idempotency WHERE settled_at <= $1 ORDER BY settled_at \
                   LIMIT $2 FOR UPDATE SKIP LOCKED)",
@@ -534,8 +553,8 @@ impl IdempotencyStore for PostgresIdempotencyStore {
                 &to_sql_time("now", cutoff)?,
                 &i64::try_from(batch).unwrap_or(i64::MAX),
             ],
-        ))
+        )
+        .await
         .map_err(storage)?;
-        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
-    }
+    Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
 }

@@ -5,8 +5,8 @@
 //! the async store awaits them on one of its own.
 
 use miniflow_core::{
-    Ack, ClaimRequest, CommandId, Commit, Delivery, Error, Extended, OutboxRow, OutboxStats,
-    TimerId, TimerRow, Timestamp,
+    Ack, ClaimRequest, CommandId, Commit, Delivery, Error, Extended, KindChange, KindControl,
+    OutboxRow, OutboxStats, TimerId, TimerRow, Timestamp,
 };
 use std::collections::HashMap;
 use std::time::Duration;
@@ -425,4 +425,73 @@ pub(crate) fn jitter() -> f64 {
         .build_hasher()
         .finish();
     0.5 + (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Deletes up to `batch` done rows processed at least `older_than` before `now` (by the core's
+/// [`miniflow_core::purge_cutoff`]); returns how many.
+pub(crate) async fn purge_done(
+    db: &mut impl Own,
+    options: &PostgresOptions,
+    older_than: Duration,
+    now: Timestamp,
+    batch: usize,
+) -> Result<usize, Error> {
+    miniflow_core::backend::check_purge_batch(batch)?;
+    let clock = Clock::read(options, db, now).await?;
+    // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
+    let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, older_than) else {
+        return Ok(0);
+    };
+    let deleted = db
+        .execute(
+            PURGE_DONE,
+            &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
+        )
+        .await
+        .map_err(storage)?;
+    let deleted = usize::try_from(deleted).unwrap_or(usize::MAX);
+    crate::telemetry::purged(deleted);
+    Ok(deleted)
+}
+
+/// Pauses, resumes or limits `kind` in one transaction (the control row read `FOR UPDATE`, so the
+/// change waits for a claim counting the kind's leases).
+pub(crate) async fn control_kind(
+    db: &mut impl Own,
+    options: &PostgresOptions,
+    kind: &str,
+    change: KindChange,
+    by: &str,
+    now: Timestamp,
+) -> Result<KindControl, Error> {
+    // Checked before it is sent: a kind the server cannot hold (a NUL) is the caller's mistake.
+    miniflow_core::check_kind("kind", kind)?;
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        crate::controls::control_kind_in(db, kind, change, by, clock).await
+    })
+}
+
+/// Applies `change` to up to `batch` dead rows of `kind`, read `FOR UPDATE`, each with its
+/// feedback, in one transaction; returns their IDs.
+pub(crate) async fn change_dead_of_kind(
+    db: &mut impl Own,
+    options: &PostgresOptions,
+    kind: &str,
+    batch: usize,
+    now: Timestamp,
+    change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error> + Send,
+) -> Result<Vec<CommandId>, Error> {
+    miniflow_core::backend::check_bulk(kind, batch)?;
+    transaction!(db, Isolation::ReadCommitted, {
+        let clock = Clock::read(options, db, now).await?;
+        let rows = crate::controls::dead_of_kind(db, kind, batch, true).await?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for row in rows {
+            let changed = row.change(clock.now, |row| change(row, clock.now))?;
+            write_change(db, &changed).await?;
+            ids.push(changed.row.command_id);
+        }
+        Ok::<_, Error>(ids)
+    })
 }

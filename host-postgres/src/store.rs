@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use miniflow_core::backend::{check_bulk, HistoryId};
+use miniflow_core::backend::HistoryId;
 use miniflow_core::prelude::*;
 use miniflow_core::AppendedAfter;
 use miniflow_core::{
@@ -17,17 +17,16 @@ use crate::acks::settled_outward;
 use crate::clock::Clock;
 use crate::commit::LastEvent;
 use crate::connect::Shared;
-use crate::db::{begin, block, end, Db, Exec, Isolation, Own, Statements};
+use crate::db::{block, Db, Exec, Own, Statements};
 use crate::errors::storage;
 use crate::ops;
 use crate::options::PostgresOptions;
 use crate::pool::PooledClient;
 pub use crate::queries::hot_queries;
 use crate::queries::*;
-use crate::rows::write_change;
 use crate::rows::{
     id_params, load_events, load_events_after, query_rows, query_timers, raw_command_id,
-    read_outbox_row, to_sql_time, Params,
+    read_outbox_row, Params,
 };
 use crate::wakeup::Wakeups;
 
@@ -320,34 +319,23 @@ impl PostgresStore {
         Ok((value, clock))
     }
 
-    /// Applies `change` to up to `batch` dead rows of `kind`, read `FOR UPDATE`, each with its
-    /// feedback, in one transaction; returns their IDs.
+    /// Applies `change` to up to `batch` dead rows of `kind` (see [`ops::change_dead_of_kind`]).
     fn change_dead_of_kind(
         &mut self,
         kind: &str,
         batch: usize,
         now: Timestamp,
-        change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error>,
+        change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error> + Send,
     ) -> Result<Vec<CommandId>, Error> {
         let mut connection = self.shared.connection()?;
-        let db = &mut connection.db();
-        let options = &self.shared.options;
-        let ids = block(async {
-            begin(db, Isolation::ReadCommitted).await?;
-            let out = async {
-                let clock = Clock::read(options, db, now).await?;
-                let rows = crate::controls::dead_of_kind(db, kind, batch, true).await?;
-                let mut ids = Vec::with_capacity(rows.len());
-                for row in rows {
-                    let changed = row.change(clock.now, |row| change(row, clock.now))?;
-                    write_change(db, &changed).await?;
-                    ids.push(changed.row.command_id);
-                }
-                Ok::<_, Error>(ids)
-            }
-            .await;
-            end(db, out).await
-        })?;
+        let ids = block(ops::change_dead_of_kind(
+            &mut connection.db(),
+            &self.shared.options,
+            kind,
+            batch,
+            now,
+            change,
+        ))?;
         self.shared.hint(!ids.is_empty());
         Ok(ids)
     }
@@ -727,22 +715,14 @@ impl Operations for PostgresStore {
         now: Timestamp,
         batch: usize,
     ) -> Result<usize, Error> {
-        miniflow_core::backend::check_purge_batch(batch)?;
         let mut connection = self.shared.connection()?;
-        let mut db = connection.db();
-        let clock = self.clock(&mut db, now)?;
-        // Purgeable when processed_at + older_than <= now (see `OutboxRow::is_purgeable`).
-        let Some(cutoff) = miniflow_core::purge_cutoff(clock.now, older_than) else {
-            return Ok(0);
-        };
-        let deleted = block(db.execute(
-            PURGE_DONE,
-            &[&to_sql_time("now", cutoff)?, &sql_limit(batch)],
+        block(ops::purge_done(
+            &mut connection.db(),
+            &self.shared.options,
+            older_than,
+            now,
+            batch,
         ))
-        .map_err(storage)?;
-        let deleted = usize::try_from(deleted).unwrap_or(usize::MAX);
-        crate::telemetry::purged(deleted);
-        Ok(deleted)
     }
     /// Skips rows that cannot be read (DESIGN rule 13).
     fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
@@ -783,20 +763,15 @@ impl Operations for PostgresStore {
         by: &str,
         now: Timestamp,
     ) -> Result<KindControl, Error> {
-        // Checked before it is sent: a kind the server cannot hold (a NUL) is the caller's mistake.
-        miniflow_core::check_kind("kind", kind)?;
         let mut connection = self.shared.connection()?;
-        let db = &mut connection.db();
-        let options = &self.shared.options;
-        let control = block(async {
-            begin(db, Isolation::ReadCommitted).await?;
-            let out = async {
-                let clock = Clock::read(options, db, now).await?;
-                crate::controls::control_kind_in(db, kind, change, by, clock).await
-            }
-            .await;
-            end(db, out).await
-        })?;
+        let control = block(ops::control_kind(
+            &mut connection.db(),
+            &self.shared.options,
+            kind,
+            change,
+            by,
+            now,
+        ))?;
         self.shared.hint(true);
         Ok(control)
     }
@@ -817,7 +792,6 @@ impl Operations for PostgresStore {
         batch: usize,
         now: Timestamp,
     ) -> Result<Vec<CommandId>, Error> {
-        check_bulk(kind, batch)?;
         self.change_dead_of_kind(kind, batch, now, |row, now| row.retry(now))
     }
     fn resolve_dead_of_kind(
@@ -827,7 +801,6 @@ impl Operations for PostgresStore {
         batch: usize,
         now: Timestamp,
     ) -> Result<Vec<CommandId>, Error> {
-        check_bulk(kind, batch)?;
         self.change_dead_of_kind(kind, batch, now, |row, now| row.resolve(note, now))
     }
 }

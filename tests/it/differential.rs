@@ -59,6 +59,18 @@ fn memory_and_postgres_agree_on_random_operations() {
     }
 }
 
+/// The async store, through the synchronous traits (`postgres/blocking.rs`): its own statements and
+/// transactions, driven by the same random operations.
+#[cfg(feature = "postgres")]
+#[test]
+fn memory_and_async_postgres_agree_on_random_operations() {
+    for seed in seeds(DEFAULT_POSTGRES_SEEDS) {
+        let database = crate::postgres::TestDatabase::new();
+        let store = crate::postgres::Blocking::connect(&database.url());
+        Run::new(seed, store, "AsyncPostgresStore", Box::new(database)).play(STEPS);
+    }
+}
+
 fn seeds(default: std::ops::Range<u64>) -> Vec<u64> {
     let setting = |name: &str| {
         std::env::var(name).ok().map(|value| {

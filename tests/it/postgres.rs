@@ -5,6 +5,7 @@
 //! or a throwaway cluster the tests start and stop themselves.
 
 mod asynchronous;
+mod blocking;
 mod cluster;
 mod crash;
 mod delivery;
@@ -17,6 +18,7 @@ mod throwaway;
 use miniflow::conformance::{Harness, IdempotencyHarness};
 use miniflow::{IdempotencyPolicy, IdempotencyStore, PostgresIdempotencyStore, PostgresStore};
 
+pub use blocking::Blocking;
 pub use cluster::TestDatabase;
 
 /// [`PostgresStore`] on databases of its own; reopening connects a new pool to the same database.

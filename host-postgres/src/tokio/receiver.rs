@@ -9,7 +9,7 @@ use super::caller::CallerTransaction;
 use super::AsyncPostgresStore;
 use crate::errors::storage;
 use crate::idempotency::{
-    abandon_locked, begin_in, begin_on, finish_in, finish_locked, select, Received,
+    abandon_locked, begin_in, begin_on, finish_in, finish_locked, purge, select, Received,
 };
 
 /// A receiver's idempotency records (DESIGN rules 10 and 14) on the database of an
@@ -234,5 +234,24 @@ impl AsyncPostgresIdempotencyStore {
     pub async fn record(&self, key: &IdempotencyKey) -> Result<Option<IdempotencyRecord>, Error> {
         let mut connection = self.store.connection().await?;
         select(&mut connection.db(), key).await
+    }
+
+    /// Deletes up to `batch` records whose retention has passed (as
+    /// [`miniflow_core::IdempotencyStore::purge`]); returns how many.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::IdempotencyStore::purge`].
+    pub async fn purge(&self, batch: usize) -> Result<usize, Error> {
+        let now = self.store.clock().now();
+        let mut connection = self.store.connection().await?;
+        purge(
+            &mut connection.db(),
+            self.store.options(),
+            &self.policy,
+            now,
+            batch,
+        )
+        .await
     }
 }

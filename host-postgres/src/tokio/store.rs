@@ -10,8 +10,8 @@ use deadpool::managed;
 use miniflow_core::backend::{AsyncEventLog, HistoryId};
 use miniflow_core::{
     Ack, AppendedAfter, ClaimRequest, Clock, CommandId, Commit, Delivery, Engine, Error, Event,
-    EventRecord, Extended, Failure, Handled, Handover, OutboxRow, OutboxStats, RetryPolicy, Seq,
-    Settled, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
+    EventRecord, Extended, Failure, Handled, Handover, KindChange, KindControl, OutboxRow,
+    OutboxStats, RetryPolicy, Seq, Settled, TimerId, TimerRow, Timestamp, Workflow, WorkflowId,
 };
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -842,6 +842,184 @@ impl AsyncPostgresStore {
     pub async fn dead_letters(&self, limit: usize) -> Result<Vec<OutboxRow>, Error> {
         let mut connection = self.connection().await?;
         ops::read_readable(&mut connection.db(), SELECT_DEAD, limit).await
+    }
+
+    /// The events of `workflow_id` after `after`, in seq order (as
+    /// [`miniflow_core::EventLog::load_after`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncPostgresStore::load`].
+    pub async fn load_after(
+        &self,
+        workflow_id: &WorkflowId,
+        after: Seq,
+    ) -> Result<Vec<EventRecord>, Error> {
+        load_events_after(&mut self.connection().await?.db(), workflow_id, after).await
+    }
+
+    /// Marks a command done without a delivery (as [`miniflow_core::Outbox::mark_done`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Outbox::mark_done`].
+    pub async fn mark_done(&self, command_id: &CommandId) -> Result<(), Error> {
+        self.update(command_id, self.clock.now(), |row, now| row.mark_done(now))
+            .await
+            .map(|_| ())
+    }
+
+    /// Sends a dead letter back to pending (as [`miniflow_core::Operations::retry`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::retry`].
+    pub async fn retry(&self, command_id: &CommandId) -> Result<(), Error> {
+        self.update(command_id, self.clock.now(), |row, now| row.retry(now))
+            .await
+            .map(|_| ())
+    }
+
+    /// Settles a dead letter by hand with `note` (as [`miniflow_core::Operations::resolve`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::resolve`].
+    pub async fn resolve(&self, command_id: &CommandId, note: &str) -> Result<(), Error> {
+        self.update(command_id, self.clock.now(), |row, now| {
+            row.resolve(note, now)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    /// Deletes up to `batch` done commands processed at least `older_than` ago (as
+    /// [`miniflow_core::Operations::purge_done`]); returns how many.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::purge_done`].
+    pub async fn purge_done(&self, older_than: Duration, batch: usize) -> Result<usize, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        ops::purge_done(
+            &mut connection.db(),
+            &self.shared.options,
+            older_than,
+            now,
+            batch,
+        )
+        .await
+    }
+
+    /// The kinds paused or limited (as [`miniflow_core::Operations::kind_controls`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the database cannot be read.
+    pub async fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {
+        let mut connection = self.connection().await?;
+        crate::controls::read_controls(
+            &mut connection.db(),
+            crate::controls::SELECT_CONTROLS,
+            crate::clock::Clock::caller(Timestamp::EPOCH),
+        )
+        .await
+    }
+
+    /// Pauses, resumes or limits `kind`, recorded as done `by` (as
+    /// [`miniflow_core::Operations::control_kind`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::control_kind`].
+    pub async fn control_kind(
+        &self,
+        kind: &str,
+        change: KindChange,
+        by: &str,
+    ) -> Result<KindControl, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let control = ops::control_kind(
+            &mut connection.db(),
+            &self.shared.options,
+            kind,
+            change,
+            by,
+            now,
+        )
+        .await?;
+        self.hint(true);
+        Ok(control)
+    }
+
+    /// Up to `limit` dead letters of `kind` (as
+    /// [`miniflow_core::Operations::dead_letters_of_kind`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::dead_letters_of_kind`].
+    pub async fn dead_letters_of_kind(
+        &self,
+        kind: &str,
+        limit: usize,
+    ) -> Result<Vec<OutboxRow>, Error> {
+        miniflow_core::check_kind("kind", kind)?;
+        let mut connection = self.connection().await?;
+        crate::controls::dead_of_kind(&mut connection.db(), kind, limit, false).await
+    }
+
+    /// Sends up to `batch` dead letters of `kind` back to pending in one transaction (as
+    /// [`miniflow_core::Operations::retry_dead_of_kind`]); returns their IDs.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::retry_dead_of_kind`].
+    pub async fn retry_dead_of_kind(
+        &self,
+        kind: &str,
+        batch: usize,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.change_dead_of_kind(kind, batch, |row, now| row.retry(now))
+            .await
+    }
+
+    /// Settles up to `batch` dead letters of `kind` with `note` in one transaction (as
+    /// [`miniflow_core::Operations::resolve_dead_of_kind`]); returns their IDs.
+    ///
+    /// # Errors
+    ///
+    /// As [`miniflow_core::Operations::resolve_dead_of_kind`].
+    pub async fn resolve_dead_of_kind(
+        &self,
+        kind: &str,
+        note: &str,
+        batch: usize,
+    ) -> Result<Vec<CommandId>, Error> {
+        self.change_dead_of_kind(kind, batch, |row, now| row.resolve(note, now))
+            .await
+    }
+
+    async fn change_dead_of_kind(
+        &self,
+        kind: &str,
+        batch: usize,
+        change: impl Fn(&mut OutboxRow, Timestamp) -> Result<(), Error> + Send,
+    ) -> Result<Vec<CommandId>, Error> {
+        let now = self.clock.now();
+        let mut connection = self.connection().await?;
+        let ids = ops::change_dead_of_kind(
+            &mut connection.db(),
+            &self.shared.options,
+            kind,
+            batch,
+            now,
+            change,
+        )
+        .await?;
+        self.hint(!ids.is_empty());
+        Ok(ids)
     }
 
     pub(crate) fn history(&self) -> HistoryId {
