@@ -128,7 +128,7 @@ pub use outbox::{
 pub use retention::{finished_at, is_retirable, purge_cutoff};
 pub use retry::RetryPolicy;
 pub use schedule::{Missed, Recurrence, Schedule};
-pub use stats::{KindStats, OutboxStats};
+pub use stats::{KindStats, OutboxStats, TimerStats};
 pub use status::Status;
 pub use store::{
     Ack, AppendedAfter, Commit, EventLog, Handover, Operations, Outbox, Store, Timers,

@@ -776,6 +776,9 @@ impl Operations for MemoryStore {
         for row in unfinished.chain(dead) {
             stats.count(row);
         }
+        for timer in self.scheduled.iter().filter_map(|key| self.timers.get(key)) {
+            stats.timers.count(timer, now);
+        }
         Ok(stats.with_controls(self.controls.iter().cloned()))
     }
     fn kind_controls(&self) -> Result<Vec<KindControl>, Error> {

@@ -1,6 +1,6 @@
 //! Outbox stats: how many commands wait, are held or are dead, by kind, how far behind delivery is,
-//! and which kinds the operators paused or limited — what an operator reads, and what metrics
-//! gauges report.
+//! how many timers and feedback events are still to fire, and which kinds the operators paused or
+//! limited — what an operator reads, and what metrics gauges report.
 //!
 //! Which rows count where is stated here, once ([`OutboxStats::count`]); a SQL store computes the
 //! same counts with `GROUP BY kind, status` over its unfinished rows and its dead rows (never its
@@ -14,6 +14,8 @@ use crate::control::KindControl;
 use crate::outbox::OutboxRow;
 use crate::status::Status;
 use crate::time::Timestamp;
+use crate::timer::{TimerRow, TimerStatus};
+use crate::{COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED};
 
 /// The commands of one kind at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -47,10 +49,65 @@ impl KindStats {
     }
 }
 
-/// The outbox at `now`: depth by kind and status, the lag, and the operators' controls.
+/// The timers not fired yet at a moment: the workflows' own timers, the next firings of their
+/// schedules, and the feedback (`command_completed`, `command_failed`, `command_resolved`) still to
+/// be recorded in its workflow, which travels as a timer (DESIGN rules 11–12).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TimerStats {
+    /// Timers not fired, cancelled or rejected yet (waiting, due, or taken by a firer).
+    pub scheduled: u64,
+    /// Of those, the feedback events.
+    pub feedback: u64,
+    /// Of those, the ones due (or taken by a firer whose lease ran out).
+    pub due: u64,
+    /// When the first of them is (or was) due.
+    pub next_at: Option<Timestamp>,
+}
+
+impl TimerStats {
+    /// Adds `rows` unfired timers, `feedback` of them feedback and `due` of them due, the earliest
+    /// due at `next_at`: what a SQL store counts with `count(*)`, `sum(name IN (…))`,
+    /// `sum(available_at <= now)` and `min(available_at)` over its unfired timers.
+    pub fn add(&mut self, rows: u64, feedback: u64, due: u64, next_at: Option<Timestamp>) {
+        self.scheduled += rows;
+        self.feedback += feedback;
+        self.due += due;
+        self.next_at = match (self.next_at, next_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+
+    /// Counts one timer row at `now` if it has not fired, been cancelled or been rejected.
+    pub fn count(&mut self, timer: &TimerRow, now: Timestamp) {
+        if timer.status == TimerStatus::Scheduled {
+            self.add(
+                1,
+                u64::from(is_feedback(&timer.name)),
+                u64::from(timer.available_at <= now),
+                Some(timer.available_at),
+            );
+        }
+    }
+}
+
+/// Whether a timer of this name carries feedback rather than a workflow's own timer (SQL stores
+/// write the same three names in their statements; the conformance suite holds them to it).
+fn is_feedback(name: &str) -> bool {
+    [COMMAND_COMPLETED, COMMAND_FAILED, COMMAND_RESOLVED].contains(&name)
+}
+
+/// The outbox at `now`: depth by kind and status, the lag, the timers still to fire and the
+/// operators' controls.
 ///
 /// Done and cancelled commands are not counted: a store keeps them until retention purges them, and
 /// counting them would read every one.
+///
+/// "Is everything done?" is [`OutboxStats::is_idle`]: no command to deliver and no timer or
+/// feedback to fire. A store with no unfinished command may still have results to record in their
+/// workflows (`command_completed` feedback, counted in [`OutboxStats::timers`]), and those may
+/// decide new commands.
 ///
 /// ```
 /// use miniflow_core::prelude::*;
@@ -78,6 +135,9 @@ pub struct OutboxStats {
     pub kinds: Vec<KindStats>,
     /// The kinds paused or limited, with who made the last change and when, by kind.
     pub controls: Vec<KindControl>,
+    /// The timers and feedback not fired yet.
+    #[serde(default)]
+    pub timers: TimerStats,
 }
 
 impl OutboxStats {
@@ -87,6 +147,7 @@ impl OutboxStats {
             now,
             kinds: Vec::new(),
             controls: Vec::new(),
+            timers: TimerStats::default(),
         }
     }
 
@@ -193,6 +254,13 @@ impl OutboxStats {
     pub fn lag(&self) -> Duration {
         self.oldest_due()
             .map_or(Duration::ZERO, |since| self.now.saturating_since(since))
+    }
+
+    /// Nothing left to do by itself: no pending or leased command, and no timer or feedback that has
+    /// not fired. Dead commands do not count (they wait for a person: see [`OutboxStats::dead`]);
+    /// a workflow with a schedule always has its next firing scheduled, so it is never idle.
+    pub fn is_idle(&self) -> bool {
+        self.pending() == 0 && self.leased() == 0 && self.timers.scheduled == 0
     }
 
     /// The paused kinds, by kind.

@@ -17,6 +17,12 @@ pub(crate) const STATS_UNFINISHED: &str = "SELECT kind, status, count(*), \
 /// Dead rows by kind: a read of `outbox_dead_by_kind`.
 pub(crate) const STATS_DEAD: &str =
     "SELECT kind, count(*) FROM outbox WHERE status = 'dead' GROUP BY kind";
+/// The unfired timers: how many, how many carry feedback, how many are due at `$1`, the first
+/// due time ([`miniflow_core::TimerStats::add`]): a read of the unfired timers alone (a partial index).
+pub(crate) const STATS_TIMERS: &str = "SELECT count(*), \
+     count(*) FILTER (WHERE name IN ('command_completed', 'command_failed', 'command_resolved')), \
+     count(*) FILTER (WHERE available_at <= $1), min(available_at) \
+     FROM timers WHERE processed_at IS NULL";
 pub(crate) const SELECT_CONTROLS: &str =
     "SELECT kind, paused, concurrency_limit, changed_by, changed_at FROM kind_controls ORDER BY kind";
 
@@ -44,6 +50,14 @@ pub(crate) async fn outbox_stats(db: &mut impl Own, clock: Clock) -> Result<Outb
         let kind: String = row.try_get(0).map_err(storage)?;
         stats.add(&kind, Status::Dead, count(&row, 1)?, 0, None);
     }
+    let row = db.query_one(STATS_TIMERS, &[&now]).await.map_err(storage)?;
+    let next = row
+        .try_get::<_, Option<i64>>(3)
+        .map_err(storage)?
+        .map(|at| clock.outward(Timestamp::from_millis(u64::try_from(at).unwrap_or(0))));
+    stats
+        .timers
+        .add(count(&row, 0)?, count(&row, 1)?, count(&row, 2)?, next);
     Ok(stats.with_controls(read_controls(db, SELECT_CONTROLS, clock).await?))
 }
 

@@ -179,5 +179,11 @@ pub fn hot_queries() -> Vec<(&'static str, &'static str, &'static str, &'static 
             "",
             "outbox_dead_by_kind",
         ),
+        (
+            "stats of unfired timers",
+            crate::controls::STATS_TIMERS,
+            NOW,
+            "timers_due|timers_scheduled_by_name",
+        ),
     ]
 }

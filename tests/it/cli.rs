@@ -1340,8 +1340,9 @@ fn stats_show_depth_lag_and_controls_as_a_table_and_as_json() {
     assert_eq!(stats["lag_ms"], 999);
     assert_eq!(
         stats["totals"],
-        json!({ "pending": 1, "due": 1, "leased": 0, "dead": 1, "oldest_due": 1 })
+        json!({ "pending": 1, "due": 1, "leased": 0, "dead": 1, "oldest_due": 1, "idle": false })
     );
+    assert!(stats["timers"]["scheduled"].is_u64(), "{stats}");
     assert_eq!(stats["kinds"][1]["kind"], "book_hotel");
     assert_eq!(stats["kinds"][1]["dead"], 1);
     assert_eq!(stats["controls"], json!([]));
@@ -1383,12 +1384,16 @@ fn stats_show_depth_lag_and_controls_as_a_table_and_as_json() {
     drop(SqliteStore::open(&empty).unwrap());
     let (ok, out, _) = miniflow(&["stats", empty.to_str().unwrap(), "--now", "5"]);
     assert!(ok && out.contains("lag 0s (nothing due)"), "{out}");
+    assert!(
+        out.contains("timers: 0 not fired (0 of them feedback), 0 due, next -")
+            && out.contains("idle: nothing to deliver or fire"),
+        "{out}"
+    );
     let (ok, out, _) = miniflow(&["stats", empty.to_str().unwrap(), "--json"]);
     assert!(ok);
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&out).unwrap()["kinds"],
-        json!([])
-    );
+    let stats = serde_json::from_str::<serde_json::Value>(&out).unwrap();
+    assert_eq!(stats["kinds"], json!([]));
+    assert_eq!(stats["totals"]["idle"], true);
 }
 
 #[test]

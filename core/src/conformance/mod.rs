@@ -415,6 +415,7 @@ macro_rules! store_conformance_tests {
             cron_schedules_fire_at_their_matches_in_utc,
             bad_schedules_are_refused_before_anything_is_written,
             stats_count_depth_by_kind_and_the_lag,
+            stats_count_unfired_timers_and_feedback_until_everything_is_done,
             trace_contexts_and_due_times_reach_every_delivery,
             priorities_come_first_then_due_time,
             paused_kinds_are_skipped_until_resumed,

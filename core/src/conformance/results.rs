@@ -331,3 +331,76 @@ pub fn cancelled_commands_are_never_delivered<H: Harness>(h: &mut H) {
     .unwrap_err();
     assert_eq!(err.code(), "INVALID_INPUT", "{err}");
 }
+
+/// Stats count the timers not fired yet, feedback among them: a store whose commands are all done
+/// is not idle while a `command_completed` is still to be recorded in its workflow, nor while a
+/// workflow's own timer waits; it is idle once they fired.
+pub fn stats_count_unfired_timers_and_feedback_until_everything_is_done<H: Harness>(h: &mut H) {
+    let mut store = h.open();
+    assert!(store.stats(T0).unwrap().is_idle(), "an empty store");
+    let engine = Engine::new(Order);
+    let order = wid("order-1");
+    engine
+        .handle(&mut store, &order, Event::new("placed", json!({})), T0)
+        .unwrap();
+    let reminder = Commit::new(
+        wid("reminder"),
+        Seq::ZERO,
+        Event::new("set", json!({})),
+        Decision::new().timer(Timer::at("ring", at(10_000), json!({}))),
+        T0,
+    )
+    .unwrap();
+    store.append_with_commands(&reminder).unwrap();
+    let stats = store.stats(at(50)).unwrap();
+    assert_eq!((stats.pending(), stats.timers.scheduled), (3, 1));
+    assert!(!stats.is_idle());
+
+    for delivery in claim(&mut store, "w", 3, 1_000, at(50)) {
+        let result = json!({ "reference": "REF-1" });
+        store
+            .complete(&delivery.command_id, delivery.token, Some(&result), at(100))
+            .unwrap();
+    }
+    let store = h.reopen(store);
+    let stats = store.stats(at(200)).unwrap();
+    assert_eq!((stats.pending(), stats.leased(), stats.dead()), (0, 0, 0));
+    let timers = &stats.timers;
+    assert_eq!(
+        (timers.scheduled, timers.feedback, timers.due),
+        (2, 1, 1),
+        "book_flight's result and the reminder: {timers:?}"
+    );
+    assert_eq!(
+        timers.next_at,
+        Some(at(100)),
+        "the feedback, due at its ack"
+    );
+    assert!(!stats.is_idle(), "a result still to be recorded: {stats:?}");
+
+    let mut store = store;
+    assert_eq!(fire_feedback(&mut store, at(200)), 1);
+    let stats = store.stats(at(300)).unwrap();
+    assert_eq!(
+        (
+            stats.timers.scheduled,
+            stats.timers.feedback,
+            stats.timers.due
+        ),
+        (1, 0, 0)
+    );
+    assert_eq!(stats.timers.next_at, Some(at(10_000)));
+    assert!(!stats.is_idle(), "the reminder waits");
+
+    let ring = store
+        .claim_timers(10, Duration::from_secs(1), at(10_000))
+        .unwrap();
+    assert_eq!(ring.len(), 1);
+    assert!(Engine::new(Order)
+        .fire(&mut store, &ring[0], at(10_000))
+        .unwrap()
+        .is_some());
+    let stats = store.stats(at(10_001)).unwrap();
+    assert_eq!(stats.timers, crate::TimerStats::default());
+    assert!(stats.is_idle(), "{stats:?}");
+}

@@ -295,6 +295,11 @@ impl TimerIndex {
         self.due.first().is_some_and(|(at, _)| *at <= now)
     }
 
+    /// Every scheduled timer, in due order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &TimerKey> {
+        self.due.iter().map(|(_, key)| key)
+    }
+
     /// Records that the timer under `key` went from `before` (absent when new) to `after`. O(log n).
     pub(super) fn put(&mut self, key: &TimerKey, before: Option<&TimerRow>, after: &TimerRow) {
         let scheduled = |timer: &TimerRow| timer.status == TimerStatus::Scheduled;

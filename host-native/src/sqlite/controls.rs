@@ -10,6 +10,11 @@ pub(super) const STATS_UNFINISHED: &str = "SELECT kind, status, count(*), \
 /// Dead rows by kind: an index-only read of `outbox_dead_by_kind`.
 pub(super) const STATS_DEAD: &str =
     "SELECT kind, count(*) FROM outbox WHERE status = 'dead' GROUP BY kind";
+/// The unfired timers: how many, how many carry feedback, how many are due at `?1`, the first due
+/// time ([`miniflow_core::TimerStats::add`]): a read of the unfired timers alone (a partial index).
+pub(super) const STATS_TIMERS: &str = "SELECT count(*), \
+     sum(name IN ('command_completed', 'command_failed', 'command_resolved')), \
+     sum(available_at <= ?1), min(available_at) FROM timers WHERE processed_at IS NULL";
 pub(super) const SELECT_CONTROLS: &str =
     "SELECT kind, paused, concurrency_limit, changed_by, changed_at FROM kind_controls ORDER BY kind";
 pub(super) const SELECT_ACTIVE_CONTROLS: &str =
@@ -96,6 +101,18 @@ pub(super) fn outbox_stats(conn: &Connection, now: Timestamp) -> Result<OutboxSt
     let mut rows = stmt.query([]).map_err(storage)?;
     while let Some(row) = rows.next().map_err(storage)? {
         stats.add(&lossy_text(row, 0), Status::Dead, count(row, 1), 0, None);
+    }
+    let mut stmt = conn.prepare_cached(STATS_TIMERS).map_err(storage)?;
+    let mut rows = stmt.query([now_sql]).map_err(storage)?;
+    if let Some(row) = rows.next().map_err(storage)? {
+        let next = row
+            .get::<_, Option<i64>>(3)
+            .ok()
+            .flatten()
+            .map(|at| Timestamp::from_millis(u64::try_from(at).unwrap_or(0)));
+        stats
+            .timers
+            .add(count(row, 0), count(row, 1), count(row, 2), next);
     }
     Ok(stats.with_controls(read_controls(conn, SELECT_CONTROLS)?))
 }

@@ -1065,7 +1065,8 @@ mod tests {
     }
 
     /// Stats read the unfinished rows from a covering partial index (grouping them is their only
-    /// sort) and the dead ones from theirs: never a done row, never the table.
+    /// sort), the dead ones from theirs and the unfired timers from theirs: never a done row, never
+    /// a fired timer, never the table.
     #[test]
     fn stats_read_partial_indexes_only() {
         let dir = tempfile::tempdir().unwrap();
@@ -1080,6 +1081,12 @@ mod tests {
             plan.contains("SCAN outbox USING COVERING INDEX outbox_dead_by_kind")
                 && !plan.contains("TEMP B-TREE"),
             "dead rows by kind: {plan}"
+        );
+        let plan = query_plan(&store, STATS_TIMERS);
+        assert!(
+            plan.contains("USING INDEX timers_due")
+                || plan.contains("USING INDEX timers_scheduled_by_name"),
+            "unfired timers: {plan}"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! The operators' controls: `stats` (depth, lag and the controls in force), and `pause`, `resume`
+//! The operators' controls: `stats` (depth, lag, the timers to fire and the controls in force), and `pause`, `resume`
 //! and `limit` of a kind, each recorded with who changed it and when.
 
 use std::io::Write;
@@ -42,6 +42,7 @@ pub fn stats(out: &mut impl Write, db: &Path, now: Timestamp, json: bool) -> Don
             "leased": stats.leased(),
             "dead": stats.dead(),
             "oldest_due": stats.oldest_due(),
+            "idle": stats.is_idle(),
         });
         return json_line(out, serde_json::to_string(&value));
     }
@@ -85,6 +86,18 @@ pub fn stats(out: &mut impl Write, db: &Path, now: Timestamp, json: bool) -> Don
         stats.leased(),
         stats.dead()
     )?;
+    let timers = &stats.timers;
+    writeln!(
+        out,
+        "\ntimers: {} not fired ({} of them feedback), {} due, next {}",
+        timers.scheduled,
+        timers.feedback,
+        timers.due,
+        timers.next_at.map_or_else(|| "-".to_owned(), when),
+    )?;
+    if stats.is_idle() {
+        writeln!(out, "idle: nothing to deliver or fire")?;
+    }
     if !stats.controls.is_empty() {
         writeln!(out)?;
         writeln!(out, "controls:")?;
