@@ -9,6 +9,7 @@ mod blocking;
 mod cluster;
 mod crash;
 mod delivery;
+mod dropped;
 mod inspect;
 mod restart;
 mod retention;

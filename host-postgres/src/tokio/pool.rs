@@ -47,6 +47,11 @@ impl AsyncConnection {
         }
     }
 
+    /// Whether the connection is inside a transaction of the store's.
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+
     /// The driver's client, for the caller (see [`super::AsyncPostgresStore::client`]).
     pub(crate) fn client(&self) -> &Client {
         &self.client

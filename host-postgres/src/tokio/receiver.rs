@@ -67,6 +67,9 @@ impl AsyncPostgresIdempotencyStore {
     /// Reserves `key` for a request whose business intent digests to `digest` (as
     /// [`miniflow_core::IdempotencyStore::begin`]), in one transaction holding the key's lock.
     ///
+    /// A dropped call may leave the key reserved by nobody: the reservation runs out after the
+    /// policy's time for one, and a later `begin` takes it over.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::IdempotencyStore::begin`].
@@ -86,6 +89,9 @@ impl AsyncPostgresIdempotencyStore {
 
     /// Records `result` for the reservation `token` of `key` (as
     /// [`miniflow_core::IdempotencyStore::finish`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop; finishing again
+    /// answers [`Error::StaleReservation`] once the first got through.
     ///
     /// # Errors
     ///
@@ -114,6 +120,9 @@ impl AsyncPostgresIdempotencyStore {
     /// reservation taken over is [`Error::StaleReservation`] and writes nothing (nor leaves `tx`
     /// aborted): roll `tx` back, and the effect is undone with it.
     ///
+    /// A dropped call may leave its rows in `tx`: roll `tx` back, never commit it after a dropped
+    /// call.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::IdempotencyStore::finish`].
@@ -139,6 +148,9 @@ impl AsyncPostgresIdempotencyStore {
     /// [`AsyncPostgresIdempotencyStore::begin`] inside the caller's own transaction `tx` (as
     /// [`crate::PostgresIdempotencyStore::begin_in`]): the reservation commits with `tx`, and the
     /// key's lock is held until `tx` ends.
+    ///
+    /// A dropped call may leave its rows in `tx`: roll `tx` back, never commit it after a dropped
+    /// call.
     ///
     /// # Errors
     ///
@@ -216,6 +228,8 @@ impl AsyncPostgresIdempotencyStore {
 
     /// Releases the reservation `token` of `key` without an effect (as
     /// [`miniflow_core::IdempotencyStore::abandon`]).
+    ///
+    /// A dropped call leaves the reservation held or released; one held by nobody runs out.
     ///
     /// # Errors
     ///

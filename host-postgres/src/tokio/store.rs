@@ -45,11 +45,13 @@ use crate::wakeup::{State, Wakeups};
 /// clock ([`AsyncPostgresStore::with_clock`], the system clock by default), or the database's
 /// with [`PostgresOptions::database_clock`].
 ///
-/// **A dropped call** (its future dropped before it finished, as a timeout or a client that went
-/// away does) leaves nothing half done: each operation is one transaction, and a connection given
-/// back while one is open is closed, which rolls it back. Whether a dropped commit committed is
-/// unknown to the caller (as with any database): the command IDs are deterministic, so calling again
-/// finds out ([`Error::Conflict`] once it did).
+/// **A dropped call** (its future dropped before it finished, as a timeout, a `select!` or a client
+/// that went away does) leaves nothing half done: each operation is one transaction, and a
+/// connection dropped while one is open is closed at once, not given back, which rolls it back and
+/// releases its row locks. A statement already sent still runs: whether a dropped commit committed
+/// is unknown to the caller (as with any database), and each method says how calling again finds
+/// out. The caller's-transaction methods (`*_in`) are the exception: a dropped one may leave rows
+/// in the caller's transaction, which must then be rolled back.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -117,8 +119,62 @@ where
     fn get(&self) -> Checkout<'_> {
         Box::pin(async move {
             let connection = managed::Pool::get(self).await.map_err(pool_error)?;
-            Ok(Box::new(connection) as Box<dyn Held>)
+            Ok(Box::new(Checked(Some(connection))) as Box<dyn Held>)
         })
+    }
+}
+
+/// A connection of the pool that is closed at once, not given back, when it is dropped inside a
+/// transaction of the store's (the operation's future was dropped at an await point, or
+/// panicked): the server rolls the transaction back and releases its row locks now, instead of
+/// when the pool would next hand the connection out, which an idle service may never do.
+struct Checked<T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static>(
+    Option<managed::Object<Manager<T>>>,
+)
+where
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send;
+
+impl<T> Deref for Checked<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    type Target = AsyncConnection;
+    fn deref(&self) -> &AsyncConnection {
+        self.0.as_ref().expect("a connection until dropped")
+    }
+}
+
+impl<T> DerefMut for Checked<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn deref_mut(&mut self) -> &mut AsyncConnection {
+        self.0.as_mut().expect("a connection until dropped")
+    }
+}
+
+impl<T> Drop for Checked<T>
+where
+    T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    T::Stream: Send + Sync + 'static,
+    T::TlsConnect: Send + Sync,
+    <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+{
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            if connection.in_transaction() {
+                // Out of the pool (its slot freed for a new connection), then closed.
+                drop(managed::Object::take(connection));
+            }
+        }
     }
 }
 
@@ -322,6 +378,10 @@ impl AsyncPostgresStore {
     /// Records `event` in `workflow_id` with the commands `engine`'s workflow decides for it (as
     /// [`Engine::handle`]: replay, decide, one commit, a lost race tried again after a short wait).
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. Calling again
+    /// records the event again if the first got through: give such events an identity of your own
+    /// where a repeat matters, or use [`AsyncPostgresStore::start`].
+    ///
     /// # Errors
     ///
     /// As [`Engine::handle`]. In every case nothing of this event was written.
@@ -343,6 +403,9 @@ impl AsyncPostgresStore {
 
     /// Starts `workflow_id` with `event` as its first event (as [`Engine::start`]): nothing is read
     /// before the commit, and a workflow that has events already is an [`Error::Conflict`].
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. Calling again
+    /// finds out: [`Error::Conflict`] once the first got through.
     ///
     /// # Errors
     ///
@@ -366,6 +429,9 @@ impl AsyncPostgresStore {
     /// Fires a due `timer` from [`AsyncPostgresStore::claim_timers`] (as [`Engine::fire`]); `None`
     /// when it is no longer scheduled.
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. Firing again
+    /// answers `None` once the first got through.
+    ///
     /// # Errors
     ///
     /// As [`Engine::fire`].
@@ -383,6 +449,9 @@ impl AsyncPostgresStore {
     }
 
     /// Writes `commit` (as [`miniflow_core::EventLog::append_with_commands`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. Calling again
+    /// answers [`Error::Conflict`] once the first got through.
     ///
     /// # Errors
     ///
@@ -404,6 +473,9 @@ impl AsyncPostgresStore {
     /// on an error nothing of the commit stays in it (a savepoint is rolled back) and `tx` is not
     /// left aborted, so the caller may go on or roll back. A lost race is [`Error::Conflict`]. The
     /// wake-up hint is part of `tx`: dispatchers hear it when the caller commits.
+    ///
+    /// A dropped call may leave its savepoint and some of its rows in `tx`: roll `tx` back (drop
+    /// it), never commit it after a dropped call.
     ///
     /// # Errors
     ///
@@ -435,6 +507,9 @@ impl AsyncPostgresStore {
     /// from `tx`, decides, and writes the commit with [`AsyncPostgresStore::append_in`]. A concurrent
     /// commit of the same workflow is [`Error::Conflict`]; roll back and try again.
     ///
+    /// A dropped call may leave some of its rows in `tx`: roll `tx` back, never commit it after a
+    /// dropped call.
+    ///
     /// # Errors
     ///
     /// As [`Engine::handle`].
@@ -454,6 +529,9 @@ impl AsyncPostgresStore {
 
     /// [`AsyncPostgresStore::start`] inside the caller's own transaction `tx`: nothing is read
     /// before the commit, which checks that the workflow is new ([`Error::Conflict`] if not).
+    ///
+    /// A dropped call may leave some of its rows in `tx`: roll `tx` back, never commit it after a
+    /// dropped call.
     ///
     /// # Errors
     ///
@@ -482,6 +560,9 @@ impl AsyncPostgresStore {
 
     /// Claims up to `request.limit` due commands (as [`miniflow_core::Outbox::claim`]).
     ///
+    /// A dropped call may have taken leases that nobody holds: they run out after the lease's time
+    /// to live and the commands are claimed again, with the same IDs.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Outbox::claim`].
@@ -503,6 +584,9 @@ impl AsyncPostgresStore {
     }
 
     /// The acks, then a claim (as [`miniflow_core::Outbox::complete_all_and_claim`]).
+    ///
+    /// A dropped call's acks are written whole or not at all; its claim may have taken leases that
+    /// nobody holds, which run out.
     ///
     /// # Errors
     ///
@@ -535,6 +619,9 @@ impl AsyncPostgresStore {
 
     /// All `acks` in one transaction (as [`miniflow_core::Outbox::complete_all`]).
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. Acking again
+    /// answers [`Error::StaleLease`] for each ack that got through.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Outbox::complete_all`].
@@ -555,6 +642,10 @@ impl AsyncPostgresStore {
     }
 
     /// Completes a delivery (as [`miniflow_core::Outbox::complete`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. The ack and its
+    /// feedback commit together; acking again answers [`Error::StaleLease`] once the first got
+    /// through.
     ///
     /// # Errors
     ///
@@ -582,6 +673,9 @@ impl AsyncPostgresStore {
 
     /// Records a failed delivery (as [`miniflow_core::Outbox::fail`]).
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop. The failure is
+    /// counted once; failing again answers [`Error::StaleLease`] once the first got through.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Outbox::fail`].
@@ -601,6 +695,8 @@ impl AsyncPostgresStore {
     }
 
     /// Extends a lease (as [`miniflow_core::Outbox::extend`]).
+    ///
+    /// A dropped call leaves the lease as it was or extended.
     ///
     /// # Errors
     ///
@@ -624,6 +720,8 @@ impl AsyncPostgresStore {
 
     /// Extends many leases in one transaction of two statements (as
     /// [`miniflow_core::Outbox::extend_all`]): a worker's heartbeat.
+    ///
+    /// A dropped call leaves every lease as it was or every one extended.
     ///
     /// # Errors
     ///
@@ -661,6 +759,8 @@ impl AsyncPostgresStore {
 
     /// Gives a lease back (as [`miniflow_core::Outbox::release`]).
     ///
+    /// A dropped call leaves the lease held or released; a lease held by nobody runs out.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Outbox::release`].
@@ -692,6 +792,9 @@ impl AsyncPostgresStore {
     }
 
     /// Claims up to `limit` due timers (as [`miniflow_core::Timers::claim_timers`]).
+    ///
+    /// A dropped call may have taken timers that nobody fires: their leases run out and they are
+    /// taken again.
     ///
     /// # Errors
     ///
@@ -744,6 +847,8 @@ impl AsyncPostgresStore {
     }
 
     /// Rejects a scheduled timer (as [`miniflow_core::Timers::reject_timer`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
     ///
     /// # Errors
     ///
@@ -860,6 +965,8 @@ impl AsyncPostgresStore {
 
     /// Marks a command done without a delivery (as [`miniflow_core::Outbox::mark_done`]).
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Outbox::mark_done`].
@@ -871,6 +978,8 @@ impl AsyncPostgresStore {
 
     /// Sends a dead letter back to pending (as [`miniflow_core::Operations::retry`]).
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Operations::retry`].
@@ -881,6 +990,8 @@ impl AsyncPostgresStore {
     }
 
     /// Settles a dead letter by hand with `note` (as [`miniflow_core::Operations::resolve`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
     ///
     /// # Errors
     ///
@@ -895,6 +1006,8 @@ impl AsyncPostgresStore {
 
     /// Deletes up to `batch` done commands processed at least `older_than` ago (as
     /// [`miniflow_core::Operations::purge_done`]); returns how many.
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
     ///
     /// # Errors
     ///
@@ -929,6 +1042,8 @@ impl AsyncPostgresStore {
 
     /// Pauses, resumes or limits `kind`, recorded as done `by` (as
     /// [`miniflow_core::Operations::control_kind`]).
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
     ///
     /// # Errors
     ///
@@ -973,6 +1088,8 @@ impl AsyncPostgresStore {
     /// Sends up to `batch` dead letters of `kind` back to pending in one transaction (as
     /// [`miniflow_core::Operations::retry_dead_of_kind`]); returns their IDs.
     ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
+    ///
     /// # Errors
     ///
     /// As [`miniflow_core::Operations::retry_dead_of_kind`].
@@ -987,6 +1104,8 @@ impl AsyncPostgresStore {
 
     /// Settles up to `batch` dead letters of `kind` with `note` in one transaction (as
     /// [`miniflow_core::Operations::resolve_dead_of_kind`]); returns their IDs.
+    ///
+    /// A dropped call is written whole or not at all, possibly just after the drop.
     ///
     /// # Errors
     ///
