@@ -1,7 +1,9 @@
-//! `PostgresStore` on a real server, side by side with raw SQL doing the same writes on the same
-//! server: commits (1 event + 2 commands per transaction) on 1 and 8 connections, and claim +
-//! complete with 1 and 4 workers, through the store's own `claim` + `complete_all` and through
-//! `Dispatcher::postgres`.
+//! `PostgresStore` and `AsyncPostgresStore` on a real server, side by side with raw SQL doing the
+//! same writes on the same server: commits (1 event + 2 commands per transaction) on 1 and 8
+//! connections, and claim + complete with 1 and 4 workers, through the store's own `claim` +
+//! `complete_all` and through `Dispatcher::postgres`; the async store's commits from 8 and 64 tasks
+//! on a pool of 8 against tokio-postgres by hand (the one-statement commit, pipelined), and its
+//! claim + complete from 4 and 16 handlers against the raw statements on tokio-postgres.
 //!
 //! The raw side is hand-written SQL for the same rows: per commit, one transaction with one `INSERT`
 //! per table (the event guarded by the workflow's last seq, both commands in one statement), and the
@@ -11,8 +13,8 @@
 //! starts, and runs in turn with the others, round after round, on a freshly truncated database of
 //! its own.
 //!
-//! Run with `cargo bench --bench postgres --features postgres` (add `-- --quick` for a short run,
-//! `-- commits` or `-- claims` for one workload).
+//! Run with `cargo bench --bench postgres --features postgres,tokio` (add `-- --quick` for a short
+//! run, `-- commits`, `-- claims` or `-- async` for one workload).
 //! It starts a throwaway cluster of its own (`initdb` into a temporary directory, as the `postgres`
 //! user when run as root, on a free port of 127.0.0.1, `fsync` and `synchronous_commit` on), or uses
 //! `MINIFLOW_BENCH_DATABASE_URL` (a role that may `CREATE DATABASE`; it creates and drops databases
@@ -29,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use miniflow::postgres::{Client, NoTls};
 use miniflow::prelude::*;
+use miniflow::tokio::AsyncPostgresStore;
 use miniflow::{
     json, Ack, ClaimRequest, Command, Commit, Delivery, Dispatcher, Event, Outcome,
     PostgresDispatcher, PostgresOptions, PostgresStore, Seq, Timestamp, WorkflowId,
@@ -136,6 +139,54 @@ fn main() {
             }),
         ];
         let name = format!("claim + complete, {workers} worker{}", plural(workers));
+        let runs = alternate(&server, &name, &sides, sizes.rounds, |url| seed(url, n));
+        results.push(Workload {
+            name,
+            unit: "commands",
+            n,
+            runs,
+        });
+    }
+    // The async API: commits from many tasks on a pool of 8, claim + complete from concurrent
+    // handlers, each against tokio-postgres by hand; the synchronous store's commits beside them.
+    const POOL: usize = 8;
+    for tasks in [8, 64].into_iter().filter(|_| only("async")) {
+        let n = sizes.commits.div_ceil(tasks) * tasks;
+        let sides: [Side<'_>; 4] = [
+            ("raw tokio-postgres: one statement, pipelined", &|url| {
+                raw_async_commits(&server, url, tasks, POOL, n)
+            }),
+            ("miniflow async `append`", &|url| {
+                async_commits(&server, url, tasks, POOL, n, true)
+            }),
+            ("miniflow async `append`, `notify(false)`", &|url| {
+                async_commits(&server, url, tasks, POOL, n, false)
+            }),
+            ("miniflow sync `append_with_commands`, 8 threads", &|url| {
+                miniflow_commits(&server, url, POOL, n)
+            }),
+        ];
+        let name = format!("async commit, {tasks} tasks, {POOL} connections");
+        let runs = alternate(&server, &name, &sides, sizes.rounds, |_| {});
+        results.push(Workload {
+            name,
+            unit: "commits",
+            n,
+            runs,
+        });
+    }
+    for handlers in [4, 16].into_iter().filter(|_| only("async")) {
+        let n = sizes.commands;
+        let sides: [Side<'_>; 2] = [
+            (
+                "raw tokio-postgres: claim statement + ack statement",
+                &|url| raw_async_deliveries(&server, url, handlers, n),
+            ),
+            ("miniflow async `claim` + `complete_all` loop", &|url| {
+                async_deliveries(&server, url, handlers, n)
+            }),
+        ];
+        let name = format!("async claim + complete, {handlers} handlers");
         let runs = alternate(&server, &name, &sides, sizes.rounds, |url| seed(url, n));
         results.push(Workload {
             name,
@@ -915,4 +966,254 @@ fn replace_database(base: &str, database: &str) -> String {
         .find('/')
         .map_or(address.len(), |i| authority_start + i);
     format!("{}/{database}{query}", &address[..host_end])
+}
+
+/// A tokio runtime for an async side: as many workers as the machine has cores.
+fn tokio_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `n` commits through `AsyncPostgresStore::append` from `tasks` tasks on a pool of
+/// `connections`, one new workflow each, with the store's default options (`notify`: the wake-up
+/// hints on, as by default, or off, to show what they cost).
+fn async_commits(
+    server: &Server,
+    url: &str,
+    tasks: usize,
+    connections: usize,
+    n: usize,
+    notify: bool,
+) -> Run {
+    let runtime = tokio_runtime();
+    let run = runtime.block_on(async {
+        let options = PostgresOptions::new()
+            .pool_size(connections as u32)
+            .notify(notify);
+        let store = AsyncPostgresStore::connect_with(url, &options)
+            .await
+            .unwrap();
+        let commit = |store: AsyncPostgresStore, id: String| async move {
+            let id = WorkflowId::new(id).unwrap();
+            let commit = Commit::new(id, Seq::ZERO, event(), decision(), NOW).unwrap();
+            store.append(&commit).await.unwrap();
+        };
+        // Every connection of the pool opened, and its statements prepared, before the clock.
+        let warm: Vec<_> = (0..connections)
+            .map(|c| tokio::spawn(commit(store.clone(), format!("warm-{c}"))))
+            .collect();
+        for task in warm {
+            task.await.unwrap();
+        }
+        let stopwatch = Stopwatch::start(server);
+        let running: Vec<_> = (0..tasks)
+            .map(|t| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    for i in 0..n / tasks {
+                        commit(store.clone(), format!("trip-{t}-{i}")).await;
+                    }
+                })
+            })
+            .collect();
+        for task in running {
+            task.await.unwrap();
+        }
+        stopwatch.stop(server)
+    });
+    assert_eq!(count(url, "events"), (n + connections) as i64);
+    run
+}
+
+/// The same rows as [`async_commits`] through tokio-postgres by hand, as a careful service would
+/// write them: the one-statement commit ([`RAW_COMMIT`], prepared), `tasks` tasks sharing
+/// `connections` clients, so the statements of tasks on one client are pipelined.
+fn raw_async_commits(
+    server: &Server,
+    url: &str,
+    tasks: usize,
+    connections: usize,
+    n: usize,
+) -> Run {
+    use miniflow::tokio::tokio_postgres;
+    let runtime = tokio_runtime();
+    let run = runtime.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..connections {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let statement = client.prepare(RAW_COMMIT).await.unwrap();
+            clients.push(Arc::new((client, statement)));
+        }
+        let commit = |shared: Arc<(tokio_postgres::Client, tokio_postgres::Statement)>,
+                      id: String| async move {
+            let payload = serde_json::to_string(&event().payload).unwrap();
+            let c0 = serde_json::to_string(&json!({ "trip_id": "t", "amount": 1200 })).unwrap();
+            let c1 = serde_json::to_string(&json!({ "to": "成都", "class": "economy" })).unwrap();
+            let now = NOW.as_millis() as i64;
+            let (client, statement) = &*shared;
+            let inserted = client
+                .execute(
+                    statement,
+                    &[
+                        &id,
+                        &0_i64,
+                        &"trip_requested",
+                        &payload,
+                        &now,
+                        &"lock_budget",
+                        &c0,
+                        &"book_flight",
+                        &c1,
+                    ],
+                )
+                .await
+                .unwrap();
+            assert_eq!(inserted, 2);
+        };
+        for (c, client) in clients.iter().enumerate() {
+            commit(client.clone(), format!("warm-{c}")).await;
+        }
+        let stopwatch = Stopwatch::start(server);
+        let running: Vec<_> = (0..tasks)
+            .map(|t| {
+                let client = clients[t % connections].clone();
+                tokio::spawn(async move {
+                    for i in 0..n / tasks {
+                        commit(client.clone(), format!("trip-{t}-{i}")).await;
+                    }
+                })
+            })
+            .collect();
+        for task in running {
+            task.await.unwrap();
+        }
+        stopwatch.stop(server)
+    });
+    assert_eq!(count(url, "events"), (n + connections) as i64);
+    run
+}
+
+/// `handlers` tasks on one `AsyncPostgresStore` (a pool of as many connections), each claiming a
+/// batch and acknowledging it with `complete_all`, until a claim comes back empty.
+fn async_deliveries(server: &Server, url: &str, handlers: usize, commands: usize) -> Run {
+    let runtime = tokio_runtime();
+    runtime.block_on(async {
+        let options = PostgresOptions::new().pool_size(handlers as u32);
+        let store = AsyncPostgresStore::connect_with(url, &options)
+            .await
+            .unwrap()
+            .with_clock(Arc::new(miniflow::ManualClock::new(NOW)));
+        // Every connection of the pool opened before the clock starts.
+        let mut clients = Vec::new();
+        for _ in 0..handlers {
+            clients.push(store.client().await.unwrap());
+        }
+        drop(clients);
+        let stopwatch = Stopwatch::start(server);
+        let running: Vec<_> = (0..handlers)
+            .map(|h| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    let request = ClaimRequest::new(format!("async-{h}"))
+                        .limit(BATCH)
+                        .lease_ttl(Duration::from_millis(LEASE_TTL_MS as u64));
+                    let mut done = 0;
+                    loop {
+                        let batch = store.claim(request.clone()).await.unwrap();
+                        if batch.is_empty() {
+                            return done;
+                        }
+                        let acks: Vec<Ack> = batch
+                            .iter()
+                            .map(|d| Ack {
+                                command_id: d.command_id.clone(),
+                                token: d.token,
+                                result: None,
+                            })
+                            .collect();
+                        let results = store.complete_all(acks).await.unwrap();
+                        assert!(results.iter().all(Result::is_ok));
+                        done += batch.len();
+                    }
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for task in running {
+            done += task.await.unwrap();
+        }
+        assert_eq!(done, commands);
+        stopwatch.stop(server)
+    })
+}
+
+/// [`RAW_CLAIM`] and [`RAW_ACK`] through tokio-postgres by hand: `handlers` tasks, each on a
+/// client of its own, claiming a batch in one statement and acknowledging it in another.
+fn raw_async_deliveries(server: &Server, url: &str, handlers: usize, commands: usize) -> Run {
+    use miniflow::tokio::tokio_postgres;
+    let runtime = tokio_runtime();
+    runtime.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..handlers {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(connection);
+            let claim = client.prepare(RAW_CLAIM).await.unwrap();
+            let ack = client.prepare(RAW_ACK).await.unwrap();
+            clients.push((client, claim, ack));
+        }
+        let stopwatch = Stopwatch::start(server);
+        let running: Vec<_> = clients
+            .into_iter()
+            .enumerate()
+            .map(|(h, (client, claim, ack))| {
+                tokio::spawn(async move {
+                    let owner = format!("raw-{h}");
+                    let now = NOW.as_millis() as i64;
+                    let mut done = 0;
+                    loop {
+                        let rows = client
+                            .query(
+                                &claim,
+                                &[&now, &(BATCH as i64), &(now + LEASE_TTL_MS), &owner],
+                            )
+                            .await
+                            .unwrap();
+                        if rows.is_empty() {
+                            return done;
+                        }
+                        let (mut ws, mut ss, mut is, mut ts) =
+                            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                        for row in &rows {
+                            let _kind: &str = row.get(4);
+                            let _payload: serde_json::Value =
+                                serde_json::from_str(row.get::<_, &str>(5)).unwrap();
+                            ws.push(row.get::<_, String>(0));
+                            ss.push(row.get::<_, i64>(1));
+                            is.push(row.get::<_, i64>(2));
+                            ts.push(row.get::<_, i64>(3));
+                        }
+                        let acked = client
+                            .execute(&ack, &[&ws, &ss, &is, &ts, &now])
+                            .await
+                            .unwrap();
+                        assert_eq!(acked as usize, rows.len());
+                        done += rows.len();
+                    }
+                })
+            })
+            .collect();
+        let mut done = 0;
+        for task in running {
+            done += task.await.unwrap();
+        }
+        assert_eq!(done, commands);
+        stopwatch.stop(server)
+    })
 }
