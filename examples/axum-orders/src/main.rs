@@ -19,6 +19,12 @@
 //! with the same key). Every order still gets exactly one reservation.
 //!
 //! `cargo run -p miniflow-example-axum` runs the whole demo and prints what happened.
+//!
+//! The same services on PostgreSQL, each role a process of its own (the orders service, any number
+//! of workers, the warehouse on a database of its own), are `src/bin/postgres.rs`
+//! (`axum-orders-postgres orders|worker|warehouse --database URL`); `tests/faults.rs` runs them on
+//! a throwaway cluster while it kills the worker, loses answers and stops the server. Both share
+//! the workflow, the HTTP calls and the answers of `src/lib.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
