@@ -205,6 +205,11 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// 45 orders in three waves, one fault each: (1) the worker killed with SIGKILL after a few results
+/// and started again once the second wave is placed; (2) throughout, the warehouse losing every 4th
+/// new reservation's answer after its commit; (3) the server stopped with `pg_ctl stop -m immediate`
+/// while deliveries are in flight and the third wave is being placed, and started again a second
+/// later. No process is restarted for (3): each reconnects by itself.
 #[test]
 fn every_order_reserved_once_despite_a_killed_worker_lost_answers_and_a_crashed_server() {
     let cluster = Cluster::start().unwrap_or_else(|e| panic!("{e}"));
@@ -227,6 +232,7 @@ fn every_order_reserved_once_despite_a_killed_worker_lost_answers_and_a_crashed_
         "--lose-answer-every",
         &every,
     ];
+    // (2) The warehouse loses answers after committing them, from the start.
     let (_warehouse, warehouse) = Process::start("warehouse", &warehouse_args, logs.path(), 1);
     let warehouse = format!("http://{warehouse}");
     let (_orders, orders) = Process::start("orders", &["--database", &orders_db], logs.path(), 1);
