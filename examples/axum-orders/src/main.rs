@@ -19,74 +19,32 @@
 //! with the same key). Every order still gets exactly one reservation.
 //!
 //! `cargo run -p miniflow-example-axum` runs the whole demo and prints what happened.
+//!
+//! The same services on PostgreSQL, each role a process of its own (the orders service, any number
+//! of workers, the warehouse on a database of its own), are `src/bin/postgres.rs`
+//! (`axum-orders-postgres orders|worker|warehouse --database URL`); `tests/faults.rs` runs them on
+//! a throwaway cluster while it kills the worker, loses answers and stops the server. Both share
+//! the workflow, the HTTP calls and the answers of `src/lib.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, Request, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
 use axum::routing::post;
 use axum::{Json, Router};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use miniflow::prelude::*;
 use miniflow::tokio::{AsyncDispatcher, AsyncIdempotencyStore, AsyncStore};
 use miniflow::{
-    json, Begin, Command, CommandCompleted, Decision, Delivery, Digest, Engine, Error, Event,
-    EventRecord, IdempotencyKey, IdempotencyPolicy, Outcome, RetryPolicy, Value, Workflow,
-    WorkflowId, COMMAND_COMPLETED,
+    json, Begin, Delivery, Digest, Engine, Error, Event, IdempotencyKey, IdempotencyPolicy,
+    RetryPolicy, Value, WorkflowId,
 };
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-/// The fields of a reservation request that define its intent.
-const INTENT: [&str; 3] = ["order_id", "sku", "quantity"];
-
-// ------------------------------------------------------------------------------------------------
-// The order's workflow
-
-/// An order reserves its stock; the reservation comes back as `command_completed`.
-struct OrderFlow;
-
-#[derive(Default)]
-struct Order {
-    reservation: Option<String>,
-}
-
-impl Workflow for OrderFlow {
-    type State = Order;
-
-    fn evolve(&self, order: &mut Order, event: &EventRecord) {
-        if event.kind == COMMAND_COMPLETED {
-            if let Ok(done) = serde_json::from_value::<CommandCompleted>(event.payload.clone()) {
-                order.reservation = done.result["reservation_id"].as_str().map(str::to_owned);
-            }
-        }
-    }
-
-    fn decide(&self, order: &Order, event: &EventRecord) -> Decision {
-        match event.kind.as_str() {
-            "order_placed" if order.reservation.is_none() => Decision::new().command(
-                Command::new(
-                    "reserve_stock",
-                    json!({
-                        "order_id": event.workflow_id,
-                        "sku": event.payload["sku"],
-                        "quantity": event.payload["quantity"],
-                    }),
-                )
-                .report_result(),
-            ),
-            _ => Decision::none(),
-        }
-    }
-}
+use miniflow_example_axum::{
+    answer, answer_lost, deliver, http_client, post_json, OrderFlow, Reply, INTENT,
+};
 
 // ------------------------------------------------------------------------------------------------
 // The orders service
@@ -143,10 +101,6 @@ async fn place_order(State(orders): State<Arc<Orders>>, Json(order): Json<Value>
     }
 }
 
-fn answer(status: StatusCode, body: Value) -> Response {
-    (status, Json(body)).into_response()
-}
-
 // ------------------------------------------------------------------------------------------------
 // The warehouse service
 
@@ -163,13 +117,6 @@ fn warehouse_service(warehouse: Arc<Warehouse>) -> Router {
     Router::new()
         .route("/reservations", post(reserve))
         .with_state(warehouse)
-}
-
-enum Reply {
-    Created(Value),
-    Replayed(Value),
-    Mismatch,
-    Busy,
 }
 
 /// `POST /reservations` with `Idempotency-Key`: the reservation and the key's record in one
@@ -228,89 +175,20 @@ async fn reserve(
             let mut lose = warehouse.lose_first_answer_for.lock().unwrap();
             if lose.as_deref() == Some(order) {
                 *lose = None; // committed, but the caller never hears of it
-                return answer(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    json!({ "error": "answer lost" }),
-                );
+                return answer_lost();
             }
-            answer(StatusCode::CREATED, result)
+            Reply::Created(result).into_response()
         }
-        Ok(Reply::Replayed(result)) => {
-            warehouse.replayed.fetch_add(1, Ordering::SeqCst);
-            (
-                StatusCode::CREATED,
-                [("idempotent-replayed", "true")],
-                Json(result),
-            )
-                .into_response()
+        Ok(reply) => {
+            if matches!(reply, Reply::Replayed(_)) {
+                warehouse.replayed.fetch_add(1, Ordering::SeqCst);
+            }
+            reply.into_response()
         }
-        Ok(Reply::Mismatch) => answer(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            json!({ "error": "this key was used with other parameters" }),
-        ),
-        Ok(Reply::Busy) => answer(
-            StatusCode::CONFLICT,
-            json!({ "error": "in progress, retry" }),
-        ),
         Err(e) => answer(
             StatusCode::INTERNAL_SERVER_ERROR,
             json!({ "error": e.to_string() }),
         ),
-    }
-}
-
-// ------------------------------------------------------------------------------------------------
-// The client side: HTTP calls and the dispatcher's handler
-
-/// POSTs `body` as JSON (with `key` as `Idempotency-Key`); the status and the JSON answer.
-async fn post_json(
-    client: &HttpClient,
-    url: &str,
-    key: Option<&str>,
-    body: &Value,
-) -> Result<(StatusCode, Value), String> {
-    let mut request = Request::builder()
-        .method(Method::POST)
-        .uri(url)
-        .header("content-type", "application/json");
-    if let Some(key) = key {
-        request = request.header("idempotency-key", key);
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    let response = tokio::time::timeout(Duration::from_secs(5), client.request(request))
-        .await
-        .map_err(|_| "timed out: the result is unknown".to_owned())?
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, serde_json::from_slice(&body).unwrap_or(Value::Null)))
-}
-
-/// Delivers `reserve_stock` to the warehouse, the command ID as the key. Only a 2xx completes it;
-/// a timeout, a 409 or a 5xx is retried with the same key; any other 4xx is dead.
-async fn deliver(client: HttpClient, url: String, duplicate: bool, delivery: Delivery) -> Outcome {
-    let key = delivery.command_id.to_string();
-    let call = || post_json(&client, &url, Some(&key), &delivery.payload);
-    let answer = if duplicate {
-        let (first, second) = tokio::join!(call(), call()); // the same request twice, at once
-        first.and(second)
-    } else {
-        call().await
-    };
-    match answer {
-        Ok((status, body)) if status.is_success() => Outcome::done_with(body),
-        Ok((status, _)) if status == StatusCode::CONFLICT || status.is_server_error() => {
-            Outcome::retry(status)
-        }
-        Ok((status, body)) => Outcome::permanent(format!("{status} {body}")),
-        Err(unknown) => Outcome::retry(unknown),
     }
 }
 
@@ -320,7 +198,7 @@ async fn deliver(client: HttpClient, url: String, duplicate: bool, delivery: Del
 async fn serve(router: Router) -> Result<String, Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = listener.local_addr()?;
-    tokio::spawn(async move { axum::serve(listener, router).await });
+    miniflow_example_axum::serve(listener, router);
     Ok(format!("http://{address}"))
 }
 
@@ -362,7 +240,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     });
     let orders_url = serve(orders_service(orders)).await?;
 
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = http_client();
     let handler = {
         let (client, url) = (client.clone(), format!("{warehouse_url}/reservations"));
         move |delivery: Delivery| {
