@@ -4,12 +4,14 @@
 //! Each test gets a database of its own on a server [`cluster`] provides: `MINIFLOW_TEST_DATABASE_URL`,
 //! or a throwaway cluster the tests start and stop themselves.
 
+mod async_processes;
 mod asynchronous;
 mod blocking;
 mod cluster;
 mod crash;
 mod delivery;
 mod dropped;
+mod failover;
 mod inspect;
 mod restart;
 mod retention;

@@ -162,6 +162,82 @@ pub struct Cluster {
 impl Cluster {
     /// Creates and starts a new cluster.
     pub fn start() -> Result<Self, String> {
+        let mut cluster = Self::unstarted()?;
+        run(as_postgres(cluster.root, &cluster.bin.join("initdb"))
+            .current_dir(&cluster.dir)
+            .arg("-D")
+            .arg(cluster.dir.join("data"))
+            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]))?;
+        cluster.serve_on_a_free_port()?;
+        Ok(cluster)
+    }
+
+    /// A hot standby of `primary`, streaming its write-ahead log: a base backup of it
+    /// (`pg_basebackup -R -X stream`) started on a port of its own. Once promoted it asks for no
+    /// standby of its own (`synchronous_standby_names = ''`), so that its commits do not wait.
+    /// Take it before [`Cluster::require_synchronous_standby`]: until it streams, the primary's
+    /// commits would wait for it.
+    pub fn standby_of(primary: &Cluster) -> Result<Self, String> {
+        let mut cluster = Self::unstarted()?;
+        run(
+            as_postgres(cluster.root, &cluster.bin.join("pg_basebackup"))
+                .current_dir(&cluster.dir)
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    &primary.port.to_string(),
+                    "-U",
+                    "postgres",
+                ])
+                .arg("-D")
+                .arg(cluster.dir.join("data"))
+                .args(["-R", "-X", "stream", "-c", "fast", "--no-sync"]),
+        )?;
+        cluster.configure(&["synchronous_standby_names = ''"])?;
+        cluster.serve_on_a_free_port()?;
+        Ok(cluster)
+    }
+
+    /// Makes every commit of `self`, a primary, wait until a standby has flushed it
+    /// (`synchronous_standby_names = '*'`, `synchronous_commit = on`), and waits until a standby
+    /// streams in sync: from then on, a commit the primary acknowledged is on the standby's disk.
+    pub fn require_synchronous_standby(&self) -> Result<(), String> {
+        let url = self.url("postgres");
+        let mut admin = Client::connect(&url, NoTls).map_err(|e| format!("{url}: {e}"))?;
+        // One statement each: ALTER SYSTEM refuses a transaction block.
+        for statement in [
+            "ALTER SYSTEM SET synchronous_standby_names = '*'",
+            "ALTER SYSTEM SET synchronous_commit = on",
+            "SELECT pg_reload_conf()",
+        ] {
+            admin
+                .batch_execute(statement)
+                .map_err(|e| format!("{statement}: {e:?}"))?;
+        }
+        for _ in 0..300 {
+            let in_sync: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'",
+                    &[],
+                )
+                .and_then(|row| row.try_get(0))
+                .map_err(|e| format!("pg_stat_replication: {e}"))?;
+            if in_sync > 0 {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err("no standby in sync after 30 s".to_owned())
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote -w`): it stops following and takes writes.
+    pub fn promote(&self) -> Result<(), String> {
+        run(self.pg_ctl().args(["-w", "-t", "60", "promote"]))
+    }
+
+    /// A new directory (and its watchdog) for a cluster, nothing in it yet.
+    fn unstarted() -> Result<Self, String> {
         let bin = postgres_bin_dir()?;
         let root = running_as_root();
         let parent = if root {
@@ -183,30 +259,45 @@ impl Cluster {
                 .args(["-R", "postgres:postgres"])
                 .arg(&dir))?;
         }
-        run(as_postgres(root, &bin.join("initdb"))
-            .current_dir(&dir)
-            .arg("-D")
-            .arg(dir.join("data"))
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"]))?;
-        let mut cluster = Self {
+        Ok(Self {
             dir,
             bin,
             root,
             port: 0,
             _watchdog: watchdog,
-        };
+        })
+    }
+
+    /// Appends `settings` to the cluster's `postgresql.conf` (a later line wins).
+    fn configure(&self, settings: &[&str]) -> Result<(), String> {
+        let path = self.dir.join("data").join("postgresql.conf");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        writeln!(file, "\n{}", settings.join("\n"))
+            .map_err(|e| format!("write {}: {e}", path.display()))
+    }
+
+    /// Starts the server on a free port, trying another if the port was taken meanwhile.
+    fn serve_on_a_free_port(&mut self) -> Result<(), String> {
         let mut last_error = String::new();
         for _ in 0..3 {
-            cluster.port = free_port()?;
-            match cluster.serve() {
-                Ok(()) => return Ok(cluster),
+            self.port = free_port()?;
+            match self.serve() {
+                Ok(()) => return Ok(()),
                 Err(e) => last_error = e,
             }
         }
-        let log = std::fs::read_to_string(cluster.dir.join("server.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
         Err(format!(
             "the throwaway cluster did not start: {last_error}\n{log}"
         ))
+    }
+
+    /// The port it serves on.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The URL of `database` on this cluster, as the superuser `postgres`.

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use miniflow::{Clock, SystemClock};
 
+use super::async_processes::spawn_producer as spawn_async_producer;
 use super::delivery::{
     check_invariants, connect, fresh_database, plain_client, produce, recover, spawn_producer,
     CrashPoint, Idempotency, Workers,
@@ -50,6 +51,7 @@ fn victim(url: &str, point: CrashPoint) -> Child {
         connect_timeout: None,
         crash: Some(point),
         deadline: Duration::from_secs(30),
+        asynchronous: false,
     }
     .spawn()
 }
@@ -294,6 +296,18 @@ fn a_producer_killed_inside_a_commit_leaves_no_partial_commit() {
 
 #[test]
 fn processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
+    kill_at_random(false);
+}
+
+#[test]
+fn async_processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
+    kill_at_random(true);
+}
+
+/// Kills one to three of a producer and three worker processes — on the async API when
+/// `asynchronous` — at random times, lets a recovering process finish, checks the invariants.
+fn kill_at_random(asynchronous: bool) {
+    let api = if asynchronous { "async" } else { "sync" };
     let seed = std::env::var("MINIFLOW_PG_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -303,13 +317,14 @@ fn processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     eprintln!(
-        "random PostgreSQL crash sample: seed {seed}, {rounds} rounds \
+        "random PostgreSQL crash sample, {api} processes: seed {seed}, {rounds} rounds \
          (replay with MINIFLOW_PG_CRASH_SEED={seed})"
     );
     let mut rng = fastrand::Rng::with_seed(seed);
     for round in 0..rounds {
-        let context =
-            format!("seed {seed}, round {round} (replay with MINIFLOW_PG_CRASH_SEED={seed})");
+        let context = format!(
+            "{api}: seed {seed}, round {round} (replay with MINIFLOW_PG_CRASH_SEED={seed})"
+        );
         let (_database, url) = fresh_database();
         let orders = 20; // 345 commands
         let workers = |n: usize| Workers {
@@ -322,12 +337,15 @@ fn processes_killed_at_random_times_lose_nothing_and_repeat_no_effect() {
             connect_timeout: None,
             crash: None,
             deadline: Duration::from_secs(60),
+            asynchronous,
+        };
+        let producer = if asynchronous {
+            spawn_async_producer(&url, "producer", orders, Duration::ZERO)
+        } else {
+            spawn_producer(&url, "producer", orders, 0, 1, None)
         };
         let mut processes: Vec<(String, Option<Child>)> = vec![
-            (
-                "producer".to_owned(),
-                Some(spawn_producer(&url, "producer", orders, 0, 1, None)),
-            ),
+            ("producer".to_owned(), Some(producer)),
             ("workers-0".to_owned(), Some(workers(0).spawn())),
             ("workers-1".to_owned(), Some(workers(1).spawn())),
             ("workers-2".to_owned(), Some(workers(2).spawn())),

@@ -631,6 +631,60 @@ pub struct Report {
     pub listening: bool,
 }
 
+/// The retries of every worker process: quick, and many, so that an outage does not kill a
+/// command.
+pub fn retry_policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .initial_delay(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(200))
+        .max_attempts(200)
+}
+
+/// The errors a dispatcher reported through `on_error`: how many, and the first few.
+#[derive(Clone, Default)]
+pub struct ErrorLog {
+    count: Arc<AtomicU64>,
+    first: Arc<Mutex<Vec<String>>>,
+}
+
+impl ErrorLog {
+    /// An `on_error` callback recording into this log, printing the first few as `app`.
+    pub fn recorder(&self, app: &str) -> impl Fn(&Error) + Send + Sync + 'static {
+        let (count, first, app) = (self.count.clone(), self.first.clone(), app.to_owned());
+        move |e| {
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut first = first.lock().unwrap();
+            if first.len() < 5 {
+                eprintln!("{app}: {e}");
+                first.push(e.to_string());
+            }
+        }
+    }
+
+    /// The report of a worker process whose dispatcher shut down with `shutdown`.
+    pub fn report(
+        &self,
+        workers: &Workers,
+        shutdown: miniflow::Shutdown,
+        settled: bool,
+        listening: bool,
+    ) -> Report {
+        assert_eq!(
+            shutdown.unfinished_workers, 0,
+            "{}: workers stuck at shutdown",
+            workers.app
+        );
+        Report {
+            stats: shutdown.stats,
+            errors: self.count.load(Ordering::SeqCst),
+            first_errors: self.first.lock().unwrap().clone(),
+            settled,
+            stopped_on: shutdown.errors.iter().map(ToString::to_string).collect(),
+            listening,
+        }
+    }
+}
+
 /// How a worker process delivers.
 #[derive(Debug, Clone)]
 pub struct Workers {
@@ -646,18 +700,21 @@ pub struct Workers {
     pub crash: Option<CrashPoint>,
     /// The longest it waits for everything to settle.
     pub deadline: Duration,
+    /// Whether it runs the async API (`AsyncDispatcher` on `AsyncPostgresStore`, the receiver on
+    /// `AsyncPostgresIdempotencyStore`) rather than the synchronous one.
+    pub asynchronous: bool,
 }
 
 impl Workers {
-    /// Runs a dispatcher (`Dispatcher::postgres`, firing timers and failures too) until every order
-    /// is placed and every command and timer settled, or until the deadline.
+    /// Runs a dispatcher (`Dispatcher::postgres`, or `AsyncDispatcher` on the async store when
+    /// [`Workers::asynchronous`]), firing timers and failures too, until every order is placed and
+    /// every command and timer settled, or until the deadline.
     pub fn run(&self) -> Report {
-        let options = match self.connect_timeout {
-            Some(timeout) => options().connect_timeout(timeout),
-            None => options(),
-        };
+        if self.asynchronous {
+            return super::async_processes::run_workers(self);
+        }
         let store = loop {
-            match connect_with(&self.url, &self.app, &options) {
+            match connect_with(&self.url, &self.app, &self.options()) {
                 Ok(store) => break store,
                 Err(e) => {
                     eprintln!("{}: connect: {e}", self.app);
@@ -671,10 +728,7 @@ impl Workers {
             &self.app,
             self.crash,
         ));
-        let errors = Arc::new(AtomicU64::new(0));
-        let first_errors = Arc::new(Mutex::new(Vec::<String>::new()));
-        let (count, log) = (errors.clone(), first_errors.clone());
-        let app = self.app.clone();
+        let errors = ErrorLog::default();
         let running = Dispatcher::postgres(&store, move |d: &Delivery| receiver.deliver(d))
             .expect("a listener")
             .workflow(Engine::new(Shipping))
@@ -683,22 +737,26 @@ impl Workers {
             .batch_size(32)
             .ack_delay(Duration::from_millis(50))
             .lease_ttl(self.lease)
-            .retry_policy(
-                RetryPolicy::default()
-                    .initial_delay(Duration::from_millis(50))
-                    .max_delay(Duration::from_millis(200))
-                    .max_attempts(200),
-            )
-            .on_error(move |e| {
-                count.fetch_add(1, Ordering::SeqCst);
-                let mut log = log.lock().unwrap();
-                if log.len() < 5 {
-                    eprintln!("{app}: {e}");
-                    log.push(e.to_string());
-                }
-            })
+            .retry_policy(retry_policy())
+            .on_error(errors.recorder(&self.app))
             .start()
             .expect("start the dispatcher");
+        let (settled, listening) = self.watch();
+        let shutdown = running.shutdown(Duration::from_secs(10));
+        errors.report(self, shutdown, settled, listening)
+    }
+
+    /// The store's options in a worker process.
+    pub fn options(&self) -> PostgresOptions {
+        match self.connect_timeout {
+            Some(timeout) => options().connect_timeout(timeout),
+            None => options(),
+        }
+    }
+
+    /// Waits until every order is placed and every command and timer settled, or until the
+    /// deadline; returns whether it was, and whether the dispatcher's listener is connected then.
+    pub fn watch(&self) -> (bool, bool) {
         let started = Instant::now();
         let mut monitor: Option<Client> = None;
         let mut is_settled = false;
@@ -721,21 +779,7 @@ impl Workers {
             }
         }
         let listening = is_settled && monitor.as_mut().is_some_and(|db| self.listening(db));
-        let shutdown = running.shutdown(Duration::from_secs(10));
-        assert_eq!(
-            shutdown.unfinished_workers, 0,
-            "{}: workers stuck at shutdown",
-            self.app
-        );
-        let first_errors = first_errors.lock().unwrap().clone();
-        Report {
-            stats: shutdown.stats,
-            errors: errors.load(Ordering::SeqCst),
-            first_errors,
-            settled: is_settled,
-            stopped_on: shutdown.errors.iter().map(ToString::to_string).collect(),
-            listening,
-        }
+        (is_settled, listening)
     }
 
     /// Whether the dispatcher's listener is connected: a session of this process whose last
@@ -784,6 +828,7 @@ impl Workers {
                 "MINIFLOW_DEADLINE_MS",
                 self.deadline.as_millis().to_string(),
             ),
+            ("MINIFLOW_ASYNC", self.asynchronous.to_string()),
         ]
     }
 
@@ -822,6 +867,7 @@ fn child_pg_worker() {
             .map(|ms| Duration::from_millis(ms.parse().unwrap())),
         crash: child::optional("MINIFLOW_CRASH").map(|c| CrashPoint::parse(&c)),
         deadline: ms("MINIFLOW_DEADLINE_MS"),
+        asynchronous: child::setting("MINIFLOW_ASYNC") == "true",
     };
     let report = workers.run();
     let s = report.stats;
@@ -1206,6 +1252,7 @@ pub fn recover(url: &str, orders: usize, lease: Duration, context: &str) -> Repo
         connect_timeout: None,
         crash: None,
         deadline: Duration::from_secs(60),
+        asynchronous: false,
     }
     .run();
     if !report.settled || !report.stopped_on.is_empty() {
@@ -1273,6 +1320,7 @@ fn three_processes_deliver_10000_commands_with_one_effect_each_and_no_double_cla
                 connect_timeout: None,
                 crash: None,
                 deadline: Duration::from_secs(120),
+                asynchronous: false,
             }
             .spawn()
         })

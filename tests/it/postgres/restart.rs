@@ -74,6 +74,7 @@ fn dispatchers_ride_out_server_crashes_and_lose_nothing_nor_repeat_an_effect() {
                 connect_timeout: Some(Duration::from_millis(500)),
                 crash: None,
                 deadline: Duration::from_secs(120),
+                asynchronous: false,
             }
             .spawn()
         })
