@@ -72,7 +72,7 @@
 //! | `sqlite` | yes | the embedded SQLite host: `SqliteStore`, `Dispatcher::sqlite`, `SqliteIdempotencyStore` (the `Dispatcher` itself, `miniflow-pool`'s, is always there) |
 //! | `cron` | yes | recurring schedules on cron expressions (`Schedule::cron`); `Schedule::every` needs nothing |
 //! | `postgres` | no | `PostgresStore`, `PostgresIdempotencyStore`, `Wakeups`, `Dispatcher::postgres`; builds no SQLite |
-//! | `tokio` | no | the async API (`miniflow::tokio`): `AsyncStore`, `AsyncDispatcher`, `AsyncIdempotencyStore` (implies `sqlite`) |
+//! | `tokio` | no | the async API (`miniflow::tokio`) of the stores whose features are on: `AsyncStore` and `AsyncIdempotencyStore` with `sqlite`, `AsyncPostgresStore` and `AsyncPostgresIdempotencyStore` with `postgres`, and `AsyncDispatcher`; builds no SQLite by itself |
 //! | `conformance` | no | the conformance suite for a store of your own (`miniflow::conformance`, `store_conformance_tests!`, `idempotency_conformance_tests!`) |
 //! | `cli` | no | the `miniflow` command-line tool for operators (`cargo install miniflow --features cli`; implies `sqlite` and `postgres`) |
 //!
