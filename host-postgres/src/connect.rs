@@ -116,9 +116,9 @@ impl Shared {
             block(check_durability(&mut db))?;
         }
         if options.migrate && !options.read_only {
-            block(migrate(&mut db))?;
+            block(migrate(&mut db, options.schema_name()))?;
         } else {
-            block(check_schema(&mut db, target))?;
+            block(check_schema(&mut db, options.schema_name(), target))?;
         }
         Ok(shared)
     }
@@ -167,6 +167,10 @@ pub(crate) fn startup_options(existing: Option<&str>, options: &PostgresOptions)
     if options.read_only {
         startup.push_str(" -c default_transaction_read_only=on");
     }
+    if let Some(schema) = options.schema_name() {
+        // A validated identifier: nothing to quote or escape.
+        startup.push_str(&format!(" -c search_path={schema},public"));
+    }
     startup.trim_start().to_owned()
 }
 
@@ -195,8 +199,8 @@ pub(crate) fn migrate_url(url: &str) -> Result<i64, Error> {
     let mut client = config.connect(NoTls).map_err(storage)?;
     let mut statements = Statements::default();
     let mut db = Db::new(&mut client, &mut statements, None);
-    let found = block(schema_version(&mut db))?;
-    block(migrate(&mut db))?;
+    let found = block(schema_version(&mut db, None))?;
+    block(migrate(&mut db, None))?;
     Ok(found)
 }
 

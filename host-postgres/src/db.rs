@@ -358,6 +358,55 @@ macro_rules! savepoint {
 }
 pub(crate) use savepoint;
 
+/// Puts the store's schema ([`crate::PostgresOptions::schema`]), if it has one, at the head of the
+/// caller's transaction's `search_path` for the rest of that transaction; returns the path it had,
+/// for [`leave_schema`]. Nothing without a schema.
+pub(crate) async fn enter_schema(
+    db: &mut impl Exec,
+    options: &crate::PostgresOptions,
+) -> Result<Option<String>, Error> {
+    let Some(schema) = options.schema_name() else {
+        return Ok(None);
+    };
+    // The old path read first (a materialised CTE), then the new one set, local to the transaction.
+    let row = db
+        .query_one(
+            "WITH o AS MATERIALIZED (SELECT current_setting('search_path') AS path) \
+             SELECT o.path, set_config('search_path', $1 || ', ' || o.path, true) FROM o",
+            &[&schema],
+        )
+        .await
+        .map_err(storage)?;
+    Columns::try_get(&row, 0).map(Some).map_err(storage)
+}
+
+/// Gives the caller's transaction back the `search_path` [`enter_schema`] found.
+pub(crate) async fn leave_schema(db: &mut impl Exec, old: Option<String>) -> Result<(), Error> {
+    let Some(old) = old else {
+        return Ok(());
+    };
+    db.query_one("SELECT set_config('search_path', $1, true)", &[&old])
+        .await
+        .map(drop)
+        .map_err(storage)
+}
+
+/// Runs `$body` (an `async` block's statements, ending in a `Result<_, Error>`) on the caller's
+/// transaction `$db` with the store's schema leading its `search_path`, and gives the transaction
+/// its path back after — whatever `$body` returned. The body's error wins over the restore's.
+macro_rules! in_schema {
+    ($db:ident, $options:expr, $body:block) => {{
+        let old = $crate::db::enter_schema($db, $options).await?;
+        let out = async { $body }.await;
+        let left = $crate::db::leave_schema($db, old).await;
+        match (out, left) {
+            (Ok(_), Err(e)) => Err(e.into()),
+            (out, _) => out,
+        }
+    }};
+}
+pub(crate) use in_schema;
+
 /// Runs a future of the store's operations on a synchronous client ([`Db`]), whose statements are
 /// all answered before the future is first polled: it completes in one poll. (Polled again should
 /// it ever not, it would still complete.)

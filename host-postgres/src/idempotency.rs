@@ -9,7 +9,9 @@ use postgres::Transaction;
 
 use crate::clock::Clock;
 use crate::connect::Shared;
-use crate::db::{block, savepoint, transaction, Columns, Db, Exec, Isolation, Own, Statements};
+use crate::db::{
+    block, in_schema, savepoint, transaction, Columns, Db, Exec, Isolation, Own, Statements,
+};
 use crate::errors::{storage, DbError};
 use crate::migrations::KEY_LOCK_CLASS;
 use crate::options::PostgresOptions;
@@ -253,10 +255,12 @@ pub(crate) async fn finish_in(
     result: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), Error> {
-    savepoint!(db, {
-        lock_key(db, key).await?;
-        let clock = Clock::read(options, db, now).await?;
-        finish_on(db, key, token, result, clock.now).await
+    in_schema!(db, options, {
+        savepoint!(db, {
+            lock_key(db, key).await?;
+            let clock = Clock::read(options, db, now).await?;
+            finish_on(db, key, token, result, clock.now).await
+        })
     })
 }
 
@@ -270,10 +274,12 @@ pub(crate) async fn begin_in(
     digest: Digest,
     now: Timestamp,
 ) -> Result<Begin, Error> {
-    savepoint!(db, {
-        lock_key(db, key).await?;
-        let now = Clock::read(options, db, now).await?.now;
-        reserve(db, policy, key, digest, now).await
+    in_schema!(db, options, {
+        savepoint!(db, {
+            lock_key(db, key).await?;
+            let now = Clock::read(options, db, now).await?.now;
+            reserve(db, policy, key, digest, now).await
+        })
     })
 }
 

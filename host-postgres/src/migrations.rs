@@ -29,9 +29,10 @@ pub(crate) const KEY_LOCK_CLASS: i32 = LOCK_CLASS + 1;
 /// [`Error::InvalidInput`] naming `target`, a newer one [`Error::UnsupportedSchema`].
 pub(crate) async fn check_schema(
     db: &mut impl Own,
+    schema: Option<&str>,
     (field, value): (&'static str, String),
 ) -> Result<(), Error> {
-    match schema_version(db).await? {
+    match schema_version(db, schema).await? {
         found if found == SCHEMA_VERSION => Ok(()),
         0 => Err(Error::invalid(
             field,
@@ -79,10 +80,16 @@ pub(crate) async fn check_durability(db: &mut impl Own) -> Result<(), Error> {
     Ok(())
 }
 
-/// The schema version of the database `db` is on: 0 without miniflow's schema.
-pub(crate) async fn schema_version(db: &mut impl Own) -> Result<i64, Error> {
+/// The schema version of the database `db` is on: 0 without miniflow's schema. With `schema`
+/// ([`crate::PostgresOptions::schema`]) it looks there only, not at a table of the same name further
+/// along the `search_path`.
+pub(crate) async fn schema_version(db: &mut impl Own, schema: Option<&str>) -> Result<i64, Error> {
+    let table = schema.map_or_else(
+        || "miniflow_schema".to_owned(),
+        |schema| format!("{schema}.miniflow_schema"),
+    );
     let exists: bool = db
-        .query_one("SELECT to_regclass('miniflow_schema') IS NOT NULL", &[])
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
         .await
         .and_then(|row| Columns::try_get(&row, 0))
         .map_err(storage)?;
@@ -95,29 +102,48 @@ pub(crate) async fn schema_version(db: &mut impl Own) -> Result<i64, Error> {
         .map_err(storage)
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under the migrations' advisory lock.
-pub(crate) async fn migrate(db: &mut impl Own) -> Result<(), Error> {
+/// Brings the schema to [`SCHEMA_VERSION`] in one transaction, under the migrations' advisory lock;
+/// in `schema` (created if missing) when one is set, whose name leads the connection's `search_path`.
+pub(crate) async fn migrate(db: &mut impl Own, schema: Option<&str>) -> Result<(), Error> {
     let unsupported = |found| Error::UnsupportedSchema {
         found,
         supported: SCHEMA_VERSION,
     };
-    match schema_version(db).await? {
+    match schema_version(db, schema).await? {
         found if found == SCHEMA_VERSION => return Ok(()),
         found if found > SCHEMA_VERSION => return Err(unsupported(found)),
         _ => {}
     }
     begin(db, Isolation::ReadCommitted).await?;
-    let out = migrate_locked(db).await;
+    let out = migrate_locked(db, schema).await;
     end(db, out).await
 }
 
-async fn migrate_locked(db: &mut impl Own) -> Result<(), Error> {
+async fn migrate_locked(db: &mut impl Own, schema: Option<&str>) -> Result<(), Error> {
     db.execute(
         "SELECT pg_advisory_xact_lock($1, $2)",
         &[&LOCK_CLASS, &MIGRATION_LOCK],
     )
     .await
     .map_err(storage)?;
+    if let Some(schema) = schema {
+        // Created only when missing: a role without CREATE on the database can use a schema an
+        // administrator made for it.
+        let exists: bool = db
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+                &[&schema],
+            )
+            .await
+            .and_then(|row| Columns::try_get(&row, 0))
+            .map_err(storage)?;
+        if !exists {
+            // A validated identifier (see `PostgresOptions::validate`): nothing to quote.
+            db.batch(&format!("CREATE SCHEMA {schema}"))
+                .await
+                .map_err(storage)?;
+        }
+    }
     db.batch(
         "CREATE TABLE IF NOT EXISTS miniflow_schema (
              version    BIGINT PRIMARY KEY,
@@ -127,7 +153,7 @@ async fn migrate_locked(db: &mut impl Own) -> Result<(), Error> {
     .await
     .map_err(storage)?;
     // Read again under the lock: another process may have migrated meanwhile.
-    let found = schema_version(db).await?;
+    let found = schema_version(db, schema).await?;
     if found > SCHEMA_VERSION {
         return Err(Error::UnsupportedSchema {
             found,

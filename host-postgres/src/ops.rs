@@ -15,7 +15,7 @@ use crate::acks::{complete_in, complete_plain_acks};
 use crate::claim::{claim_in, claim_timers_in};
 use crate::clock::Clock;
 use crate::commit::{is_plain, last_seq, write_commit, CommitError, LastEvent};
-use crate::db::{savepoint, transaction, Columns, Exec, Isolation, Own};
+use crate::db::{in_schema, savepoint, transaction, Columns, Exec, Isolation, Own};
 use crate::errors::storage;
 use crate::options::PostgresOptions;
 use crate::queries::*;
@@ -57,6 +57,27 @@ pub(crate) async fn append(
 /// commits ([`crate::notifier::Notifier::raise_after`]), not from inside it, where a `NOTIFY` would
 /// make the callers' commits wait for each other.
 pub(crate) async fn append_in(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    commit: &Commit,
+) -> Result<Option<i64>, Error> {
+    in_schema!(db, options, { append_in_path(db, options, commit).await })
+}
+
+/// The events of `workflow_id` read in the caller's transaction `db` (the history `handle_in`
+/// replays), from the store's schema.
+pub(crate) async fn load_events_in(
+    db: &mut impl Exec,
+    options: &PostgresOptions,
+    workflow_id: &miniflow_core::WorkflowId,
+) -> Result<Vec<miniflow_core::EventRecord>, Error> {
+    in_schema!(db, options, {
+        crate::rows::load_events(db, workflow_id).await
+    })
+}
+
+/// [`append_in`] once the store's schema leads the `search_path`.
+async fn append_in_path(
     db: &mut impl Exec,
     options: &PostgresOptions,
     commit: &Commit,

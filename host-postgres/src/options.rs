@@ -26,6 +26,7 @@ pub struct PostgresOptions {
     pub(crate) require_durable_commits: bool,
     pub(crate) migrate: bool,
     pub(crate) read_only: bool,
+    pub(crate) schema: Option<String>,
 }
 
 impl Default for PostgresOptions {
@@ -38,6 +39,7 @@ impl Default for PostgresOptions {
             require_durable_commits: true,
             migrate: true,
             read_only: false,
+            schema: None,
         }
     }
 }
@@ -142,6 +144,32 @@ impl PostgresOptions {
         self
     }
 
+    /// Keeps miniflow's tables in the schema `name` (created when connecting migrates) rather than
+    /// in the first schema of the `search_path`, beside the service's own: the store's connections
+    /// start with `search_path = name, public`, and in a transaction of the caller's (`append_in`,
+    /// `handle_in`, `start_in`, a receiver's `begin_in` and `finish_in`) miniflow puts `name` first
+    /// for its own statements and gives the transaction its `search_path` back after them (two
+    /// round trips more per call). `name` is a lower-case SQL identifier: letters, digits and `_`,
+    /// at most 63 bytes, not beginning with a digit or `pg_`. Unset by default.
+    ///
+    /// ```
+    /// use miniflow_postgres::PostgresOptions;
+    ///
+    /// let options = PostgresOptions::new().schema("miniflow");
+    /// assert_eq!(options.schema_name(), Some("miniflow"));
+    /// assert!(PostgresOptions::new().schema("Mini Flow").validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        self.schema = Some(name.into());
+        self
+    }
+
+    /// The schema miniflow's tables are in, if one was set (see [`PostgresOptions::schema`]).
+    pub fn schema_name(&self) -> Option<&str> {
+        self.schema.as_deref()
+    }
+
     /// Whether connections are read-only sessions (see [`PostgresOptions::read_only`]).
     pub fn is_read_only(&self) -> bool {
         self.read_only
@@ -178,6 +206,24 @@ impl PostgresOptions {
                 "must be 1ms to 600s",
             ));
         }
+        if let Some(name) = &self.schema {
+            let identifier = !name.is_empty()
+                && name.len() <= 63
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && !name.starts_with("pg_")
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !identifier {
+                let shown: String = name.chars().take(70).collect();
+                return Err(Error::invalid(
+                    "schema",
+                    shown,
+                    "must be a lower-case SQL identifier: letters a-z, digits and _, at most 63 \
+                     bytes, not beginning with a digit or pg_",
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -205,5 +251,22 @@ mod tests {
             field(PostgresOptions::new().connect_timeout(Duration::ZERO)),
             Some("connect_timeout")
         );
+        assert_eq!(field(PostgresOptions::new().schema("orders_2")), None);
+        for bad in [
+            "",
+            "Miniflow",
+            "mini flow",
+            "1st",
+            "pg_mine",
+            "a;b",
+            "é",
+            &"s".repeat(64),
+        ] {
+            assert_eq!(
+                field(PostgresOptions::new().schema(bad)),
+                Some("schema"),
+                "{bad:?}"
+            );
+        }
     }
 }

@@ -267,7 +267,11 @@ impl PostgresStore {
     ) -> Result<Handled, Error> {
         let mut statements = Statements::default();
         let mut db = Db::new(tx, &mut statements, None);
-        let events = block(load_events(&mut db, workflow_id))?;
+        let events = block(ops::load_events_in(
+            &mut db,
+            &self.shared.options,
+            workflow_id,
+        ))?;
         let commit = engine.plan(&events, workflow_id, event, now)?;
         self.append_in_db(&mut db, &commit)?;
         Ok(Handled::of(&commit, 0))

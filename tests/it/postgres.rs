@@ -19,7 +19,9 @@ mod store;
 mod throwaway;
 
 use miniflow::conformance::{Harness, IdempotencyHarness};
-use miniflow::{IdempotencyPolicy, IdempotencyStore, PostgresIdempotencyStore, PostgresStore};
+use miniflow::{
+    IdempotencyPolicy, IdempotencyStore, PostgresIdempotencyStore, PostgresOptions, PostgresStore,
+};
 
 pub use blocking::Blocking;
 pub use cluster::TestDatabase;
@@ -27,12 +29,22 @@ pub use cluster::TestDatabase;
 /// [`PostgresStore`] on databases of its own; reopening connects a new pool to the same database.
 pub struct PostgresHarness {
     databases: Vec<TestDatabase>,
+    options: PostgresOptions,
 }
 
 impl PostgresHarness {
     pub fn new() -> Self {
         Self {
             databases: Vec::new(),
+            options: PostgresOptions::new(),
+        }
+    }
+
+    /// Stores whose tables are in the schema `name` ([`PostgresOptions::schema`]).
+    pub fn in_schema(name: &str) -> Self {
+        Self {
+            databases: Vec::new(),
+            options: PostgresOptions::new().schema(name),
         }
     }
 
@@ -62,13 +74,13 @@ impl Harness for PostgresHarness {
     type Store = PostgresStore;
 
     fn open(&mut self) -> PostgresStore {
-        PostgresStore::connect(&self.new_database()).expect("connect")
+        PostgresStore::connect_with(&self.new_database(), &self.options).expect("connect")
     }
 
     fn reopen(&mut self, store: PostgresStore) -> PostgresStore {
         let url = self.url_of(&mut store.client().expect("a connection"));
         drop(store);
-        PostgresStore::connect(&url).expect("reconnect")
+        PostgresStore::connect_with(&url, &self.options).expect("reconnect")
     }
 
     /// A trigger aborts the insert of such a command: the event row and the commands before it are
@@ -91,14 +103,15 @@ impl IdempotencyHarness for PostgresHarness {
     type Store = PostgresIdempotencyStore;
 
     fn open(&mut self, policy: IdempotencyPolicy) -> PostgresIdempotencyStore {
-        PostgresIdempotencyStore::connect(&self.new_database(), policy).expect("connect")
+        PostgresIdempotencyStore::connect_with(&self.new_database(), policy, &self.options)
+            .expect("connect")
     }
 
     fn reopen(&mut self, store: PostgresIdempotencyStore) -> PostgresIdempotencyStore {
         let policy = *store.policy();
         let url = self.url_of(&mut store.client().expect("a connection"));
         drop(store);
-        PostgresIdempotencyStore::connect(&url, policy).expect("reconnect")
+        PostgresIdempotencyStore::connect_with(&url, policy, &self.options).expect("reconnect")
     }
 }
 
@@ -108,4 +121,13 @@ mod conformance {
 
 mod idempotency_conformance {
     miniflow::idempotency_conformance_tests!(super::PostgresHarness::new());
+}
+
+/// The suites again on stores whose tables are in a schema of their own.
+mod conformance_in_a_schema {
+    miniflow::store_conformance_tests!(super::PostgresHarness::in_schema("miniflow"));
+}
+
+mod idempotency_conformance_in_a_schema {
+    miniflow::idempotency_conformance_tests!(super::PostgresHarness::in_schema("miniflow"));
 }

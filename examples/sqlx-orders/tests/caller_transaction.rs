@@ -329,3 +329,52 @@ fn a_sqlx_connection_outside_a_transaction_is_refused_saying_so() {
         assert!(store.load(&wid("order-1")).await.unwrap().is_empty());
     });
 }
+
+/// The `search_path` of the connection `tx`.
+async fn search_path(tx: &mut sqlx::PgConnection) -> String {
+    sqlx::query_scalar("SHOW search_path")
+        .fetch_one(tx)
+        .await
+        .unwrap()
+}
+
+#[test]
+fn in_a_schema_of_its_own_miniflows_rows_join_the_sqlx_transaction_and_give_its_search_path_back() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let options = miniflow::PostgresOptions::new().schema("outbox");
+        let store = AsyncPostgresStore::connect_with(&database.url(), &options)
+            .await
+            .unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&database.url())
+            .await
+            .unwrap();
+        let shop = Shop::new(pool.clone(), store.clone()).await.unwrap();
+        shop.place("order-1", "sku-7", 2).await.unwrap();
+        assert_eq!(shop.cancel("order-1").await.unwrap(), ["order-1:2:0"]);
+
+        let mut tx = pool.begin().await.unwrap();
+        let before = search_path(&mut tx).await;
+        start(&store, &mut *tx, "order-2").await.unwrap();
+        let again = start(&store, &mut *tx, "order-2").await;
+        assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
+        assert_eq!(search_path(&mut tx).await, before, "the path given back");
+        tx.commit().await.unwrap();
+
+        assert_eq!(store.load(&wid("order-1")).await.unwrap().len(), 2);
+        assert_eq!(store.load(&wid("order-2")).await.unwrap().len(), 1);
+        assert_eq!(count(&pool, "SELECT count(*) FROM outbox.events").await, 3);
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename = 'events'"
+            )
+            .await,
+            0,
+            "nothing of miniflow's beside the service's orders"
+        );
+        assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 1);
+    });
+}

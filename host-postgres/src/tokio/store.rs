@@ -297,9 +297,9 @@ impl AsyncPostgresStore {
             check_durability(db).await?;
         }
         if options.migrate && !options.read_only {
-            migrate(db).await?;
+            migrate(db, options.schema_name()).await?;
         } else {
-            check_schema(db, target).await?;
+            check_schema(db, options.schema_name(), target).await?;
         }
         drop(checking);
         let pool = managed::Pool::builder(Manager {
@@ -521,7 +521,7 @@ impl AsyncPostgresStore {
         event: Event,
     ) -> Result<Handled, Error> {
         let mut tx = tx.into();
-        let events = load_events(&mut tx, workflow_id).await?;
+        let events = ops::load_events_in(&mut tx, &self.shared.options, workflow_id).await?;
         let commit = engine.plan(&events, workflow_id, event, self.clock.now())?;
         self.append_caller(&mut tx, &commit).await?;
         Ok(Handled::of(&commit, 0))

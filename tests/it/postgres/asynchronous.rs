@@ -762,3 +762,131 @@ fn the_synchronous_store_starts_a_workflow_in_the_callers_transaction_without_re
         1
     );
 }
+
+/// A connection of the service's own (not the store's), with the server's default `search_path`.
+async fn service_connection(database: &TestDatabase) -> miniflow::tokio::tokio_postgres::Client {
+    let (client, connection) = miniflow::tokio::tokio_postgres::connect(
+        &database.url(),
+        miniflow::tokio::tokio_postgres::NoTls,
+    )
+    .await
+    .unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+/// The `search_path` of the transaction `tx`.
+async fn search_path(tx: &miniflow::tokio::tokio_postgres::Transaction<'_>) -> String {
+    tx.query_one("SHOW search_path", &[]).await.unwrap().get(0)
+}
+
+#[test]
+fn a_schema_keeps_miniflows_tables_apart_and_gives_the_callers_transaction_its_search_path_back() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let mut service = service_connection(&database).await;
+        service
+            .batch_execute("CREATE TABLE orders (order_id TEXT PRIMARY KEY)")
+            .await
+            .unwrap();
+        let in_schema = |name: &str| PostgresOptions::new().schema(name);
+        let a = AsyncPostgresStore::connect_with(&database.url(), &in_schema("flow_a"))
+            .await
+            .unwrap();
+        let b = AsyncPostgresStore::connect_with(&database.url(), &in_schema("flow_b"))
+            .await
+            .unwrap();
+        let engine = Engine::new(Orders);
+        a.start(&engine, &wid("order-1"), Event::new("placed", json!({})))
+            .await
+            .unwrap();
+        assert!(b.load(&wid("order-1")).await.unwrap().is_empty(), "b is apart");
+        let tables = |schema: &'static str| {
+            let service = &service;
+            async move {
+                let row = service
+                    .query_one(
+                        "SELECT count(*) FROM pg_tables WHERE schemaname = $1 \
+                         AND tablename IN ('events', 'outbox', 'timers', 'idempotency', 'miniflow_schema')",
+                        &[&schema],
+                    )
+                    .await
+                    .unwrap();
+                row.get::<_, i64>(0)
+            }
+        };
+        assert_eq!((tables("flow_a").await, tables("flow_b").await), (5, 5));
+        assert_eq!(tables("public").await, 0, "nothing of miniflow's beside the service's tables");
+        // The synchronous store on the same schema sees the same outbox.
+        let url = database.url();
+        let events = tokio::task::spawn_blocking(move || {
+            use miniflow::prelude::*;
+            let store = miniflow::PostgresStore::connect_with(&url, &in_schema("flow_a")).unwrap();
+            store.load(&wid("order-1")).unwrap().len()
+        })
+        .await
+        .unwrap();
+        assert_eq!(events, 1);
+
+        // The service's own transaction: its order row, miniflow's rows in flow_b, its path kept.
+        let tx = service.transaction().await.unwrap();
+        let before = search_path(&tx).await;
+        tx.execute("INSERT INTO orders VALUES ('order-2')", &[])
+            .await
+            .unwrap();
+        b.start_in(&tx, &engine, &wid("order-2"), Event::new("placed", json!({})))
+            .await
+            .unwrap();
+        assert_eq!(search_path(&tx).await, before, "start_in gave the path back");
+        b.handle_in(&tx, &engine, &wid("order-2"), Event::new("paid", json!({})))
+            .await
+            .unwrap();
+        let again = b
+            .start_in(&tx, &engine, &wid("order-2"), Event::new("placed", json!({})))
+            .await;
+        assert!(matches!(again, Err(Error::Conflict { .. })), "{again:?}");
+        assert_eq!(search_path(&tx).await, before, "a conflict gave the path back too");
+        let keys = AsyncPostgresIdempotencyStore::new(b.clone(), IdempotencyPolicy::default()).unwrap();
+        let key = IdempotencyKey::new("order-2:1:0").unwrap();
+        let Begin::Fresh { token } = keys.begin_in(&tx, &key, Digest::of(&json!({}))).await.unwrap()
+        else {
+            panic!("a new key")
+        };
+        keys.finish_in(&tx, &key, token, &json!({ "ok": true }))
+            .await
+            .unwrap();
+        assert_eq!(search_path(&tx).await, before, "the receiver gave the path back");
+        tx.execute("INSERT INTO orders VALUES ('order-3')", &[])
+            .await
+            .expect("the service's own table, as before");
+        tx.commit().await.unwrap();
+
+        assert_eq!(b.load(&wid("order-2")).await.unwrap().len(), 2);
+        assert!(a.load(&wid("order-2")).await.unwrap().is_empty());
+        let count = |sql: &'static str| {
+            let service = &service;
+            async move { service.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) }
+        };
+        assert_eq!(count("SELECT count(*) FROM flow_b.idempotency").await, 1);
+        assert_eq!(count("SELECT count(*) FROM flow_a.idempotency").await, 0);
+        assert_eq!(count("SELECT count(*) FROM orders").await, 2);
+    });
+}
+
+#[test]
+fn a_schema_that_is_not_a_plain_identifier_is_refused_naming_it() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let refused = AsyncPostgresStore::connect_with(
+            &database.url(),
+            &PostgresOptions::new().schema("public; DROP TABLE x"),
+        )
+        .await;
+        match refused {
+            Err(Error::InvalidInput { field, value, .. }) => {
+                assert_eq!((field, value.as_str()), ("schema", "public; DROP TABLE x"));
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
