@@ -115,7 +115,31 @@ fn check_right_after(url: &str, point: CrashPoint, subject: &str, context: &str)
             assert_eq!(status(), "leased", "{context}: the ack did not land");
             assert_eq!(effects(), 1, "{context}: the effect came before the ack");
         }
-        CrashPoint::InsideExtend(_) | CrashPoint::HoldingLeases(_) => {
+        CrashPoint::InsideExtend(_) => {
+            // The heartbeat extends every lease the worker holds, including those whose effect is
+            // made and whose ack is queued: the subject may have its effect already, never two.
+            assert_eq!(status(), "leased", "{context}");
+            assert!(effects() <= 1, "{context}: {} effects", effects());
+            // One statement, one transaction: the extension died whole, leaving no lease of the
+            // victim extended (every extension before it was an earlier heartbeat's).
+            let extended: i64 = plain_client(url, "check")
+                .unwrap()
+                .query_one(
+                    "SELECT count(*) FROM lease_history WHERE app = 'victim' \
+                     AND old_status = 'leased' AND new_status = 'leased' \
+                     AND new_expires > old_expires",
+                    &[],
+                )
+                .unwrap()
+                .get(0);
+            if point == CrashPoint::InsideExtend(1) {
+                assert_eq!(
+                    extended, 0,
+                    "{context}: a lease outlived its extension's death"
+                );
+            }
+        }
+        CrashPoint::HoldingLeases(_) => {
             assert_eq!(status(), "leased", "{context}");
             assert_eq!(effects(), 0, "{context}");
         }
