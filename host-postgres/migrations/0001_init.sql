@@ -84,24 +84,4 @@ CREATE INDEX timers_due ON timers (available_at, timer_id) WHERE processed_at IS
 -- Decisions cancel a workflow's scheduled timers by name.
 CREATE INDEX timers_scheduled_by_name ON timers (workflow_id, name) WHERE processed_at IS NULL;
 
--- The receiver's idempotency records.
-CREATE TABLE idempotency (
-    key          TEXT COLLATE "C" NOT NULL PRIMARY KEY,
-    -- SHA-256 of the canonical JSON of the first request's business intent, in hex.
-    digest       TEXT    NOT NULL,
-    reserved_at  BIGINT  NOT NULL,
-    -- Canonical JSON of the stored result; NULL while the key is only reserved.
-    result       TEXT,
-    completed_at BIGINT,
-    -- When retention starts counting: completed_at once finished, reserved_at before.
-    settled_at   BIGINT  NOT NULL,
-    -- The token of the current (or last) reservation; it only grows.
-    token        BIGINT  NOT NULL DEFAULT 0,
-    -- The holder released the key without an effect; the next `begin` is fresh.
-    abandoned    BOOLEAN NOT NULL DEFAULT FALSE,
-    CHECK ((result IS NULL) = (completed_at IS NULL)),
-    CHECK (settled_at = COALESCE(completed_at, reserved_at))
-);
-
--- `purge` deletes the oldest records in bounded batches.
-CREATE INDEX idempotency_settled ON idempotency (settled_at);
+-- The receiver's idempotency records: `idempotency.sql`, shared with the receiver's own track.

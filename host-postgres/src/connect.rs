@@ -10,7 +10,7 @@ use postgres::{Client, Config, NoTls, Socket};
 
 use crate::db::{block, Connections, Db, Pooled, Statements};
 use crate::errors::{storage, DriverError};
-use crate::migrations::{check_durability, check_schema, migrate, schema_version};
+use crate::migrations::{migrate, prepare, schema_version, Track};
 use crate::notifier::Notifier;
 use crate::options::PostgresOptions;
 use crate::pool::{ClientOf, Manager, Pool, PooledClient};
@@ -35,12 +35,17 @@ impl std::fmt::Debug for Shared {
 }
 
 impl Shared {
-    /// A pool on `url` without TLS.
-    pub(crate) fn connect(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
+    /// A pool on `url` without TLS, for a store that needs `track`'s tables.
+    pub(crate) fn connect(
+        url: &str,
+        options: &PostgresOptions,
+        track: Track,
+    ) -> Result<Self, Error> {
         Self::open(
             parse_url(url)?,
             NoTls,
             options,
+            track,
             ("url", redact_password(url)),
         )
     }
@@ -58,16 +63,16 @@ impl Shared {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         let database = config.get_dbname().unwrap_or("(the user's)").to_owned();
-        Self::open(config, tls, options, ("database", database))
+        Self::open(config, tls, options, Track::Outbox, ("database", database))
     }
 
-    /// A pool on `config` through `tls`: checks the server's durability and migrates the schema, or
-    /// (read-only, or not migrating) checks the schema is this version's. `target` names the
+    /// A pool on `config` through `tls`, on a database [`prepare`]d for `track`. `target` names the
     /// database in errors (`("url", the URL without its password)`).
     fn open<T>(
         mut config: Config,
         tls: T,
         options: &PostgresOptions,
+        track: Track,
         target: (&'static str, String),
     ) -> Result<Self, Error>
     where
@@ -112,14 +117,7 @@ impl Shared {
         })?;
         let mut statements = Statements::default();
         let mut db = Db::new(&mut client, &mut statements, None);
-        if options.require_durable_commits && !options.read_only {
-            block(check_durability(&mut db))?;
-        }
-        if options.migrate && !options.read_only {
-            block(migrate(&mut db, options.schema_name()))?;
-        } else {
-            block(check_schema(&mut db, options.schema_name(), target))?;
-        }
+        block(prepare(&mut db, options, track, target))?;
         Ok(shared)
     }
 
@@ -200,7 +198,7 @@ pub(crate) fn migrate_url(url: &str) -> Result<i64, Error> {
     let mut statements = Statements::default();
     let mut db = Db::new(&mut client, &mut statements, None);
     let found = block(schema_version(&mut db, None))?;
-    block(migrate(&mut db, None))?;
+    block(migrate(&mut db, None, Track::Outbox))?;
     Ok(found)
 }
 

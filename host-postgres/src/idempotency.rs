@@ -13,7 +13,7 @@ use crate::db::{
     block, in_schema, savepoint, transaction, Columns, Db, Exec, Isolation, Own, Statements,
 };
 use crate::errors::{storage, DbError};
-use crate::migrations::KEY_LOCK_CLASS;
+use crate::migrations::{Track, KEY_LOCK_CLASS};
 use crate::options::PostgresOptions;
 use crate::rows::to_sql_time;
 use crate::PostgresStore;
@@ -89,8 +89,12 @@ impl Received {
 }
 
 impl PostgresIdempotencyStore {
-    /// Connects to the database at `url` with the default [`PostgresOptions`] and brings its schema
-    /// up to date.
+    /// Connects to a receiver's database at `url` with the default [`PostgresOptions`] and brings
+    /// its idempotency table up to date, and only that: a supplier's database gets the
+    /// `idempotency` table (and `miniflow_receiver_schema`, its version), no outbox. On a database
+    /// that holds miniflow's outbox already the records are its `idempotency` table; an outbox
+    /// store connected later migrates around the records, keeping them. A receiver on the same
+    /// database as its outbox shares that store's pool with [`PostgresIdempotencyStore::on`].
     ///
     /// # Errors
     ///
@@ -113,7 +117,7 @@ impl PostgresIdempotencyStore {
     ) -> Result<Self, Error> {
         policy.validate()?;
         Ok(Self {
-            shared: Shared::connect(url, options)?,
+            shared: Shared::connect(url, options, Track::Receiver)?,
             policy,
         })
     }

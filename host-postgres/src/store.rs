@@ -19,6 +19,7 @@ use crate::commit::LastEvent;
 use crate::connect::Shared;
 use crate::db::{block, Db, Exec, Own, Statements};
 use crate::errors::storage;
+use crate::migrations::Track;
 use crate::ops;
 use crate::options::PostgresOptions;
 use crate::pool::PooledClient;
@@ -90,7 +91,11 @@ impl PostgresStore {
     ///
     /// As [`PostgresStore::connect`], and [`Error::InvalidInput`] for options out of bounds.
     pub fn connect_with(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
-        Ok(Self::from_shared(Shared::connect(url, options)?))
+        Ok(Self::from_shared(Shared::connect(
+            url,
+            options,
+            Track::Outbox,
+        )?))
     }
 
     /// Connects with a parsed `config` through the TLS connector `tls` (e.g. from

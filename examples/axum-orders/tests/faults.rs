@@ -473,4 +473,20 @@ fn assert_keys_recorded_once(db: &mut Client, expected: &BTreeSet<String>) {
         keys.values().all(|done| *done),
         "every record completed: {keys:?}"
     );
+    let tables: BTreeSet<String> = db
+        .query(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(
+        tables,
+        ["idempotency", "miniflow_receiver_schema", "reservations"]
+            .map(String::from)
+            .into(),
+        "the warehouse's database holds its records beside its own table, no outbox"
+    );
 }

@@ -11,6 +11,7 @@ use crate::errors::storage;
 use crate::idempotency::{
     abandon_locked, begin_in, begin_on, finish_in, finish_locked, purge, select, Received,
 };
+use crate::migrations::Track;
 
 /// A receiver's idempotency records (DESIGN rules 10 and 14) on the database of an
 /// [`AsyncPostgresStore`], the async twin of [`crate::PostgresIdempotencyStore`]: the same records,
@@ -49,6 +50,33 @@ pub struct AsyncPostgresIdempotencyStore {
 }
 
 impl AsyncPostgresIdempotencyStore {
+    /// Connects to a receiver's database at `url` with the default [`crate::PostgresOptions`]
+    /// and brings its idempotency table up to date, and only that: a supplier's database gets no
+    /// outbox (see [`crate::PostgresIdempotencyStore::connect`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidInput`] for a policy out of bounds ([`IdempotencyPolicy::validate`]), and as
+    /// [`AsyncPostgresStore::connect`].
+    pub async fn connect(url: &str, policy: IdempotencyPolicy) -> Result<Self, Error> {
+        Self::connect_with(url, policy, &crate::PostgresOptions::default()).await
+    }
+
+    /// As [`AsyncPostgresIdempotencyStore::connect`], with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`AsyncPostgresIdempotencyStore::connect`].
+    pub async fn connect_with(
+        url: &str,
+        policy: IdempotencyPolicy,
+        options: &crate::PostgresOptions,
+    ) -> Result<Self, Error> {
+        policy.validate()?;
+        let store = AsyncPostgresStore::connect_for(url, options, Track::Receiver).await?;
+        Ok(Self { store, policy })
+    }
+
     /// The records on `store`'s database, kept by `policy`.
     ///
     /// # Errors
@@ -57,6 +85,16 @@ impl AsyncPostgresIdempotencyStore {
     pub fn new(store: AsyncPostgresStore, policy: IdempotencyPolicy) -> Result<Self, Error> {
         policy.validate()?;
         Ok(Self { store, policy })
+    }
+
+    /// A connection from the records' pool, for the caller's own transactions (the effect's, with
+    /// [`AsyncPostgresIdempotencyStore::begin_in`] and [`AsyncPostgresIdempotencyStore::finish_in`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when no connection can be had within the connect timeout.
+    pub async fn client(&self) -> Result<super::PooledAsyncClient, Error> {
+        self.store.client().await
     }
 
     /// The policy the records are kept by.

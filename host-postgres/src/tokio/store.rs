@@ -27,7 +27,7 @@ use crate::connect::{redact_password, startup_options, Connecting};
 use crate::db::Exec;
 use crate::db::Statements;
 use crate::errors::DriverError;
-use crate::migrations::{check_durability, check_schema, migrate};
+use crate::migrations::{prepare, Track};
 use crate::notifier::{Watch, COALESCE, NOTIFY_CHANNEL, SEND_HINT, XACT_STATUS};
 use crate::ops;
 use crate::options::PostgresOptions;
@@ -233,6 +233,15 @@ impl AsyncPostgresStore {
     ///
     /// As [`crate::PostgresStore::connect_with`].
     pub async fn connect_with(url: &str, options: &PostgresOptions) -> Result<Self, Error> {
+        Self::connect_for(url, options, Track::Outbox).await
+    }
+
+    /// As [`AsyncPostgresStore::connect_with`], on a database holding `track`'s tables.
+    pub(crate) async fn connect_for(
+        url: &str,
+        options: &PostgresOptions,
+        track: Track,
+    ) -> Result<Self, Error> {
         let config: Config = url.parse().map_err(|e: tokio_postgres::Error| {
             Error::invalid(
                 "url",
@@ -240,7 +249,7 @@ impl AsyncPostgresStore {
                 format!("is not a PostgreSQL URL: {}", DriverError(e)),
             )
         })?;
-        Self::open(config, NoTls, options, ("url", redact_password(url))).await
+        Self::open(config, NoTls, options, track, ("url", redact_password(url))).await
     }
 
     /// Connects with a parsed `config` through the TLS connector `tls`.
@@ -260,13 +269,14 @@ impl AsyncPostgresStore {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         let database = config.get_dbname().unwrap_or("(the user's)").to_owned();
-        Self::open(config, tls, options, ("database", database)).await
+        Self::open(config, tls, options, Track::Outbox, ("database", database)).await
     }
 
     async fn open<T>(
         mut config: Config,
         tls: T,
         options: &PostgresOptions,
+        track: Track,
         target: (&'static str, String),
     ) -> Result<Self, Error>
     where
@@ -293,14 +303,7 @@ impl AsyncPostgresStore {
         })?;
         let mut checking = AsyncConnection::new(client, Statements::default());
         let db = &mut checking.db();
-        if options.require_durable_commits && !options.read_only {
-            check_durability(db).await?;
-        }
-        if options.migrate && !options.read_only {
-            migrate(db, options.schema_name()).await?;
-        } else {
-            check_schema(db, options.schema_name(), target).await?;
-        }
+        prepare(db, options, track, target).await?;
         drop(checking);
         let pool = managed::Pool::builder(Manager {
             config,

@@ -781,6 +781,73 @@ async fn search_path(tx: &miniflow::tokio::tokio_postgres::Transaction<'_>) -> S
 }
 
 #[test]
+fn a_receivers_own_connection_makes_its_table_alone_in_its_schema_and_does_effects_once() {
+    let database = TestDatabase::new();
+    runtime().block_on(async {
+        let service = service_connection(&database).await;
+        service
+            .batch_execute("CREATE TABLE bookings (key TEXT PRIMARY KEY)")
+            .await
+            .unwrap();
+        let options = PostgresOptions::new().schema("receiver_keys");
+        let keys = AsyncPostgresIdempotencyStore::connect_with(
+            &database.url(),
+            IdempotencyPolicy::default(),
+            &options,
+        )
+        .await
+        .unwrap();
+        let tables: Vec<(String, String)> = service
+            .query(
+                "SELECT schemaname::text, tablename::text FROM pg_tables \
+                 WHERE schemaname IN ('public', 'receiver_keys') ORDER BY 1, 2",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let table = |schema: &str, name: &str| (schema.to_owned(), name.to_owned());
+        assert_eq!(
+            tables,
+            [
+                table("public", "bookings"),
+                table("receiver_keys", "idempotency"),
+                table("receiver_keys", "miniflow_receiver_schema"),
+            ],
+            "the supplier's database gets the records beside its own table, no outbox"
+        );
+        let key = IdempotencyKey::new("trip-1:1:0").unwrap();
+        let digest = Digest::of(&json!({ "seat": "12A" }));
+        let book = async |tx: &miniflow::tokio::tokio_postgres::Transaction<'_>| {
+            // The service's own table, found past the schema on the store's search_path.
+            tx.execute("INSERT INTO bookings VALUES ('trip-1')", &[])
+                .await
+                .map_err(|e| Error::Storage(Box::new(e)))?;
+            Ok::<_, Error>(json!({ "booking": 7 }))
+        };
+        let result = json!({ "booking": 7 });
+        assert_eq!(
+            keys.run(&key, digest, book).await.unwrap(),
+            Received::Done {
+                result: result.clone()
+            }
+        );
+        assert_eq!(
+            keys.run(&key, digest, book).await.unwrap(),
+            Received::Repeated { result }
+        );
+        let booked: i64 = service
+            .query_one("SELECT count(*) FROM bookings", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(booked, 1, "one effect");
+    });
+}
+
+#[test]
 fn a_schema_keeps_miniflows_tables_apart_and_gives_the_callers_transaction_its_search_path_back() {
     let database = TestDatabase::new();
     runtime().block_on(async {

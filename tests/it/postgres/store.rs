@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 use super::TestDatabase;
 use miniflow::prelude::*;
 use miniflow::{
-    json, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
-    Dispatcher, Engine, Error, Event, EventRecord, Outcome, PostgresDispatcher, PostgresOptions,
+    json, Begin, ClaimOrder, ClaimRequest, Clock, Command, CommandId, Commit, Decision, Delivery,
+    Digest, Dispatcher, Engine, Error, Event, EventRecord, IdempotencyKey, IdempotencyPolicy,
+    IdempotencyStore, Outcome, PostgresDispatcher, PostgresIdempotencyStore, PostgresOptions,
     PostgresStore, Seq, Status, SystemClock, Timestamp, TraceContext, Wakeups, Workflow,
     WorkflowId,
 };
@@ -118,12 +119,18 @@ fn processes_migrating_at_once_apply_each_migration_once() {
     let database = TestDatabase::new();
     let url = database.url();
     let start = Arc::new(Barrier::new(6));
+    // Outbox stores and receivers' stores alike: a receiver that wins the lock makes its table,
+    // and the outbox's migrations then run around it.
     let connecting: Vec<_> = (0..6)
-        .map(|_| {
+        .map(|n| {
             let (url, start) = (url.clone(), start.clone());
             std::thread::spawn(move || {
                 start.wait();
-                PostgresStore::connect(&url).map(drop)
+                if n % 2 == 0 {
+                    PostgresStore::connect(&url).map(drop)
+                } else {
+                    PostgresIdempotencyStore::connect(&url, IdempotencyPolicy::default()).map(drop)
+                }
             })
         })
         .collect();
@@ -145,8 +152,9 @@ fn a_version_1_database_keeps_its_commands_through_the_upgrade_to_operator_contr
     let database = TestDatabase::new();
     let mut client = database.client();
     client
-        .batch_execute(include_str!(
-            "../../../host-postgres/migrations/0001_init.sql"
+        .batch_execute(concat!(
+            include_str!("../../../host-postgres/migrations/0001_init.sql"),
+            include_str!("../../../host-postgres/migrations/idempotency.sql")
         ))
         .unwrap();
     client
@@ -213,6 +221,112 @@ fn a_database_of_a_newer_miniflow_is_refused_untouched() {
             assert_eq!(supported, miniflow::POSTGRES_SCHEMA_VERSION);
         }
         other => panic!("a newer schema was not refused: {other:?}"),
+    }
+}
+
+/// The tables of the database's `public` schema, sorted.
+fn public_tables(database: &TestDatabase) -> Vec<String> {
+    database
+        .client()
+        .query(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[test]
+fn a_receivers_store_makes_its_table_alone_and_an_outbox_migrated_later_keeps_its_records() {
+    let database = TestDatabase::new();
+    let policy = IdempotencyPolicy::default();
+    let mut keys = PostgresIdempotencyStore::connect(&database.url(), policy).unwrap();
+    assert_eq!(
+        public_tables(&database),
+        ["idempotency", "miniflow_receiver_schema"],
+        "a supplier's database gets the records, no outbox"
+    );
+    let key = IdempotencyKey::new("trip-1:1:0").unwrap();
+    let digest = Digest::of(&json!({ "seat": "12A" }));
+    let Begin::Fresh { token } = keys.begin(&key, digest, T0).unwrap() else {
+        panic!("a new key is fresh")
+    };
+    keys.finish(&key, token, &json!({ "booking": 7 }), T0)
+        .unwrap();
+
+    // The same database becomes an outbox's too: its migrations run around the table.
+    let store = PostgresStore::connect(&database.url()).unwrap();
+    assert!(store.pending(10).unwrap().is_empty());
+    let version: i64 = database
+        .client()
+        .query_one("SELECT max(version) FROM miniflow_schema", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(version, miniflow::POSTGRES_SCHEMA_VERSION);
+    for keys in [
+        &mut keys,
+        &mut PostgresIdempotencyStore::connect(&database.url(), policy).unwrap(),
+        &mut PostgresIdempotencyStore::on(&store, policy).unwrap(),
+    ] {
+        match keys.begin(&key, digest, T0).unwrap() {
+            Begin::Completed { result } => assert_eq!(result, json!({ "booking": 7 })),
+            other => panic!("the record did not survive the outbox's migrations: {other:?}"),
+        }
+    }
+    // A receiver that does not migrate accepts either track.
+    let checking = PostgresOptions::new().migrate(false);
+    PostgresIdempotencyStore::connect_with(&database.url(), policy, &checking).unwrap();
+    let receivers_only = TestDatabase::new();
+    drop(PostgresIdempotencyStore::connect(&receivers_only.url(), policy).unwrap());
+    PostgresIdempotencyStore::connect_with(&receivers_only.url(), policy, &checking).unwrap();
+    // ...and an outbox store that does not migrate still wants the outbox.
+    match PostgresStore::connect_with(&receivers_only.url(), &checking) {
+        Err(Error::InvalidInput { field: "url", .. }) => {}
+        other => panic!("a receiver's database was taken for an outbox: {other:?}"),
+    }
+}
+
+#[test]
+fn a_receiver_refuses_a_database_without_records_or_of_a_newer_miniflow_untouched() {
+    let policy = IdempotencyPolicy::default();
+    let empty = TestDatabase::new();
+    let checking = PostgresOptions::new().migrate(false);
+    match PostgresIdempotencyStore::connect_with(&empty.url(), policy, &checking) {
+        Err(e @ Error::InvalidInput { field: "url", .. }) => assert!(
+            e.to_string()
+                .contains("holds no miniflow idempotency records"),
+            "the message says what is missing: {e}"
+        ),
+        other => panic!("an empty database was accepted: {other:?}"),
+    }
+    assert!(public_tables(&empty).is_empty(), "nothing was created");
+
+    for (table, by_an_outbox) in [
+        ("miniflow_receiver_schema", false),
+        ("miniflow_schema", true),
+    ] {
+        let database = TestDatabase::new();
+        if by_an_outbox {
+            drop(PostgresStore::connect(&database.url()).unwrap());
+        } else {
+            drop(PostgresIdempotencyStore::connect(&database.url(), policy).unwrap());
+        }
+        database
+            .client()
+            .batch_execute(&format!("INSERT INTO {table} (version) VALUES (99)"))
+            .unwrap();
+        let before = public_tables(&database);
+        match PostgresIdempotencyStore::connect(&database.url(), policy) {
+            Err(Error::UnsupportedSchema { found: 99, .. }) => {}
+            other => panic!("a newer {table} was not refused: {other:?}"),
+        }
+        assert_eq!(
+            public_tables(&database),
+            before,
+            "{table}: nothing was changed"
+        );
     }
 }
 
@@ -1166,15 +1280,17 @@ fn the_store_waits_before_a_retry_longer_after_each_lost_race() {
     }
 }
 
-/// Write transactions committed on `database` since `since` (a transaction ID read before), not
-/// counting the one that reads it.
-fn write_transactions_since(database: &TestDatabase, since: i64) -> i64 {
-    let now: i64 = database
+/// How many transactions last wrote the outbox rows of `workflow` (the cluster's transaction
+/// counter is shared with every test running beside this one; a row's `xmin` is its own).
+fn transactions_that_last_wrote(database: &TestDatabase, workflow: &str) -> i64 {
+    database
         .client()
-        .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
+        .query_one(
+            "SELECT count(DISTINCT xmin::text) FROM outbox WHERE workflow_id = $1",
+            &[&workflow],
+        )
         .unwrap()
-        .get(0);
-    now - since - 1
+        .get(0)
 }
 
 #[test]
@@ -1182,24 +1298,25 @@ fn a_heartbeat_extends_all_of_a_workers_leases_in_one_transaction() {
     let database = TestDatabase::new();
     let mut store = PostgresStore::connect(&database.url()).unwrap();
     append(&mut store, "w", 4, T0);
-    let claimed = store
-        .claim(&ClaimRequest::new("worker-1").limit(4), T0)
-        .unwrap();
+    // Claimed one by one, each row last written by its own transaction.
+    let claimed: Vec<_> = (0..4)
+        .flat_map(|_| {
+            store
+                .claim(&ClaimRequest::new("worker-1").limit(1), T0)
+                .unwrap()
+        })
+        .collect();
     assert_eq!(claimed.len(), 4);
+    assert_eq!(transactions_that_last_wrote(&database, "w"), 4);
     let leases: Vec<(CommandId, u64)> = claimed
         .iter()
         .map(|d| (d.command_id.clone(), d.token))
         .collect();
-    let before: i64 = database
-        .client()
-        .query_one("SELECT pg_current_xact_id()::text::bigint", &[])
-        .unwrap()
-        .get(0);
     let later = T0 + Duration::from_secs(10);
     let answers = store
         .extend_all(&leases, Duration::from_secs(60), later)
         .unwrap();
-    assert_eq!(write_transactions_since(&database, before), 1);
+    assert_eq!(transactions_that_last_wrote(&database, "w"), 1);
     for (answer, delivery) in answers.iter().zip(&claimed) {
         let extended = answer.as_ref().unwrap();
         assert_eq!(extended.expires_at, later + Duration::from_secs(60));

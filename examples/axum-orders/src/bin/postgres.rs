@@ -286,7 +286,6 @@ async fn worker(options: &Options) -> Result<(), Failed> {
 // warehouse
 
 struct Warehouse {
-    store: AsyncPostgresStore,
     keys: AsyncPostgresIdempotencyStore,
     work: Duration,
     /// Every how many new reservations an answer is lost after the commit (0: never).
@@ -298,9 +297,11 @@ struct Warehouse {
 }
 
 async fn warehouse(options: &Options) -> Result<(), Failed> {
-    let store = AsyncPostgresStore::connect(&options.database()?).await?;
-    store
-        .client()
+    // The warehouse's own database: its records' table beside its reservations, no outbox.
+    let keys =
+        AsyncPostgresIdempotencyStore::connect(&options.database()?, IdempotencyPolicy::default())
+            .await?;
+    keys.client()
         .await?
         .batch_execute(
             "CREATE TABLE IF NOT EXISTS reservations (reservation_id BIGSERIAL PRIMARY KEY, \
@@ -309,8 +310,7 @@ async fn warehouse(options: &Options) -> Result<(), Failed> {
         )
         .await?;
     let warehouse = Arc::new(Warehouse {
-        keys: AsyncPostgresIdempotencyStore::new(store.clone(), IdempotencyPolicy::default())?,
-        store,
+        keys,
         work: Duration::from_millis(options.number("work-ms", 0)?),
         lose_answer_every: options.number("lose-answer-every", 0)?,
         requests: AtomicU64::new(0),
@@ -387,7 +387,7 @@ async fn reserve_once(
     request: &Value,
 ) -> Result<Reply, Failed> {
     let digest = Digest::of_intent(request, &INTENT);
-    let mut client = warehouse.store.client().await?;
+    let mut client = warehouse.keys.client().await?;
     let tx = client.transaction().await?;
     let token = match warehouse.keys.begin_in(&tx, key, digest).await? {
         Begin::Fresh { token } => token,
